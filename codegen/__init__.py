@@ -1,0 +1,1 @@
+"""convgen's compiler: the problem IR, the pass pipeline and the emitter. Never imports torch."""

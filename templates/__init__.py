@@ -1,0 +1,1 @@
+"""Jinja templates, shipped as package data (cpu/: C++/OpenMP; gpu/: CUDA and HIP)."""
