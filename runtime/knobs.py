@@ -1,0 +1,109 @@
+"""Every setting convgen reads from the environment, in one place.
+
+Each setting is a function that reads its variable when called, never at import time, so a
+test (or a user) can change the environment between calls. A bad value raises an error that
+names the variable, the value and what would be accepted.
+
+| variable               | function           | default                                   |
+|------------------------|--------------------|-------------------------------------------|
+| CONVGEN_CACHE_DIR      | cache_dir()        | $XDG_CACHE_HOME/convgen, ~/.cache/convgen |
+| CXX                    | cxx()              | c++                                       |
+| CONVGEN_LOCK_TIMEOUT   | lock_timeout_s()   | 600 seconds                               |
+| CONVGEN_BUILD_JOBS     | build_jobs()       | os.cpu_count()                            |
+| CONVGEN_VERBOSE        | verbose()          | off                                       |
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import shlex
+from pathlib import Path
+
+from convgen.codegen.errors import CacheError, ConvgenError
+
+_FALLBACK_VERSION = "0.1.0"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def cache_dir() -> Path:
+    """The kernel cache directory, always absolute (never relative to the working directory).
+
+    CONVGEN_CACHE_DIR wins; a relative value is an error. Otherwise $XDG_CACHE_HOME/convgen,
+    where a relative XDG_CACHE_HOME is ignored as the XDG spec says; otherwise ~/.cache/convgen.
+    """
+    explicit = os.environ.get("CONVGEN_CACHE_DIR", "")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_absolute():
+            raise CacheError(
+                f"CONVGEN_CACHE_DIR={explicit!r} is a relative path; the cache location must not "
+                f"depend on the working directory. Set CONVGEN_CACHE_DIR to an absolute path."
+            )
+        return path
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "convgen"
+    home = Path.home()
+    if not home.is_absolute():
+        raise CacheError(
+            f"cannot place the kernel cache: the home directory {str(home)!r} is not absolute. "
+            f"Set CONVGEN_CACHE_DIR to an absolute path."
+        )
+    return home / ".cache" / "convgen"
+
+
+def cxx() -> list[str]:
+    """The host C++ compiler as an argument vector: $CXX split like a shell would, else c++."""
+    value = os.environ.get("CXX", "").strip()
+    argv = shlex.split(value) if value else []
+    return argv or ["c++"]
+
+
+def lock_timeout_s() -> float:
+    """How long to wait for another process's build of the same kernel (CONVGEN_LOCK_TIMEOUT)."""
+    return _number("CONVGEN_LOCK_TIMEOUT", 600.0, float, minimum=0.0)
+
+
+def build_jobs() -> int:
+    """How many compiles ninja runs in parallel (CONVGEN_BUILD_JOBS, default all CPUs)."""
+    return _number("CONVGEN_BUILD_JOBS", os.cpu_count() or 1, int, minimum=1)
+
+
+def verbose() -> bool:
+    """Whether to print build commands and compiler output to stderr (CONVGEN_VERBOSE)."""
+    value = os.environ.get("CONVGEN_VERBOSE", "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConvgenError(
+        f"CONVGEN_VERBOSE={value!r} is not a boolean; use 1/true/yes/on or 0/false/no/off."
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def convgen_version() -> str:
+    """convgen's installed version (part of every cache key)."""
+    try:
+        return importlib.metadata.version("convgen")
+    except importlib.metadata.PackageNotFoundError:
+        return _FALLBACK_VERSION
+
+
+def _number(name: str, default, kind, *, minimum):
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum or value != value:  # value != value: NaN
+        kind_name = "an integer" if kind is int else "a number"
+        raise ConvgenError(
+            f"{name}={text!r} is not valid; it must be {kind_name} >= {minimum} (default {default})."
+        )
+    return value

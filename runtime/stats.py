@@ -1,0 +1,51 @@
+"""In-process counters that let tests (and users) prove what happened.
+
+Known counters (always present in `stats()`, starting at 0):
+
+- builds: kernels compiled successfully by this process
+- build_failures: kernels whose compile failed
+- ninja_runs: ninja invocations (one per batch of missing kernels)
+- disk_hits: kernels found valid in the on-disk cache
+- memory_hits: kernels found in this process's memory (no disk access)
+- corrupt_rebuilt: cache entries found corrupt (bad checksum or metadata), reported and rebuilt
+- lock_waits: times a build lock was held by someone else and had to be waited for
+
+Other modules may bump counters of their own; they appear once bumped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+KNOWN = (
+    "builds",
+    "build_failures",
+    "ninja_runs",
+    "disk_hits",
+    "memory_hits",
+    "corrupt_rebuilt",
+    "lock_waits",
+)
+
+_lock = threading.Lock()
+_counts: dict[str, int] = {}
+
+
+def bump(name: str, n: int = 1) -> None:
+    """Add n to counter `name`."""
+    with _lock:
+        _counts[name] = _counts.get(name, 0) + n
+
+
+def stats() -> dict[str, int]:
+    """A copy of every counter; the known ones are present even when 0."""
+    with _lock:
+        result = dict.fromkeys(KNOWN, 0)
+        result.update(_counts)
+        return result
+
+
+def reset() -> None:
+    """Set every counter back to 0 (for tests)."""
+    with _lock:
+        _counts.clear()
