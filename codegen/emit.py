@@ -1,0 +1,109 @@
+"""The emitter: a finished `Plan` → one `KernelSource`, rendered from the Jinja templates.
+
+Decisions live in the plan; here they are only turned into one context object per template
+(`KernelContext`), so the templates stay short. One strict Jinja environment serves all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+
+import jinja2
+
+from .errors import ConvgenError
+from .ir import DType, Layout
+from .plan import Geometry, KOp, Plan, Tiling
+from .source import KernelSource
+from .target import TargetKind
+from .version import generator_version
+
+STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "uint16_t", DType.F16: "uint16_t"}
+ACCUMULATOR = {DType.F32: "float", DType.F64: "double", DType.BF16: "float", DType.F16: "float"}
+
+# (target kind, kernel op, algorithm) -> template and the entry's pointer parameters
+TEMPLATES = {
+    (TargetKind.CPU, KOp.FWD, "direct"): "cpu/direct_fwd.cpp.j2",
+    (TargetKind.CPU, KOp.DGRAD, "direct"): "cpu/direct_dgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    root = importlib.resources.files("convgen.templates")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             autoescape=False)
+    return env
+
+
+def operand_strides(layout: Layout, channels: int, size: tuple[int, int, int]) -> tuple[int, ...]:
+    """Element strides (batch, channel, d, h, w) of an activation or weight in `layout`."""
+    d, h, w = size
+    if layout is Layout.CHANNELS_LAST:
+        return (d * h * w * channels, 1, h * w * channels, w * channels, channels)
+    return (channels * d * h * w, d * h * w, h * w, w, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelContext:
+    entry: str
+    dtype: str
+    storage: str
+    acc: str
+    g: Geometry
+    tiling: Tiling | None
+    strides: tuple[tuple[str, tuple[int, ...]], ...]
+    layout_note: str
+    bias_from: str | None
+    bias_channels: int
+    bias_size: tuple[int, int, int]
+
+
+def _context(plan: Plan, entry: str) -> KernelContext:
+    g = plan.geometry
+    layouts = dict(plan.layouts)
+    strides = []
+    if "X" in layouts:
+        strides.append(("X", operand_strides(layouts["X"], g.cin, g.x_size)))
+    if "Y" in layouts:
+        strides.append(("Y", operand_strides(layouts["Y"], g.cout, g.y_size)))
+    if "W" in layouts:
+        strides.append(("W", operand_strides(layouts["W"], g.cin_g, g.kernel)))
+    source = plan.bias_from or ("Y" if plan.kop is KOp.BIAS and "Y" in layouts else
+                                "X" if plan.kop is KOp.BIAS else None)
+    channels, size = 0, (1, 1, 1)
+    if source:
+        channels, size = (g.cout, g.y_size) if source == "Y" else (g.cin, g.x_size)
+        strides.append(("S", operand_strides(layouts[source], channels, size)))
+    note = ", ".join(f"{k} {v.value}" for k, v in sorted(layouts.items()))
+    return KernelContext(entry=entry, dtype=plan.problem.dtype.value, storage=STORAGE[plan.problem.dtype],
+                         acc=ACCUMULATOR[plan.problem.dtype], g=g, tiling=plan.tiling, strides=tuple(strides),
+                         layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size)
+
+
+def entry_signature(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """The entry's parameters: one pointer per operand (by caller role), then batch and threads."""
+    return tuple(("ptr", op.role) for op in plan.operands) + (("i64", "n"), ("i32", "nthreads"))
+
+
+def emit(plan: Plan) -> KernelSource | None:
+    """The source for `plan`, or None when the plan needs no kernel (algorithm 'empty')."""
+    if plan.algorithm == "empty":
+        return None
+    key = (plan.target.kind, plan.kop, plan.algorithm)
+    if key not in TEMPLATES:
+        raise ConvgenError(f"emit: no template for target {plan.target.kind.value}, kernel op "
+                           f"{plan.kop.value}, algorithm {plan.algorithm}")
+    name = plan.name()
+    entry = f"cg_{name}"
+    header = {
+        "version": generator_version(), "problem_name": plan.problem.name(), "problem_key": plan.problem.kernel_key(),
+        "target": plan.target.name(), "kernel": plan.kop.value, "algorithm": plan.algorithm, "entry": entry,
+        "reasons": plan.reasons,
+    }
+    text = environment().get_template(TEMPLATES[key]).render(h=header, c=_context(plan, entry))
+    return KernelSource(name=name, text=text, entry=entry, signature=entry_signature(plan), target=plan.target)

@@ -1,0 +1,201 @@
+"""The problem IR: `ConvProblem`, a frozen description of one convolution pass.
+
+Shapes follow the caller's view of the convolution: the input x is (n, c, *in_size); the weight
+is (k, c/groups, *kernel) for a normal convolution and (c, k/groups, *kernel) for a transposed
+one; the output is (n, k, *out_size). Padding is stored as (low, high) pairs per spatial axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from .keys import canonical_json, canonical_key
+
+
+class Op(str, enum.Enum):
+    FWD = "fwd"
+    BWD_DATA = "bwd_data"
+    BWD_WEIGHT = "bwd_weight"   # with `bias=True`, the bias gradient is fused into the same pass
+    BWD_BIAS = "bwd_bias"
+
+    @property
+    def short(self) -> str:
+        return {"fwd": "fwd", "bwd_data": "bwdd", "bwd_weight": "bwdw", "bwd_bias": "bwdb"}[self.value]
+
+
+class DType(str, enum.Enum):
+    F32 = "f32"
+    F64 = "f64"
+    BF16 = "bf16"
+    F16 = "f16"
+
+    @property
+    def itemsize(self) -> int:
+        return {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}[self.value]
+
+    @property
+    def accumulator(self) -> "DType":
+        """Low precision accumulates in f32; f64 in f64."""
+        return DType.F64 if self is DType.F64 else DType.F32
+
+
+class Layout(str, enum.Enum):
+    CONTIGUOUS = "contiguous"        # N, C, *spatial
+    CHANNELS_LAST = "channels_last"  # N, *spatial, C
+
+    def short(self, rank: int) -> str:
+        spatial = "dhw"[3 - rank:]
+        if self is Layout.CONTIGUOUS:
+            return "nc" + spatial
+        return "n" + spatial + "c"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvProblem:
+    op: Op
+    n: int
+    c: int
+    k: int
+    in_size: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()
+    dtype: DType = DType.F32
+    input_layout: Layout = Layout.CONTIGUOUS
+    weight_layout: Layout = Layout.CONTIGUOUS
+    output_layout: Layout = Layout.CONTIGUOUS
+    bias: bool = False   # FWD: add a bias; BWD_WEIGHT: also produce the bias gradient
+
+    def __post_init__(self):
+        rank = len(self.in_size)
+        if not self.output_padding:
+            object.__setattr__(self, "output_padding", (0,) * rank)
+
+    # --- derived -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return len(self.in_size)
+
+    @property
+    def out_size(self) -> tuple[int, ...]:
+        out = []
+        for i, kr, s, (pl, ph), d, op in zip(self.in_size, self.kernel, self.stride, self.padding,
+                                             self.dilation, self.output_padding):
+            if self.transposed:
+                out.append((i - 1) * s - pl - ph + d * (kr - 1) + op + 1)
+            else:
+                out.append((i + pl + ph - d * (kr - 1) - 1) // s + 1)
+        return tuple(out)
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        if self.transposed:
+            return (self.c, self.k // self.groups, *self.kernel)
+        return (self.k, self.c // self.groups, *self.kernel)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.n, self.c, *self.in_size)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return (self.n, self.k, *self.out_size)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the convolution (the same for each of fwd, bwd_data, bwd_weight)."""
+        spatial = self.in_size if self.transposed else self.out_size
+        cin = self.k if self.transposed else self.c
+        cout = self.c if self.transposed else self.k
+        return self.n * cout * (cin // max(self.groups, 1)) * math.prod(spatial) * math.prod(self.kernel)
+
+    @property
+    def flops(self) -> int:
+        if self.op is Op.BWD_BIAS:
+            return self.n * self.k * math.prod(self.out_size)
+        return 2 * self.macs
+
+    @property
+    def bytes_moved(self) -> int:
+        """Compulsory traffic: each operand read once, each result written once."""
+        x = math.prod(self.input_shape)
+        w = math.prod(self.weight_shape)
+        y = math.prod(self.output_shape)
+        bias = self.k if self.bias else 0
+        elems = {Op.FWD: x + w + y + bias, Op.BWD_DATA: y + w + x,
+                 Op.BWD_WEIGHT: y + x + w + bias, Op.BWD_BIAS: y + self.k}[self.op]
+        return elems * self.dtype.itemsize
+
+    # --- identity ------------------------------------------------------------------------
+    def validate(self) -> "ConvProblem":
+        from .rules import check_problem
+        check_problem(self)
+        return self
+
+    def to_json(self) -> str:
+        return canonical_json(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ConvProblem":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            from .errors import ConvSpecError
+            raise ConvSpecError(f"problem: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
+        tup = lambda v: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        return cls(
+            op=Op(d["op"]), n=int(d["n"]), c=int(d["c"]), k=int(d["k"]),
+            in_size=tup(d["in_size"]), kernel=tup(d["kernel"]), stride=tup(d["stride"]),
+            padding=tup(d["padding"]), dilation=tup(d["dilation"]), groups=int(d.get("groups", 1)),
+            transposed=bool(d.get("transposed", False)), output_padding=tup(d.get("output_padding", ())),
+            dtype=DType(d.get("dtype", "f32")), input_layout=Layout(d.get("input_layout", "contiguous")),
+            weight_layout=Layout(d.get("weight_layout", "contiguous")),
+            output_layout=Layout(d.get("output_layout", "contiguous")), bias=bool(d.get("bias", False)),
+        )
+
+    def key(self) -> str:
+        return canonical_key(self)
+
+    def with_batch(self, n: int) -> "ConvProblem":
+        return dataclasses.replace(self, n=n)
+
+    def kernel_key(self) -> str:
+        """The key of the problem at any batch size: the batch is a run-time argument of kernels."""
+        return canonical_key(self.with_batch(-1))
+
+    def name(self) -> str:
+        """Readable and symbol-safe, e.g. conv2d_bwdw_c64_k128_56x56_r3x3_s2_p1_f32_nhwc."""
+        def axes(v):
+            return "x".join(str(x) for x in v)
+
+        def uniform(v):
+            return str(v[0]) if len(set(v)) == 1 else axes(v)
+
+        kind = "convT" if self.transposed else "conv"
+        parts = [f"{kind}{self.rank}d", self.op.short + ("b" if self.bias and self.op in (Op.FWD, Op.BWD_WEIGHT) else ""),
+                 f"c{self.c}", f"k{self.k}", axes(self.in_size), f"r{axes(self.kernel)}"]
+        if any(s != 1 for s in self.stride):
+            parts.append(f"s{uniform(self.stride)}")
+        flat = [p for pair in self.padding for p in pair]
+        if any(flat):
+            sym = all(lo == hi for lo, hi in self.padding)
+            parts.append("p" + (uniform([lo for lo, _ in self.padding]) if sym else axes(flat)))
+        if any(d != 1 for d in self.dilation):
+            parts.append(f"d{uniform(self.dilation)}")
+        if self.groups != 1:
+            parts.append(f"g{self.groups}")
+        if any(self.output_padding):
+            parts.append(f"op{uniform(self.output_padding)}")
+        parts.append(self.dtype.value)
+        layouts = {self.input_layout, self.weight_layout, self.output_layout}
+        if layouts != {Layout.CONTIGUOUS}:
+            parts.append("".join(lay.short(self.rank) if lay is Layout.CHANNELS_LAST else "c"
+                                 for lay in (self.input_layout, self.weight_layout, self.output_layout))
+                         if len(layouts) > 1 else self.input_layout.short(self.rank))
+        return "_".join(parts)

@@ -1,0 +1,49 @@
+"""Pass `algorithm`: which algorithm computes the kernel op (like ATen's backend choice).
+
+Candidates are listed for every problem so the runtime can tune among them; the heuristic
+choice is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+from ..ir import Op
+from ..pipeline import Pass
+from ..plan import KOp, Plan
+
+
+def _empty_reason(plan: Plan) -> str | None:
+    """Why the result is all zeros (or a bias broadcast) with no kernel at all, or None."""
+    p, g = plan.problem, plan.geometry
+    if p.n == 0:
+        return "batch is 0: outputs are empty and weight/bias gradients are zero"
+    if plan.kop is KOp.BIAS:
+        return None
+    if g.cin_g == 0 or g.cout_g == 0:
+        if plan.kop is KOp.WGRAD and p.bias and g.cout_g * g.cin_g == 0:
+            # the weight gradient is empty, but the bias gradient still sums grad_output
+            return None if (g.cout if plan.bias_from == "Y" else g.cin) > 0 else "no channels: every result is empty"
+        return "zero channels per group: the reduction is empty, results are zero (plus bias)"
+    return None
+
+
+def run(plan: Plan) -> Plan:
+    p = plan.problem
+    why_empty = _empty_reason(plan)
+    if why_empty:
+        return plan.decide("algorithm", why_empty, algorithm="empty", candidates=("empty",))
+    if plan.kop is KOp.BIAS:
+        return plan.decide("algorithm", "per-channel reduction", algorithm="reduce", candidates=("reduce",))
+    g = plan.geometry
+    candidates = ("direct",)
+    if g.cin_g == 1 and g.groups > 1:
+        kind = f"depthwise (1 input channel per group, multiplier {g.cout_g})"
+    elif g.kernel == (1, 1, 1) and g.stride == (1, 1, 1) and g.pad_lo == (0, 0, 0):
+        kind = "pointwise (1x1, a GEMM over channels)"
+    else:
+        kind = "general"
+    return plan.decide("algorithm", f"{kind}: direct convolution with per-thread accumulation planes, "
+                                    f"every size a compile-time constant except the batch",
+                       algorithm="direct", candidates=candidates)
+
+
+PASS = Pass("algorithm", run, requires=("canonical",), provides=("algorithm",), doc=__doc__)

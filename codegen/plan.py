@@ -1,0 +1,109 @@
+"""`Plan`: the problem as the passes have decided to compute it.
+
+A plan starts as just (problem, target) and each pass returns a new plan with the fields it
+provides filled in and one reason line per decision. The plan is frozen; passes never mutate.
+
+Kernel vocabulary. Every user-level pass reduces to one of four kernel ops on a *normal*
+convolution with operands X (input, N×C×spatial), W (weight, K×C/g×kernel) and Y (output):
+
+  KOp.FWD    Y  = conv(X, W) [+ bias over Y's channels]
+  KOp.DGRAD  gX = conv_transpose(gY, W) [+ bias over X's channels]     (data gradient)
+  KOp.WGRAD  gW = sum over batch and pixels of gY ⊗ X [and a bias gradient] (weight gradient)
+  KOp.BIAS   gb = sum over batch and pixels of one tensor, per channel
+
+A transposed convolution swaps X and Y: its forward is a DGRAD, its data gradient a FWD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from .ir import ConvProblem, Layout
+from .keys import canonical_key
+from .target import Target
+
+
+class KOp(str, enum.Enum):
+    FWD = "fwd"
+    DGRAD = "dgrad"
+    WGRAD = "wgrad"
+    BIAS = "bias"
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """A normal convolution in 3-D form (1-D and 2-D problems pad leading axes with size 1)."""
+
+    groups: int
+    cin_g: int        # X channels per group
+    cout_g: int       # Y channels per group
+    x_size: tuple[int, int, int]
+    y_size: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    pad_lo: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+
+    @property
+    def cin(self) -> int:
+        return self.groups * self.cin_g
+
+    @property
+    def cout(self) -> int:
+        return self.groups * self.cout_g
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One pointer argument of a kernel entry: the caller's tensor role and its layout there."""
+
+    role: str          # input, weight, bias, output, grad_output, grad_input, grad_weight, grad_bias
+    kind: str          # X, W, Y, B (bias-like vector) — which kernel operand it binds to
+    layout: Layout
+    writes: bool
+    optional: bool = False   # may be passed as a null pointer (bias)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    rows_per_tile: int       # output (or input) rows a thread accumulates at once
+    row_tiles: int           # tiles per plane
+    vector_lanes: int        # SIMD lanes of the accumulator type on the target
+    threads_hint: str        # which loops the OpenMP parallel-for covers
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    problem: ConvProblem
+    target: Target
+    reasons: tuple[tuple[str, str], ...] = ()
+    applied: tuple[str, ...] = ()
+    kop: KOp | None = None
+    geometry: Geometry | None = None
+    operands: tuple[Operand, ...] = ()
+    bias_from: str | None = None        # WGRAD with bias: "Y" (normal) or "X" (transposed)
+    algorithm: str | None = None
+    candidates: tuple[str, ...] = ()
+    layouts: tuple[tuple[str, Layout], ...] = ()   # internal layout per kernel operand kind
+    conversions: tuple[str, ...] = ()
+    group_strategy: str | None = None
+    tiling: Tiling | None = None
+    batch_is_runtime: bool = True
+
+    def decide(self, pass_name: str, reason: str, **changes) -> "Plan":
+        """A new plan with `changes` applied and one reason recorded for `pass_name`."""
+        return dataclasses.replace(self, reasons=self.reasons + ((pass_name, reason),), **changes)
+
+    def mark(self, pass_name: str) -> "Plan":
+        return dataclasses.replace(self, applied=self.applied + (pass_name,))
+
+    def layout_of(self, kind: str) -> Layout:
+        return dict(self.layouts)[kind]
+
+    def key(self) -> str:
+        return canonical_key(self)
+
+    def name(self) -> str:
+        suffix = f"_{self.algorithm}" if self.algorithm and self.algorithm != "direct" else ""
+        return self.problem.name() + suffix

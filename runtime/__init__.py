@@ -1,0 +1,22 @@
+"""convgen: generated convolution kernels, forward and backward, as a drop-in for torch's.
+
+Public API (a contract): conv1d/2d/3d, conv_transpose1d/2d/3d, convolution, convolution_backward,
+nn (modules), convert, stats, and the errors ConvgenError, ConvSpecError, BuildError, CacheError.
+Importing convgen builds nothing and reads no settings.
+"""
+
+from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
+from .codegen.version import generator_version as _version
+from .functional import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d,
+                         convolution)
+from .ops import convolution_backward
+from .stats import stats
+from . import nn
+from .nn import convert
+
+__version__ = _version()
+
+__all__ = [
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution",
+    "convolution_backward", "nn", "convert", "stats", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
+]

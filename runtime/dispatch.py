@@ -1,0 +1,120 @@
+"""Dispatch: a table from problem key to a lowered plan and its loaded kernel, with counters.
+
+A miss lowers the problem (codegen), emits the source and asks the builder for the artifact
+(which may come from the in-process memo, the disk cache or a ninja build), then loads it with
+ctypes. The batch size is a run-time argument, so a new batch size finds the same artifact.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from . import build
+from .stats import bump
+from .codegen.emit import emit
+from .codegen.errors import BuildError
+from .codegen.ir import ConvProblem
+from .codegen.pipeline import lower
+from .codegen.plan import Plan
+from .codegen.source import KernelSource
+from .codegen.target import Target, host_cpu
+
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int}
+
+
+class Kernel:
+    """A loaded kernel entry: call it with tensors by role, the batch size and a thread count."""
+
+    def __init__(self, source: KernelSource, path: Path):
+        self.source = source
+        self.path = path
+        try:
+            self._lib = ctypes.CDLL(str(path))
+            fn = getattr(self._lib, source.entry)
+        except (OSError, AttributeError) as e:
+            raise BuildError(f"kernel {source.name}: the artifact {path} could not be loaded ({e}); "
+                             f"run `convgen cache verify` or remove it and retry") from e
+        fn.argtypes = [_CTYPES[kind] for kind, _ in source.signature]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def __call__(self, tensors: Mapping[str, torch.Tensor | None], n: int, nthreads: int) -> None:
+        args = []
+        for kind, name in self.source.signature:
+            if kind == "ptr":
+                t = tensors.get(name)
+                args.append(None if t is None or t.numel() == 0 else t.data_ptr())
+            elif name == "n":
+                args.append(n)
+            else:
+                args.append(nthreads)
+        if self._fn(*args) != 0:
+            raise MemoryError(f"kernel {self.source.name}: could not allocate its per-thread scratch memory")
+
+
+@dataclasses.dataclass
+class Entry:
+    plan: Plan
+    source: KernelSource | None
+    kernel: Kernel | None = None
+
+
+_lock = threading.RLock()
+_table: dict[str, Entry] = {}
+_loaded: dict[Path, Kernel] = {}
+
+
+def _target_for(problem: ConvProblem) -> Target:
+    return host_cpu()
+
+
+def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, KernelSource | None]:
+    plan = lower(problem, target or _target_for(problem))
+    return plan, emit(plan)
+
+
+def _load(source: KernelSource, path: Path) -> Kernel:
+    kernel = _loaded.get(path)
+    if kernel is None or kernel.source.entry != source.entry:
+        kernel = Kernel(source, path)
+        _loaded[path] = kernel
+    return kernel
+
+
+def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
+    """Entries for all `problems`; every kernel still missing is built in one parallel ninja run."""
+    with _lock:
+        entries: list[Entry | None] = []
+        new: dict[str, Entry] = {}
+        for p in problems:
+            key = p.key()
+            entry = _table.get(key) or new.get(key)
+            if entry is not None and key in _table:
+                bump("memory_hits")
+            if entry is None:
+                plan, source = plan_for(p)
+                entry = new[key] = Entry(plan, source)
+            entries.append(entry)
+        pending = [e for e in new.values() if e.source is not None]
+        if pending:
+            paths = build.build_many([e.source for e in pending])
+            for e, path in zip(pending, paths):
+                e.kernel = _load(e.source, path)
+        _table.update(new)
+        return entries
+
+
+def kernel_for(problem: ConvProblem) -> Entry:
+    return prepare([problem])[0]
+
+
+def clear() -> None:
+    """Forget the in-memory table (artifacts stay loaded and on disk)."""
+    with _lock:
+        _table.clear()

@@ -1,0 +1,93 @@
+"""torch.nn.functional-style convolutions backed by convgen, differentiable through autograd.
+
+The autograd Function's backward asks convolution_backward only for the gradients autograd
+needs (its output_mask follows ctx.needs_input_grad).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .codegen.errors import ConvSpecError
+
+
+class ConvolutionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        ctx.save_for_backward(input, weight)
+        ctx.args = (stride, padding, dilation, transposed, output_padding, groups)
+        ctx.has_bias = bias is not None
+        return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        stride, padding, dilation, transposed, output_padding, groups = ctx.args
+        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        if not any(mask):
+            return (None,) * 9
+        grad_input, grad_weight, grad_bias = ops.convolution_backward(
+            grad_output, input, weight, [weight.shape[1] * groups if transposed else weight.shape[0]],
+            stride, padding, dilation, transposed, output_padding, groups, mask)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """Differentiable ATen-style convolution (same argument order as torch.ops.aten.convolution)."""
+    return ConvolutionFunction.apply(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                     groups)
+
+
+def _batchify(input, weight, rank: int, fn: str):
+    if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{fn}(): input and weight must be tensors, but got {type(input).__name__} and "
+                        f"{type(weight).__name__}")
+    if input.dim() == rank + 1:
+        return input.unsqueeze(0), True
+    if input.dim() != rank + 2:
+        raise ConvSpecError(f"Expected {rank + 1}D (unbatched) or {rank + 2}D (batched) input to {fn}, but got "
+                            f"input of size: {list(input.shape)}")
+    return input, False
+
+
+def _conv(rank: int, fn: str, input, weight, bias, stride, padding, dilation, groups):
+    x, unbatched = _batchify(input, weight, rank, fn)
+    out = convolution(x, weight, bias, stride, padding, dilation, False, 0, groups)
+    return out.squeeze(0) if unbatched else out
+
+
+def _conv_transpose(rank: int, fn: str, input, weight, bias, stride, padding, output_padding, groups, dilation):
+    if isinstance(padding, str):
+        raise ConvSpecError(f"{fn}: padding={padding!r}: string padding is not supported for transposed "
+                            f"convolutions; give the padding as integers")
+    x, unbatched = _batchify(input, weight, rank, fn)
+    out = convolution(x, weight, bias, stride, padding, dilation, True, output_padding, groups)
+    return out.squeeze(0) if unbatched else out
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv(1, "conv1d", input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv(2, "conv2d", input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv(3, "conv3d", input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose(1, "conv_transpose1d", input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose(2, "conv_transpose2d", input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose(3, "conv_transpose3d", input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)

@@ -1,0 +1,134 @@
+"""ATen-style entry points: `convolution` and `convolution_backward`, same arguments as torch.ops.aten.
+
+Each call becomes one ConvProblem per pass, all kernels still missing are built in one ninja
+run, the operands are made dense in the layouts the plan asks for, and the results come back in
+the memory format torch's CPU convolution would give.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from . import dispatch
+from .codegen.errors import ConvSpecError
+from .codegen.ir import ConvProblem, Layout, Op
+from .problem import base_problem, check_tensors, layout_of, memory_format
+
+
+def dense(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """`t` dense in `layout` (a no-op when it already is)."""
+    fmt = memory_format(layout, t.dim())
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+
+
+def _empty(shape, dtype, layout: Layout) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, memory_format=memory_format(layout, len(shape)))
+
+
+def _run(entry: dispatch.Entry, tensors: dict, n: int) -> None:
+    """Run one plan: its kernel, or for an 'empty' plan the zeros (plus bias) it stands for."""
+    if entry.kernel is not None:
+        entry.kernel(tensors, n, torch.get_num_threads())
+        return
+    for role in ("output", "grad_input", "grad_weight", "grad_bias"):
+        t = tensors.get(role)
+        if t is not None:
+            t.zero_()
+    out, bias = tensors.get("output"), tensors.get("bias")
+    if out is not None and bias is not None and out.numel():
+        out.add_(bias.view(1, -1, *([1] * (out.dim() - 2))))
+
+
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'."""
+    p = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    entry = dispatch.kernel_for(p)
+    out = _empty(p.output_shape, input.dtype, p.output_layout)
+    tensors = {"input": dense(input, p.input_layout), "weight": dense(weight, p.weight_layout),
+               "bias": bias.contiguous() if bias is not None else None, "output": out}
+    _run(entry, tensors, p.n)
+    return out
+
+
+def backward_problems(base: ConvProblem, grad_layout: Layout, output_mask: Sequence[bool]) -> dict[str, ConvProblem]:
+    """The problems one convolution_backward call needs, by the gradient they produce.
+
+    Produced gradients take the layout of torch's results (`base.output_layout`); consumed tensors
+    keep theirs. The bias gradient rides along with the weight gradient when both are asked for.
+    """
+    result = base.output_layout
+    common = dict(output_layout=grad_layout, bias=False)
+    problems = {}
+    if output_mask[0]:
+        problems["grad_input"] = dataclasses.replace(base, op=Op.BWD_DATA, input_layout=result, **common)
+    if output_mask[1]:
+        problems["grad_weight"] = dataclasses.replace(base, op=Op.BWD_WEIGHT, weight_layout=result,
+                                                      output_layout=grad_layout, bias=bool(output_mask[2]))
+    elif output_mask[2]:
+        problems["grad_bias"] = dataclasses.replace(base, op=Op.BWD_BIAS, input_layout=Layout.CONTIGUOUS,
+                                                    weight_layout=Layout.CONTIGUOUS, **common)
+    return problems
+
+
+def _check_mask(output_mask) -> tuple[bool, bool, bool]:
+    try:
+        mask = tuple(bool(m) for m in output_mask)
+    except TypeError:
+        raise ConvSpecError(f"output_mask: expected 3 booleans, but got {output_mask!r}") from None
+    if len(mask) != 3:
+        raise ConvSpecError(f"output_mask: expected 3 booleans (input, weight, bias), but got {list(output_mask)}")
+    return mask
+
+
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    """torch.ops.aten.convolution_backward: (grad_input, grad_weight, grad_bias), None where masked off."""
+    mask = _check_mask(output_mask)
+    check_tensors([("grad_output", grad_output), ("input", input), ("weight", weight)])
+    if grad_output.dim() != input.dim():
+        raise ConvSpecError(f"grad_output: expected {input.dim()} dimensions like input {list(input.shape)}, "
+                            f"but got grad_output of size {list(grad_output.shape)}")
+    base = base_problem(input, weight, None, stride, padding, dilation, transposed, output_padding, groups)
+    if tuple(grad_output.shape) != base.output_shape:
+        raise ConvSpecError(f"grad_output: expected size {list(base.output_shape)} (the forward output's size for "
+                            f"input {list(input.shape)} and weight {list(weight.shape)}), but got "
+                            f"{list(grad_output.shape)}")
+    if mask[2] and bias_sizes is not None and list(bias_sizes) != [base.k]:
+        raise ConvSpecError(f"bias_sizes={list(bias_sizes)}: expected [{base.k}], one element per output channel")
+    problems = backward_problems(base, layout_of(grad_output), mask)
+    entries = dict(zip(problems, dispatch.prepare(list(problems.values()))))
+    gy = dense(grad_output, layout_of(grad_output))
+    grad_input = grad_weight = grad_bias = None
+    if mask[2]:
+        grad_bias = torch.empty(base.k, dtype=input.dtype)
+    if "grad_input" in problems:
+        p = problems["grad_input"]
+        grad_input = _empty(p.input_shape, input.dtype, p.input_layout)
+        _run(entries["grad_input"], {"grad_output": gy, "weight": dense(weight, p.weight_layout),
+                                     "grad_input": grad_input}, base.n)
+    if "grad_weight" in problems:
+        p = problems["grad_weight"]
+        grad_weight = _empty(p.weight_shape, weight.dtype, p.weight_layout)
+        _run(entries["grad_weight"], {"grad_output": gy, "input": dense(input, p.input_layout),
+                                      "grad_weight": grad_weight, "grad_bias": grad_bias}, base.n)
+    elif "grad_bias" in problems:
+        _run(entries["grad_bias"], {"grad_output": gy, "grad_bias": grad_bias}, base.n)
+    return grad_input, grad_weight, grad_bias
+
+
+def call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                  output_mask=(True, True, True), grad_output=None) -> list[ConvProblem]:
+    """The problems that a forward call and its backward (with `output_mask`) would dispatch.
+
+    Lets callers build every kernel of many calls in one ninja run: `dispatch.prepare(problems)`.
+    `grad_output` (or, if None, a gradient in the forward output's memory format) sets the
+    gradient's layout.
+    """
+    base = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    grad_layout = layout_of(grad_output) if grad_output is not None else base.output_layout
+    plain = dataclasses.replace(base, bias=False)
+    mask = _check_mask(output_mask)
+    return [base, *backward_problems(plain, grad_layout, mask).values()]
