@@ -105,7 +105,10 @@ class ConvProblem:
 
     @property
     def output_shape(self) -> tuple[int, ...]:
-        return (self.n, self.k, *self.out_size)
+        # ATen's rule for an input with zero channels (normal convolution): the output has zero
+        # channels too, whatever the weight says; its gradients are empty or zero.
+        k = 0 if self.c == 0 and not self.transposed else self.k
+        return (self.n, k, *self.out_size)
 
     @property
     def macs(self) -> int:

@@ -83,6 +83,11 @@ def check_problem(p: ConvProblem) -> None:
 
 
 def _check_channels(p: ConvProblem) -> None:
+    dim0 = p.c if p.transposed else p.k
+    if dim0 < p.groups:
+        raise ConvSpecError(
+            f"Given groups={p.groups}, expected weight to be at least {p.groups} at dimension 0, but got weight "
+            f"of size {_fmt(p.weight_shape)} instead")
     if p.transposed:
         # weight is (c, k/groups, ...): c must split into groups, k is groups * weight.size(1)
         if p.c % p.groups != 0:

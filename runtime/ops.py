@@ -96,14 +96,16 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
         raise ConvSpecError(f"grad_output: expected size {list(base.output_shape)} (the forward output's size for "
                             f"input {list(input.shape)} and weight {list(weight.shape)}), but got "
                             f"{list(grad_output.shape)}")
-    if mask[2] and bias_sizes is not None and list(bias_sizes) != [base.k]:
-        raise ConvSpecError(f"bias_sizes={list(bias_sizes)}: expected [{base.k}], one element per output channel")
+    # bias_sizes is accepted for ATen's signature; like ATen's CPU path, the bias gradient has one
+    # element per output channel of the weight, whatever bias_sizes says.
     problems = backward_problems(base, layout_of(grad_output), mask)
     entries = dict(zip(problems, dispatch.prepare(list(problems.values()))))
     gy = dense(grad_output, layout_of(grad_output))
     grad_input = grad_weight = grad_bias = None
     if mask[2]:
-        grad_bias = torch.empty(base.k, dtype=input.dtype)
+        # ATen gives an empty input's bias gradient the shape bias_sizes asks for (zeros).
+        size = list(bias_sizes) if input.numel() == 0 and bias_sizes is not None else [base.k]
+        grad_bias = torch.empty(size, dtype=input.dtype)
     if "grad_input" in problems:
         p = problems["grad_input"]
         grad_input = _empty(p.input_shape, input.dtype, p.input_layout)

@@ -118,8 +118,7 @@ def memory_format(layout: Layout, dim: int) -> torch.memory_format:
 
 
 def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-                 dilation, transposed: bool, output_padding, groups: int,
-                 bias_sizes: Sequence[int] | None = None) -> ConvProblem:
+                 dilation, transposed: bool, output_padding, groups: int) -> ConvProblem:
     """The forward problem of an ATen-style call, after the tensor-level checks."""
     if not isinstance(transposed, bool):
         raise ConvSpecError(f"transposed: expected a bool, but got transposed={transposed!r}")
@@ -155,9 +154,6 @@ def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != k):
         raise ConvSpecError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional with {k} "
                             f"elements, but got bias of size {_shape(bias)} instead")
-    if bias_sizes is not None and list(bias_sizes) not in ([k], []) and bias_sizes is not None:
-        if list(bias_sizes) != [k]:
-            raise ConvSpecError(f"bias_sizes={list(bias_sizes)}: expected [{k}], one element per output channel")
     stride_t = expand_param("stride", stride, rank)
     dilation_t = expand_param("dilation", dilation, rank)
     output_padding_t = expand_param("output_padding", output_padding, rank)

@@ -19,10 +19,10 @@ def _empty_reason(plan: Plan) -> str | None:
     if plan.kop is KOp.BIAS:
         return None
     if g.cin_g == 0 or g.cout_g == 0:
-        if plan.kop is KOp.WGRAD and p.bias and g.cout_g * g.cin_g == 0:
-            # the weight gradient is empty, but the bias gradient still sums grad_output
-            return None if (g.cout if plan.bias_from == "Y" else g.cin) > 0 else "no channels: every result is empty"
-        return "zero channels per group: the reduction is empty, results are zero (plus bias)"
+        # ATen: a normal convolution of an input without channels has an output without channels
+        # (so its bias gradient is zero), and a transposed one needs input channels; either way
+        # every product is empty.
+        return "zero channels per group: every result is empty or zero (plus the bias in a forward pass)"
     return None
 
 
