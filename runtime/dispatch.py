@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import threading
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -80,10 +81,18 @@ def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, 
 
 
 def _load(source: KernelSource, path: Path) -> Kernel:
+    """Load an artifact; one that does not load (corrupt, truncated, wrong file) is reported and rebuilt."""
     kernel = _loaded.get(path)
-    if kernel is None or kernel.source.entry != source.entry:
+    if kernel is not None and kernel.source.entry == source.entry:
+        return kernel
+    try:
         kernel = Kernel(source, path)
-        _loaded[path] = kernel
+    except BuildError as e:
+        warnings.warn(f"{e}; rebuilding it", RuntimeWarning, stacklevel=3)
+        bump("corrupt_rebuilt")
+        path = build.build(source, force=True)
+        kernel = Kernel(source, path)
+    _loaded[path] = kernel
     return kernel
 
 

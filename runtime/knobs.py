@@ -15,15 +15,13 @@ names the variable, the value and what would be accepted.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import os
 import shlex
 from pathlib import Path
 
+from convgen.codegen.version import generator_version
 from convgen.codegen.errors import CacheError, ConvgenError
 
-_FALLBACK_VERSION = "0.1.0"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -84,13 +82,9 @@ def verbose() -> bool:
     )
 
 
-@functools.lru_cache(maxsize=1)
 def convgen_version() -> str:
-    """convgen's installed version (part of every cache key)."""
-    try:
-        return importlib.metadata.version("convgen")
-    except importlib.metadata.PackageNotFoundError:
-        return _FALLBACK_VERSION
+    """convgen's installed version (part of every cache key and generated header)."""
+    return generator_version()
 
 
 def _number(name: str, default, kind, *, minimum):
