@@ -1,0 +1,391 @@
+"""The `convgen` command line: show, explain, build and bench one problem; look after the cache.
+
+    convgen show    --input 8,64,56,56 --weight 128,64,3,3 --padding 1        # generated source
+    convgen explain --input 8,64,56,56 --weight 128,64,3,3 --op bwd_weight   # each pass's decisions
+    convgen build   --input 8,64,56,56 --weight 128,64,3,3                   # artifact path
+    convgen bench   --input 8,64,56,56 --weight 128,64,3,3 --padding 1       # against torch
+    convgen cache info | verify [--remove] | clear
+
+A problem is given by its tensor shapes and torch's arguments; it becomes a `ConvProblem`
+directly (no tensors), is lowered by `codegen.pipeline.lower` and emitted by `codegen.emit`.
+Exit status: 0 success, 1 a build or cache failure (or bad cache entries found by verify),
+2 a bad problem or a request convgen cannot serve (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+from .codegen.emit import emit
+from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
+from .codegen.ir import ConvProblem, DType, Layout, Op
+from .codegen.pipeline import lower
+from .codegen.plan import Plan
+from .codegen.target import Target, TargetKind, parse_target
+
+LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST}
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+class Refused(ConvgenError):
+    """A well-formed request convgen cannot serve (e.g. source for a GPU target): exit 2."""
+
+
+# ---------------------------------------------------------------------------------- problems
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConvSpecError(f"{flag}: expected an integer or comma-separated integers, but got {text!r}") from None
+
+
+def _param(flag: str, text: str):
+    """A per-axis parameter as torch takes it: one int, or a list of ints."""
+    values = _ints(flag, text)
+    return values[0] if len(values) == 1 else list(values)
+
+
+def problem_from_args(args: argparse.Namespace) -> ConvProblem:
+    """The validated ConvProblem that the problem flags describe (same rules as convgen.convolution)."""
+    from .problem import expand_param, padding_pairs
+
+    shape = _ints("--input", args.input)
+    weight = _ints("--weight", args.weight)
+    if len(shape) not in (3, 4, 5):
+        raise ConvSpecError(f"--input {args.input}: expected N,C,L (1-D), N,C,H,W (2-D) or N,C,D,H,W (3-D), "
+                            f"but got {len(shape)} sizes")
+    if len(weight) != len(shape):
+        raise ConvSpecError(f"--weight {args.weight}: expected {len(shape)} sizes to match the {len(shape)}-D input "
+                            f"{args.input} (K,C/groups,kernel... or, transposed, C,K/groups,kernel...)")
+    rank, groups = len(shape) - 2, args.groups
+    if groups <= 0:
+        raise ConvSpecError(f"groups={groups}: non-positive groups is not supported")
+    n, c = shape[0], shape[1]
+    if args.transposed:
+        if weight[0] != c:
+            raise ConvSpecError(f"Given transposed=1, weight of size {list(weight)}, expected input {list(shape)} "
+                                f"to have {weight[0]} channels, but got {c} channels instead")
+        k = weight[1] * groups
+    else:
+        if weight[1] * groups != c:
+            raise ConvSpecError(f"Given groups={groups}, weight of size {list(weight)}, expected input {list(shape)} "
+                                f"to have {weight[1] * groups} channels, but got {c} channels instead")
+        k = weight[0]
+    layout = LAYOUTS[args.layout]
+    if layout is Layout.CHANNELS_LAST and rank == 1:
+        raise ConvSpecError("--layout nhwc: channels-last applies to 2-D and 3-D convolutions; "
+                            "use --layout auto or nchw for a 1-D input")
+    kernel = weight[2:]
+    stride = expand_param("stride", _param("--stride", args.stride), rank)
+    dilation = expand_param("dilation", _param("--dilation", args.dilation), rank)
+    output_padding = expand_param("output_padding", _param("--output-padding", args.output_padding), rank)
+    # words go to torch's rule ('same', 'valid', or an error that says so); the rest must be integers
+    padding = args.padding if args.padding.isalpha() else _param("--padding", args.padding)
+    pairs = padding_pairs(padding, rank, kernel, stride, dilation, args.transposed)
+    op = Op(getattr(args, "op", "fwd"))
+    problem = ConvProblem(
+        op=op, n=n, c=c, k=k, in_size=shape[2:], kernel=kernel, stride=stride, padding=pairs, dilation=dilation,
+        groups=groups, transposed=args.transposed, output_padding=output_padding, dtype=DType(args.dtype),
+        input_layout=layout, weight_layout=layout, output_layout=layout,
+        # as the runtime asks for it: a bias is added by FWD, its gradient fused into BWD_WEIGHT
+        bias=args.bias and op in (Op.FWD, Op.BWD_WEIGHT))
+    return problem.validate()
+
+
+def _lowered(args) -> tuple[ConvProblem, Target, Plan]:
+    problem = problem_from_args(args)
+    target = parse_target(args.target)
+    return problem, target, lower(problem, target)
+
+
+def _source(plan: Plan):
+    """The plan's KernelSource; None when it needs no kernel; Refused for targets with no emitter."""
+    if plan.target.kind is not TargetKind.CPU:
+        raise Refused(f"no GPU emitter exists yet: {plan.target.kind.value} source cannot be generated or built "
+                      f"(target {plan.target.name()}); `convgen explain` shows the plan, --target cpu builds it")
+    return emit(plan)
+
+
+def _no_kernel(plan: Plan) -> str:
+    why = "; ".join(reason for name, reason in plan.reasons if name == "algorithm")
+    return f"{plan.problem.name()} needs no kernel ({why}): nothing to generate"
+
+
+# ---------------------------------------------------------------------------------- commands
+
+
+def cmd_show(args) -> int:
+    _, _, plan = _lowered(args)
+    source = _source(plan)
+    if source is None:
+        print(f"convgen: {_no_kernel(plan)}", file=sys.stderr)
+        return 0
+    sys.stdout.write(source.text)
+    return 0
+
+
+def cmd_explain(args) -> int:
+    problem, target, plan = _lowered(args)
+    out = [f"problem:  {problem.name()}",
+           f"key:      {problem.kernel_key()} (any batch size)",
+           f"shapes:   input {list(problem.input_shape)}, weight {list(problem.weight_shape)}, "
+           f"output {list(problem.output_shape)}",
+           f"work:     {problem.flops / 1e9:.3f} GFLOP, {problem.bytes_moved / 1e6:.2f} MB compulsory traffic",
+           f"target:   {target.name()} ({target.vector_bytes} B vectors, L1 {target.l1_bytes} B, L2 {target.l2_bytes} B)",
+           "", "decisions, pass by pass:"]
+    for pass_name in plan.applied:
+        reasons = [r for name, r in plan.reasons if name == pass_name] or ["(no decision recorded)"]
+        out += [f"  [{pass_name}] {r}" for r in reasons]
+    layouts = ", ".join(f"{kind}={lay.value}" for kind, lay in plan.layouts) or "none"
+    t = plan.tiling
+    tiling = (f"{t.rows_per_tile} rows per tile, {t.row_tiles} tile(s) per plane, {t.vector_lanes} SIMD lanes; "
+              f"{t.threads_hint}" if t else "none")
+    out += ["", "plan:",
+            f"  kernel op:   {plan.kop.value if plan.kop else '-'}",
+            f"  algorithm:   {plan.algorithm} (candidates: {', '.join(plan.candidates) or '-'})",
+            f"  layouts:     {layouts}",
+            f"  conversions: {', '.join(plan.conversions) or 'none'}",
+            f"  groups:      {plan.group_strategy}",
+            f"  tiling:      {tiling}",
+            f"  batch:       {'run-time argument' if plan.batch_is_runtime else 'compile-time constant'}"]
+    if target.kind is not TargetKind.CPU:
+        out.append(f"  kernel:      none -- no GPU emitter exists yet for {target.name()}; "
+                   f"only cpu kernels can be generated and built now")
+    else:
+        source = emit(plan)
+        if source is None:
+            out.append(f"  kernel:      none -- {_no_kernel(plan)}")
+        else:
+            params = ", ".join(name for _, name in source.signature)
+            out += [f"  kernel:      {source.name}", f"  entry:       {source.entry}({params})"]
+    print("\n".join(out))
+    return 0
+
+
+def cmd_build(args) -> int:
+    from . import build
+
+    _, _, plan = _lowered(args)
+    source = _source(plan)
+    if source is None:
+        print(f"convgen: {_no_kernel(plan)}", file=sys.stderr)
+        return 0
+    print(build.build(source, force=args.force))
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from . import cache
+
+    if args.action == "info":
+        info = cache.info()
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(f"dir:     {info['dir']}\nentries: {info['entries']}\n"
+                  f"bytes:   {info['bytes']} ({info['bytes'] / 1e6:.1f} MB)\nfailed:  {info['failed']} failed build(s) kept")
+        return 0
+    if args.action == "clear":
+        removed = cache.clear()
+        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {cache.root()}")
+        return 0
+    total = len(cache.entries())
+    problems = cache.verify(remove=args.remove)
+    for path, problem in problems:
+        print(f"{'removed' if args.remove else 'bad'}: {path}: {problem}")
+    print(f"{total - len(problems)} good, {len(problems)} bad{' (removed)' if args.remove and problems else ''} "
+          f"of {total} entries in {cache.root()}")
+    return EXIT_FAILED if problems and not args.remove else 0
+
+
+# ---------------------------------------------------------------------------------- bench
+
+
+def _rel_err(got, ref) -> float:
+    got, ref = got.double(), ref.double()
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from . import dispatch, ops
+    from .problem import TORCH_DTYPES, memory_format
+
+    problem, target, _ = _lowered(args)
+    if target.kind is not TargetKind.CPU:
+        raise Refused(f"bench runs on the CPU only; no GPU emitter exists yet (target {target.name()})")
+    if any(lo != hi for lo, hi in problem.padding):
+        raise Refused(f"bench: padding {list(problem.padding)} is asymmetric, which aten.convolution cannot take; "
+                      f"give integer padding (or an odd kernel with --padding same)")
+    if args.repeat < 1:
+        raise ConvSpecError(f"--repeat {args.repeat}: need at least 1 run")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConvSpecError(f"--threads {args.threads}: need at least 1 thread")
+        torch.set_num_threads(args.threads)
+    dtype = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(0)
+
+    def tensor(shape):
+        fmt = memory_format(problem.input_layout, len(shape)) if len(shape) > 3 else torch.contiguous_format
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).contiguous(memory_format=fmt)
+
+    x, w, gy = tensor(problem.input_shape), tensor(problem.weight_shape), tensor(problem.output_shape)
+    b = torch.randn(problem.k, generator=gen).to(dtype) if problem.bias else None
+    conv = (list(problem.stride), [lo for lo, _ in problem.padding], list(problem.dilation), problem.transposed,
+            list(problem.output_padding), problem.groups)
+    mask, bias_sizes = [True, True, True], [problem.k]
+    calls = {
+        ("forward", "torch"): lambda: torch.ops.aten.convolution(x, w, b, *conv),
+        ("forward", "convgen"): lambda: ops.convolution(x, w, b, *conv),
+        ("backward", "torch"): lambda: torch.ops.aten.convolution_backward(gy, x, w, bias_sizes, *conv, mask),
+        ("backward", "convgen"): lambda: ops.convolution_backward(gy, x, w, bias_sizes, *conv, mask),
+    }
+    # build every kernel first (one ninja run), then check convgen against torch before timing it
+    dispatch.prepare(ops.call_problems(x, w, b, *conv, grad_output=gy))
+    errors = {"output": _rel_err(calls["forward", "convgen"](), calls["forward", "torch"]())}
+    for name, got, ref in zip(("grad_input", "grad_weight", "grad_bias"), calls["backward", "convgen"](),
+                              calls["backward", "torch"]()):
+        errors[name] = _rel_err(got, ref)
+    # warm-up also sizes each sample: enough calls to take about --min-time seconds
+    inner = {}
+    for key, fn in calls.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        inner[key] = max(1, math.ceil(args.min_time / max(time.perf_counter() - start, 1e-6)))
+    samples = {key: [] for key in calls}
+    order = list(calls)
+    for r in range(args.repeat):
+        for key in (order if r % 2 == 0 else order[::-1]):   # alternate, and alternate who goes first
+            fn, count = calls[key], inner[key]
+            start = time.perf_counter()
+            for _ in range(count):
+                fn()
+            samples[key].append((time.perf_counter() - start) / count)
+    flops = {"forward": problem.flops,
+             "backward": sum(dataclasses.replace(problem, op=op, bias=False).flops
+                             for op in (Op.BWD_DATA, Op.BWD_WEIGHT, Op.BWD_BIAS))}
+    rows = {}
+    for pass_name in ("forward", "backward"):
+        t_torch = statistics.median(samples[pass_name, "torch"])
+        t_cg = statistics.median(samples[pass_name, "convgen"])
+        rows[pass_name] = {"torch_ms": t_torch * 1e3, "convgen_ms": t_cg * 1e3,
+                           "torch_gflops": flops[pass_name] / t_torch / 1e9,
+                           "convgen_gflops": flops[pass_name] / t_cg / 1e9, "ratio_torch_over_convgen": t_torch / t_cg}
+    report = {"problem": problem.name(), "target": target.name(), "threads": torch.get_num_threads(),
+              "repeat": args.repeat, "torch": torch.__version__, "results": rows, "rel_error": errors}
+    load = os.getloadavg()[0]
+    if load > (os.cpu_count() or 1):
+        print(f"convgen: warning: load average {load:.1f} exceeds {os.cpu_count()} CPUs; other work on this machine "
+              f"distorts these timings", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{problem.name()} on {target.name()}, {report['threads']} thread(s), torch {torch.__version__}; "
+          f"median of {args.repeat} run(s), forward and backward [T,T,T] timed alternately")
+    print(f"{'pass':<10}{'torch ms':>11}{'convgen ms':>12}{'torch GFLOP/s':>15}{'convgen GFLOP/s':>17}"
+          f"{'torch/convgen':>15}")
+    for pass_name, row in rows.items():
+        print(f"{pass_name:<10}{row['torch_ms']:>11.3f}{row['convgen_ms']:>12.3f}{row['torch_gflops']:>15.2f}"
+              f"{row['convgen_gflops']:>17.2f}{row['ratio_torch_over_convgen']:>15.2f}")
+    print("relative error vs torch: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
+    return 0
+
+
+# ---------------------------------------------------------------------------------- parser
+
+
+def _problem_flags(with_op: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("problem (sizes and per-axis values: one integer or a comma list)")
+    if with_op:
+        g.add_argument("--op", choices=[o.value for o in Op], default="fwd",
+                       help="which pass (default fwd); bwd_weight with --bias also produces the bias gradient")
+    g.add_argument("--input", required=True, metavar="N,C,H,W", help="input size (1-D: N,C,L; 3-D: N,C,D,H,W)")
+    g.add_argument("--weight", required=True, metavar="K,C/g,R,S",
+                   help="weight size (transposed: Cin,Cout/g,R,S)")
+    g.add_argument("--stride", default="1", metavar="S[,S..]", help="default 1")
+    g.add_argument("--padding", default="0", metavar="P[,P..]|same|valid", help="default 0")
+    g.add_argument("--dilation", default="1", metavar="D[,D..]", help="default 1")
+    g.add_argument("--groups", type=int, default=1, metavar="G", help="default 1")
+    g.add_argument("--transposed", action="store_true", help="a transposed convolution")
+    g.add_argument("--output-padding", default="0", metavar="OP[,OP..]", help="transposed only; default 0")
+    g.add_argument("--bias", action="store_true", help="with a bias (fwd) / bias gradient (bwd_weight)")
+    g.add_argument("--dtype", choices=[d.value for d in DType], default="f32")
+    g.add_argument("--layout", choices=list(LAYOUTS), default="auto",
+                   help="nhwc: channels-last input, weight and output; auto/nchw: contiguous")
+    g.add_argument("--target", default="cpu", metavar="cpu|cuda|hip",
+                   help="cpu (this host's ISA), cpu-avx512, cpu-avx2, cpu-generic, cuda or hip; only cpu builds now")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="convgen", description="Generate, inspect, build and benchmark convolution kernels.",
+        epilog="example: convgen explain --input 8,64,56,56 --weight 128,64,3,3 --padding 1 --op bwd_weight")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    problem, problem_no_op = _problem_flags(True), _problem_flags(False)
+    sub.add_parser("show", parents=[problem], help="print the generated source for a problem").set_defaults(
+        run=cmd_show)
+    sub.add_parser("explain", parents=[problem], help="print each pass's decisions for a problem").set_defaults(
+        run=cmd_explain)
+    b = sub.add_parser("build", parents=[problem], help="build a problem's kernel and print the artifact's path")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.set_defaults(run=cmd_build)
+    bench = sub.add_parser("bench", parents=[problem_no_op], help="time convgen against torch, side by side",
+                           description="Times forward and backward (grad input, weight and bias) of one problem, "
+                                       "torch and convgen alternately in one process after warm-up, and reports "
+                                       "medians, GFLOP/s and the ratio torch/convgen (above 1: convgen is faster).")
+    bench.add_argument("--repeat", type=int, default=5, help="timed runs per pass and library (default 5)")
+    bench.add_argument("--threads", type=int, help="torch.set_num_threads for both (default: torch's)")
+    bench.add_argument("--min-time", type=float, default=0.05, help="seconds per timed run, at least (default 0.05)")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.set_defaults(run=cmd_bench)
+    cache = sub.add_parser("cache", help="the on-disk kernel cache: info, verify, clear")
+    cache.add_argument("action", choices=["info", "verify", "clear"])
+    cache.add_argument("--remove", action="store_true", help="verify: remove bad entries")
+    cache.add_argument("--json", action="store_true", help="info: print as JSON")
+    cache.set_defaults(run=cmd_cache)
+    return top
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:   # --help, or argparse's own usage error (already printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return args.run(args)
+    except BuildError as e:
+        print(f"convgen: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except CacheError as e:
+        print(f"convgen: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ConvgenError, ValueError, NotImplementedError) as e:
+        print(f"convgen: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:   # `convgen show ... | head`: quietly stop writing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
