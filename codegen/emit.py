@@ -25,6 +25,7 @@ ACCUMULATOR = {DType.F32: "float", DType.F64: "double", DType.BF16: "float", DTy
 # (target kind, kernel op, algorithm) -> template and the entry's pointer parameters
 TEMPLATES = {
     (TargetKind.CPU, KOp.FWD, "direct"): "cpu/direct_fwd.cpp.j2",
+    (TargetKind.CPU, KOp.FWD, "blocked"): "cpu/blocked_fwd.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "direct"): "cpu/direct_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
@@ -56,6 +57,9 @@ class KernelContext:
     acc: str
     g: Geometry
     tiling: Tiling | None
+    t: Tiling | None          # the same, short
+    lanes: int
+    vector_bytes: int
     strides: tuple[tuple[str, tuple[int, ...]], ...]
     layout_note: str
     bias_from: str | None
@@ -81,7 +85,9 @@ def _context(plan: Plan, entry: str) -> KernelContext:
         strides.append(("S", operand_strides(layouts[source], channels, size)))
     note = ", ".join(f"{k} {v.value}" for k, v in sorted(layouts.items()))
     return KernelContext(entry=entry, dtype=plan.problem.dtype.value, storage=STORAGE[plan.problem.dtype],
-                         acc=ACCUMULATOR[plan.problem.dtype], g=g, tiling=plan.tiling, strides=tuple(strides),
+                         acc=ACCUMULATOR[plan.problem.dtype], g=g, tiling=plan.tiling, t=plan.tiling,
+                         lanes=plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize,
+                         vector_bytes=plan.target.vector_bytes, strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size)
 
 

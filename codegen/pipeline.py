@@ -62,8 +62,9 @@ def pipeline() -> tuple[Pass, ...]:
     return tuple(order_passes(load_passes()))
 
 
-def lower(problem: ConvProblem, target: Target) -> Plan:
-    plan = Plan(problem=problem, target=target)
+def lower(problem: ConvProblem, target: Target, algorithm: str | None = None) -> Plan:
+    """The plan for `problem` on `target`; `algorithm` picks one of the candidates instead of the heuristic."""
+    plan = Plan(problem=problem, target=target, requested_algorithm=algorithm)
     for p in pipeline():
         plan = p.run(plan).mark(p.name)
     return plan

@@ -67,10 +67,13 @@ class Operand:
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
-    rows_per_tile: int       # output (or input) rows a thread accumulates at once
-    row_tiles: int           # tiles per plane
     vector_lanes: int        # SIMD lanes of the accumulator type on the target
     threads_hint: str        # which loops the OpenMP parallel-for covers
+    rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once
+    row_tiles: int = 1       # direct: tiles per plane
+    kb: int = 0              # blocked: channels held in registers at once
+    nv: int = 0              # blocked: vectors of columns held in registers at once
+    cols: int = 0            # blocked: columns of one work item (a multiple of nv * vector_lanes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +93,7 @@ class Plan:
     group_strategy: str | None = None
     tiling: Tiling | None = None
     batch_is_runtime: bool = True
+    requested_algorithm: str | None = None   # a caller's (or the tuner's) pick among the candidates
 
     def decide(self, pass_name: str, reason: str, **changes) -> "Plan":
         """A new plan with `changes` applied and one reason recorded for `pass_name`."""
@@ -105,5 +109,4 @@ class Plan:
         return canonical_key(self)
 
     def name(self) -> str:
-        suffix = f"_{self.algorithm}" if self.algorithm and self.algorithm != "direct" else ""
-        return self.problem.name() + suffix
+        return f"{self.problem.name()}_{self.algorithm}" if self.algorithm else self.problem.name()

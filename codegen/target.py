@@ -26,11 +26,13 @@ class Target:
 
     isa: for CPUs one of "avx512", "avx2", "generic"; for GPUs the arch (e.g. "sm_90", "gfx90a").
     vector_bytes: SIMD register width in bytes (64 for AVX-512, 32 for AVX2, 16 otherwise).
+    vector_registers: architectural SIMD registers (32 with AVX-512, 16 otherwise).
     """
 
     kind: TargetKind = TargetKind.CPU
     isa: str = "generic"
     vector_bytes: int = 16
+    vector_registers: int = 16
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
 
@@ -69,7 +71,7 @@ def host_cpu() -> Target:
         return Target(TargetKind.CPU, "generic", 16)
     flags = _cpu_flags()
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        return Target(TargetKind.CPU, "avx512", 64)
+        return Target(TargetKind.CPU, "avx512", 64, 32)
     if {"avx2", "fma", "bmi2"} <= flags:
         return Target(TargetKind.CPU, "avx2", 32)
     return Target(TargetKind.CPU, "generic", 16)
@@ -90,5 +92,5 @@ def parse_target(text: str) -> Target:
         widths = {"avx512": 64, "avx2": 32, "generic": 16}
         if isa not in widths:
             raise ConvSpecError(f"target: unknown CPU ISA {isa!r}; expected one of {sorted(widths)}")
-        return Target(kind, isa, widths[isa])
+        return Target(kind, isa, widths[isa], 32 if isa == "avx512" else 16)
     return Target(kind, isa or ("sm_90" if kind is TargetKind.CUDA else "gfx90a"), 16)

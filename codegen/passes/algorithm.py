@@ -7,6 +7,7 @@ choice is recorded with its reason.
 from __future__ import annotations
 
 from ..ir import Op
+from ..errors import ConvgenError
 from ..pipeline import Pass
 from ..plan import KOp, Plan
 
@@ -34,16 +35,34 @@ def run(plan: Plan) -> Plan:
     if plan.kop is KOp.BIAS:
         return plan.decide("algorithm", "per-channel reduction", algorithm="reduce", candidates=("reduce",))
     g = plan.geometry
-    candidates = ("direct",)
     if g.cin_g == 1 and g.groups > 1:
         kind = f"depthwise (1 input channel per group, multiplier {g.cout_g})"
     elif g.kernel == (1, 1, 1) and g.stride == (1, 1, 1) and g.pad_lo == (0, 0, 0):
         kind = "pointwise (1x1, a GEMM over channels)"
     else:
         kind = "general"
-    return plan.decide("algorithm", f"{kind}: direct convolution with per-thread accumulation planes, "
-                                    f"every size a compile-time constant except the batch",
-                       algorithm="direct", candidates=candidates)
+    candidates = CANDIDATES[plan.kop]
+    choice, why = candidates[0], WHY[candidates[0]]
+    if plan.requested_algorithm is not None:
+        if plan.requested_algorithm not in candidates:
+            raise ConvgenError(f"algorithm {plan.requested_algorithm!r} is not a candidate for a {plan.kop.value} "
+                               f"kernel; candidates: {list(candidates)}")
+        choice, why = plan.requested_algorithm, "requested"
+    return plan.decide("algorithm", f"{kind}: {choice} ({why}); candidates {list(candidates)}; every size a "
+                                    f"compile-time constant except the batch",
+                       algorithm=choice, candidates=candidates)
+
+
+# Candidate algorithms per kernel op, the heuristic's default first.
+CANDIDATES = {
+    KOp.FWD: ("blocked", "direct"),
+    KOp.DGRAD: ("direct",),
+    KOp.WGRAD: ("direct",),
+}
+WHY = {
+    "blocked": "register-blocked micro-kernel over zero-padded, phase-split input rows",
+    "direct": "per-thread accumulation planes, scalar taps",
+}
 
 
 PASS = Pass("algorithm", run, requires=("canonical",), provides=("algorithm",), doc=__doc__)
