@@ -218,9 +218,6 @@ def _rel_err(got, ref) -> float:
 def cmd_bench(args) -> int:
     import torch
 
-    from . import dispatch, ops
-    from .problem import TORCH_DTYPES, memory_format
-
     problem, target, _ = _lowered(args)
     if target.kind is not TargetKind.CPU:
         raise Refused(f"bench runs on the CPU only; no GPU emitter exists yet (target {target.name()})")
@@ -229,10 +226,23 @@ def cmd_bench(args) -> int:
                       f"give integer padding (or an odd kernel with --padding same)")
     if args.repeat < 1:
         raise ConvSpecError(f"--repeat {args.repeat}: need at least 1 run")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConvSpecError(f"--threads {args.threads}: need at least 1 thread")
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        raise ConvSpecError(f"--threads {args.threads}: need at least 1 thread")
+    threads = torch.get_num_threads()
+    try:
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        return _bench(args, problem, target)
+    finally:
+        torch.set_num_threads(threads)   # main() may be called in-process: leave torch as it was
+
+
+def _bench(args, problem: ConvProblem, target: Target) -> int:
+    import torch
+
+    from . import dispatch, ops
+    from .problem import TORCH_DTYPES, memory_format
+
     dtype = TORCH_DTYPES[problem.dtype]
     gen = torch.Generator().manual_seed(0)
 
