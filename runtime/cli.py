@@ -146,9 +146,9 @@ def cmd_explain(args) -> int:
         reasons = [r for name, r in plan.reasons if name == pass_name] or ["(no decision recorded)"]
         out += [f"  [{pass_name}] {r}" for r in reasons]
     layouts = ", ".join(f"{kind}={lay.value}" for kind, lay in plan.layouts) or "none"
-    t = plan.tiling
-    tiling = (f"{t.rows_per_tile} rows per tile, {t.row_tiles} tile(s) per plane, {t.vector_lanes} SIMD lanes; "
-              f"{t.threads_hint}" if t else "none")
+    t = plan.tiling   # every field the tiling pass set (those left at 0 do not apply to this algorithm)
+    tiling = ", ".join(f"{f.name}={getattr(t, f.name)}" for f in dataclasses.fields(t)
+                       if f.name != "threads_hint" and getattr(t, f.name)) + f"; {t.threads_hint}" if t else "none"
     out += ["", "plan:",
             f"  kernel op:   {plan.kop.value if plan.kop else '-'}",
             f"  algorithm:   {plan.algorithm} (candidates: {', '.join(plan.candidates) or '-'})",
