@@ -95,7 +95,9 @@ def problem_from_args(args: argparse.Namespace) -> ConvProblem:
     problem = ConvProblem(
         op=op, n=n, c=c, k=k, in_size=shape[2:], kernel=kernel, stride=stride, padding=pairs, dilation=dilation,
         groups=groups, transposed=args.transposed, output_padding=output_padding, dtype=DType(args.dtype),
-        input_layout=layout, weight_layout=layout, output_layout=layout,
+        # a bias gradient reads only grad_output: the runtime keys it with contiguous input and weight
+        input_layout=Layout.CONTIGUOUS if op is Op.BWD_BIAS else layout,
+        weight_layout=Layout.CONTIGUOUS if op is Op.BWD_BIAS else layout, output_layout=layout,
         # as the runtime asks for it: a bias is added by FWD, its gradient fused into BWD_WEIGHT
         bias=args.bias and op in (Op.FWD, Op.BWD_WEIGHT))
     return problem.validate()

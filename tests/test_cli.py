@@ -16,8 +16,10 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
 from convgen import build as build_mod
+from convgen import ops
 from convgen import cli
 from convgen.codegen.pipeline import pipeline
 from convgen.stats import reset, stats
@@ -121,6 +123,32 @@ def test_build_prints_an_existing_artifact_path_and_hits_the_cache_next_time(cap
     assert stats()["builds"] == 1 and stats()["disk_hits"] == 1
 
 
+# --- the CLI's problem is the runtime's: `convgen build` builds the kernel a torch call uses ----
+
+# (what the case covers, CLI flags, torch layout, call_problems arguments after input/weight/bias)
+SAME_AS_RUNTIME = [
+    ("contiguous, padded", SMALL, torch.contiguous_format, (1, 1, 1, False, 0, 1)),
+    ("channels-last, strided", ["--input", "2,4,9,9", "--weight", "6,4,3,3", "--stride", "2", "--layout", "nhwc"],
+     torch.channels_last, (2, 0, 1, False, 0, 1)),
+    ("transposed, grouped", ["--input", "2,4,5,5", "--weight", "4,3,3,3", "--transposed", "--groups", "2",
+                             "--stride", "2", "--output-padding", "1"], torch.contiguous_format, (2, 0, 1, True, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("flags,fmt,conv", [c[1:] for c in SAME_AS_RUNTIME], ids=[c[0] for c in SAME_AS_RUNTIME])
+def test_cli_problems_equal_the_runtime_problems(flags, fmt, conv):
+    shape = lambda flag: [int(v) for v in flags[flags.index(flag) + 1].split(",")]
+    x = torch.randn(shape("--input")).contiguous(memory_format=fmt)
+    w = torch.randn(shape("--weight")).contiguous(memory_format=fmt)
+    k = w.shape[1] * conv[5] if conv[3] else w.shape[0]
+    with_bias = ops.call_problems(x, w, torch.randn(k), *conv)   # fwd+bias, bwd_data, bwd_weight+bias
+    bias_alone = ops.call_problems(x, w, torch.randn(k), *conv, output_mask=(False, False, True))[1]
+    for op, extra, expected in (("fwd", ["--bias"], with_bias[0]), ("bwd_data", [], with_bias[1]),
+                                ("bwd_weight", ["--bias"], with_bias[2]), ("bwd_bias", [], bias_alone)):
+        args = cli.parser().parse_args(["show", *flags, "--op", op, *extra])
+        assert cli.problem_from_args(args) == expected, op
+
+
 # --- bad problems: one line, non-zero, no traceback -----------------------------------------
 
 # (what is wrong, flags, a word the message must contain)
@@ -205,8 +233,6 @@ def test_an_unusable_cache_dir_is_one_line_naming_the_variable(capsys, tmp_path,
 # --- bench -----------------------------------------------------------------------------------
 
 def test_bench_json_reports_both_passes(capsys):
-    import torch
-
     threads = torch.get_num_threads()
     code, out, err = run(capsys, "bench", "--input", "1,4,6,6", "--weight", "4,4,3,3", "--padding", "1", "--bias",
                          "--repeat", "1", "--min-time", "0", "--threads", "1", "--json")
