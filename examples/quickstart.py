@@ -33,7 +33,8 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 8, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 8, 1))
     problems = ops.call_problems(x, w, b, 1, 1, 1, False, 0, 1)
-    problems += ops.call_problems(x, model[0].weight, model[0].bias, 1, 1, 1, False, 0, 1, output_mask=(False, False, False))
+    problems += ops.call_problems(x, model[0].weight, model[0].bias, 1, 1, 1, False, 0, 1,
+                                  output_mask=(False, False, False))
     problems += ops.call_problems(torch.empty(4, 8, 32, 32), model[2].weight, model[2].bias, 1, 0, 1, False, 0, 1,
                                   output_mask=(False, False, False))
     dispatch.prepare(problems)

@@ -142,7 +142,8 @@ def cmd_explain(args) -> int:
            f"shapes:   input {list(problem.input_shape)}, weight {list(problem.weight_shape)}, "
            f"output {list(problem.output_shape)}",
            f"work:     {problem.flops / 1e9:.3f} GFLOP, {problem.bytes_moved / 1e6:.2f} MB compulsory traffic",
-           f"target:   {target.name()} ({target.vector_bytes} B vectors, L1 {target.l1_bytes} B, L2 {target.l2_bytes} B)",
+           f"target:   {target.name()} ({target.vector_bytes} B vectors, L1 {target.l1_bytes} B, "
+           f"L2 {target.l2_bytes} B)",
            "", "decisions, pass by pass:"]
     for pass_name in plan.applied:
         reasons = [r for name, r in plan.reasons if name == pass_name] or ["(no decision recorded)"]
@@ -194,7 +195,8 @@ def cmd_cache(args) -> int:
             print(json.dumps(info, indent=2))
         else:
             print(f"dir:     {info['dir']}\nentries: {info['entries']}\n"
-                  f"bytes:   {info['bytes']} ({info['bytes'] / 1e6:.1f} MB)\nfailed:  {info['failed']} failed build(s) kept")
+                  f"bytes:   {info['bytes']} ({info['bytes'] / 1e6:.1f} MB)\n"
+                  f"failed:  {info['failed']} failed build(s) kept")
         return 0
     if args.action == "clear":
         removed = cache.clear()
