@@ -28,6 +28,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.FWD, "blocked"): "cpu/blocked_fwd.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "direct"): "cpu/direct_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
 }
 
@@ -60,6 +61,8 @@ class KernelContext:
     t: Tiling | None          # the same, short
     lanes: int
     vector_bytes: int
+    acc_bytes: int
+    gy_in_place: bool
     strides: tuple[tuple[str, tuple[int, ...]], ...]
     layout_note: str
     bias_from: str | None
@@ -87,7 +90,8 @@ def _context(plan: Plan, entry: str) -> KernelContext:
     return KernelContext(entry=entry, dtype=plan.problem.dtype.value, storage=STORAGE[plan.problem.dtype],
                          acc=ACCUMULATOR[plan.problem.dtype], g=g, tiling=plan.tiling, t=plan.tiling,
                          lanes=plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize,
-                         vector_bytes=plan.target.vector_bytes, strides=tuple(strides),
+                         vector_bytes=plan.target.vector_bytes, acc_bytes=plan.problem.dtype.accumulator.itemsize,
+                         gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size)
 
 

@@ -74,6 +74,10 @@ class Tiling:
     kb: int = 0              # blocked: channels held in registers at once
     nv: int = 0              # blocked: vectors of columns held in registers at once
     cols: int = 0            # blocked: columns of one work item (a multiple of nv * vector_lanes)
+    in_place: tuple[str, ...] = ()   # operands whose rows are read in place, not copied
+    ksb: int = 0             # gemm: output channels per work item (a multiple of kb)
+    rb: int = 0              # gemm: im2col rows per work item (a multiple of nv)
+    pc: int = 0              # gemm: pixels per chunk of the reduction (a multiple of vector_lanes)
 
 
 @dataclasses.dataclass(frozen=True)

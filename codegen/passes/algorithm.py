@@ -57,11 +57,12 @@ def run(plan: Plan) -> Plan:
 CANDIDATES = {
     KOp.FWD: ("blocked", "direct"),
     KOp.DGRAD: ("direct",),
-    KOp.WGRAD: ("direct",),
+    KOp.WGRAD: ("gemm", "direct"),
 }
 WHY = {
     "blocked": "register-blocked micro-kernel over zero-padded, phase-split input rows",
     "direct": "per-thread accumulation planes, scalar taps",
+    "gemm": "a GEMM over packed im2col rows with register tiles, reduced over pixels in a fixed order",
 }
 
 

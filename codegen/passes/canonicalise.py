@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir import Layout, Op
 from ..pipeline import Pass
 from ..plan import Geometry, KOp, Operand, Plan
@@ -69,6 +71,13 @@ def run(plan: Plan) -> Plan:
                                    Operand("grad_bias", "B", Layout.CONTIGUOUS, True)), \
             "bias gradient alone: per-channel sum of grad_output over batch and pixels"
     plan = plan.decide("canonicalise", why, kop=kop, geometry=geo, operands=ops, bias_from=bias_from)
+    if geo.kernel == (1, 1, 1) and geo.stride == (1, 1, 1) and geo.pad_lo == (0, 0, 0) and geo.x_size == geo.y_size:
+        # both layouts keep the spatial axes in (d, h, w) order with one element stride between
+        # neighbours, so a pointwise problem may treat them as one long row
+        pixels = geo.x_size[0] * geo.x_size[1] * geo.x_size[2]
+        flat = dataclasses.replace(geo, x_size=(1, 1, pixels), y_size=(1, 1, pixels))
+        return plan.decide("canonicalise", f"pointwise: the {p.rank}-D spatial axes flattened into one row of "
+                                           f"{pixels} pixels", geometry=flat)
     if p.rank < 3:
         plan = plan.decide("canonicalise", f"{p.rank}-D problem computed as 3-D with leading axes of size 1")
     if any(lo != hi for lo, hi in p.padding) or any(p.output_padding):

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import math
 
+from ..ir import Layout
 from ..pipeline import Pass
 from ..plan import KOp, Plan, Tiling
+
+
+# Work items a parallel loop should offer at least, when the problem allows (a few per thread).
+MIN_ITEMS = 16
 
 
 def _direct(plan: Plan, lanes: int) -> Plan:
@@ -74,12 +79,57 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
                        tiling=tiling)
 
 
+def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
+    """Weight gradient as a GEMM over (out channel) x (in channel, tap), reduced over pixels."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    rows = g.cin_g * taps
+    plane = g.y_size[0] * g.y_size[1] * g.y_size[2]
+    best = (1, 1, -1.0)
+    for kb in range(1, 9):
+        for cb in range(1, 9):
+            if kb * cb + kb + cb > t.vector_registers:
+                continue
+            eff = (g.cout_g / (math.ceil(g.cout_g / kb) * kb)) * (rows / (math.ceil(rows / cb) * cb))
+            score = eff * min(1.0, kb * cb / (kb + cb)) + 1e-3 * kb * cb
+            if score > best[2]:
+                best = (kb, cb, score)
+    kb, cb, score = best
+    # Work per item: start from whole groups and halve the larger side while there are too few
+    # items for the threads or the accumulators outgrow a quarter of the L2.
+    mk, mr = math.ceil(g.cout_g / kb), math.ceil(rows / cb)
+    def items(mk, mr):
+        return g.groups * math.ceil(math.ceil(g.cout_g / kb) / mk) * math.ceil(math.ceil(rows / cb) / mr)
+    while (mk > 1 or mr > 1) and (items(mk, mr) < MIN_ITEMS or mk * kb * mr * cb * t.vector_bytes > t.l2_bytes // 4):
+        if mk * kb >= mr * cb and mk > 1:
+            mk = math.ceil(mk / 2)
+        else:
+            mr = math.ceil(mr / 2)
+    ksb, rb = mk * kb, mr * cb
+    # Pixels per chunk: the packed rows and grad_output rows of one chunk share half the L2.
+    pc = max(lanes, min(math.ceil(plane / lanes) * lanes,
+                        (t.l2_bytes // 2) // ((ksb + rb) * acc_bytes) // lanes * lanes, 4096))
+    unit = p.dtype.accumulator is p.dtype
+    in_place = ("Y",) if unit and dict(plan.layouts)["Y"] is Layout.CONTIGUOUS and plane % lanes == 0 else ()
+    tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, in_place=in_place,
+                    threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
+                                 "weight gradients and reduces in a fixed order, so results do not depend on the "
+                                 "thread count")
+    return plan.decide("tiling", f"GEMM {g.cout_g} x {rows} per group, reduced over {plane} pixels per image: "
+                                 f"register tile {kb} x {cb} ({score:.2f} useful), {ksb} x {rb} per work item "
+                                 f"({items(mk, mr)} items), chunks of {pc} pixels; grad_output "
+                                 f"{'read in place' if in_place else 'packed'}; {tiling.threads_hint}", tiling=tiling)
+
+
 def run(plan: Plan) -> Plan:
     if plan.algorithm in ("empty", "reduce"):
         return plan.decide("tiling", "no tiling", tiling=None)
     lanes = max(1, plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize)
     if plan.algorithm == "blocked":
         return _blocked(plan, lanes)
+    if plan.algorithm == "gemm":
+        return _gemm_wgrad(plan, lanes)
     return _direct(plan, lanes)
 
 
