@@ -27,6 +27,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.FWD, "direct"): "cpu/direct_fwd.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "blocked"): "cpu/blocked_fwd.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "direct"): "cpu/direct_dgrad.cpp.j2",
+    (TargetKind.CPU, KOp.DGRAD, "blocked"): "cpu/blocked_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",

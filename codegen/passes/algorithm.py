@@ -56,11 +56,11 @@ def run(plan: Plan) -> Plan:
 # Candidate algorithms per kernel op, the heuristic's default first.
 CANDIDATES = {
     KOp.FWD: ("blocked", "direct"),
-    KOp.DGRAD: ("direct",),
+    KOp.DGRAD: ("blocked", "direct"),
     KOp.WGRAD: ("gemm", "direct"),
 }
 WHY = {
-    "blocked": "register-blocked micro-kernel over zero-padded, phase-split input rows",
+    "blocked": "register-blocked micro-kernel over zero-padded rows, strides split into phases",
     "direct": "per-thread accumulation planes, scalar taps",
     "gemm": "a GEMM over packed im2col rows with register tiles, reduced over pixels in a fixed order",
 }

@@ -60,23 +60,32 @@ def register_tile(channels: int, columns: int, lanes: int, registers: int) -> tu
 
 
 def _blocked(plan: Plan, lanes: int) -> Plan:
+    """Forward: KB output channels x NV vectors of output columns. Data gradient: KB input channels
+    x NV vectors of input-gradient columns of one stride phase."""
     g, t = plan.geometry, plan.target
     acc_bytes = plan.problem.dtype.accumulator.itemsize
-    kb, nv, score = register_tile(g.cout_g, g.y_size[2], lanes, t.vector_registers)
+    kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
+    rows = g.kernel[0] * g.kernel[1]
+    if plan.kop is KOp.FWD:
+        channels, columns = g.cout_g, g.y_size[2]
+        halo = ((kw - 1) * dw) // sw + 1
+        per_col = g.cin_g * rows * sw * acc_bytes          # input buffer bytes per output column
+        what = "output"
+    else:
+        channels, columns = g.cin_g, math.ceil(g.x_size[2] / sw)
+        halo = (sw - 1 + pw) // sw - (pw - (kw - 1) * dw) // sw
+        per_col = g.cout_g * rows * acc_bytes              # grad_output buffer bytes per column
+        what = "input-gradient (per stride phase)"
+    kb, nv, score = register_tile(channels, columns, lanes, t.vector_registers)
     owb = nv * lanes
-    taps_rows = g.kernel[0] * g.kernel[1]
-    halo = ((g.kernel[2] - 1) * g.dilation[2]) // g.stride[2] + 1
-    per_col = g.cin_g * taps_rows * g.stride[2] * acc_bytes
-    budget = t.l2_bytes // 2
-    fit = max(owb, ((budget // max(per_col, 1)) - halo) // owb * owb)
-    cols = min(math.ceil(g.y_size[2] / owb) * owb, fit)
-    tiling = Tiling(vector_lanes=lanes, threads_hint="parallel over (batch, group, output row, column tile)",
+    fit = max(owb, ((t.l2_bytes // 2) // max(per_col, 1) - halo) // owb * owb)
+    cols = min(math.ceil(columns / owb) * owb, fit)
+    tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, group, {what.split()[0]} row, column tile)",
                     kb=kb, nv=nv, cols=cols)
-    return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} columns "
+    return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} {what} columns "
                                  f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
-                                 f"{cols} columns per work item so its input buffer "
-                                 f"({(cols + halo) * per_col} B) stays within half the L2; {tiling.threads_hint}",
-                       tiling=tiling)
+                                 f"{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) stays "
+                                 f"within half the L2; {tiling.threads_hint}", tiling=tiling)
 
 
 def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
