@@ -73,8 +73,9 @@ class ConvProblem:
     bias: bool = False   # FWD: add a bias; BWD_WEIGHT: also produce the bias gradient
 
     def __post_init__(self):
-        rank = len(self.in_size)
-        if not self.output_padding:
+        # no checks here: validate() reports ill-typed fields with a ConvSpecError
+        rank = len(self.in_size) if isinstance(self.in_size, tuple) else 0
+        if self.output_padding == () and rank:
             object.__setattr__(self, "output_padding", (0,) * rank)
 
     # --- derived -------------------------------------------------------------------------

@@ -31,7 +31,35 @@ def check_params(name: str, values, rank: int, *, minimum: int, rule: str) -> No
             raise ConvSpecError(f"{name}={_fmt(values)}: {rule}")
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_types(p: ConvProblem) -> None:
+    """Every field has the type the IR promises (a problem built by hand may not)."""
+    from .ir import DType, Layout, Op
+    for name, kind in (("op", Op), ("dtype", DType), ("input_layout", Layout), ("weight_layout", Layout),
+                       ("output_layout", Layout)):
+        if not isinstance(getattr(p, name), kind):
+            raise ConvSpecError(f"{name}={getattr(p, name)!r}: expected one of {[m.value for m in kind]}")
+    for name in ("n", "c", "k", "groups"):
+        if not _is_int(getattr(p, name)):
+            raise ConvSpecError(f"{name}={getattr(p, name)!r}: expected an integer")
+    for name in ("transposed", "bias"):
+        if not isinstance(getattr(p, name), bool):
+            raise ConvSpecError(f"{name}={getattr(p, name)!r}: expected a bool")
+    for name in ("in_size", "kernel", "stride", "dilation", "output_padding"):
+        value = getattr(p, name)
+        if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
+            raise ConvSpecError(f"{name}={value!r}: expected a tuple of integers, one per spatial dimension")
+    if not isinstance(p.padding, tuple) or not all(
+            isinstance(pair, tuple) and len(pair) == 2 and all(_is_int(v) for v in pair) for pair in p.padding):
+        raise ConvSpecError(f"padding={p.padding!r}: expected a tuple of (low, high) integer pairs, one per "
+                            f"spatial dimension")
+
+
 def check_problem(p: ConvProblem) -> None:
+    check_types(p)
     rank = p.rank
     if rank not in (1, 2, 3):
         raise ConvSpecError(f"input: convolutions have 1, 2 or 3 spatial dimensions, but the input has {rank} "

@@ -69,8 +69,8 @@ def padding_pairs(padding, rank: int, kernel: Sequence[int], stride: Sequence[in
 
 def check_dtype(t: torch.Tensor, name: str) -> DType:
     if t.dtype not in DTYPES:
-        kinds = "complex" if t.is_complex() else "integer or bool" if not t.is_floating_point() else "this"
-        raise NotImplementedError(f"{name}: dtype {t.dtype} is not supported ({kinds} dtypes are not); "
+        kind = "complex" if t.is_complex() else "integer or bool" if not t.is_floating_point() else "this float"
+        raise NotImplementedError(f"{name}: dtype {t.dtype} is not supported (no {kind} dtype is); "
                                   f"convgen supports float32, float64, bfloat16 and float16")
     return DTYPES[t.dtype]
 
@@ -89,6 +89,9 @@ def check_tensors(named: Sequence[tuple[str, torch.Tensor | None]]) -> DType:
             raise ConvSpecError(f"Expected all tensors to be on the same device, but {first_name} is on "
                                 f"{first.device} and {n} is on {t.device}")
     for n, t in present:
+        if t.layout != torch.strided:
+            raise ConvSpecError(f"{n} has layout {t.layout}: convgen takes dense (strided) tensors; convert it "
+                                f"with .to_dense()")
         if t.device.type != "cpu":
             raise ConvSpecError(f"{n} is on device {t.device}: convgen runs its kernels on the CPU; move the "
                                 f"tensors to the CPU (GPU targets are generated but not dispatched yet)")
@@ -102,12 +105,27 @@ def layout_of(t: torch.Tensor) -> Layout:
     return Layout.CONTIGUOUS
 
 
-def result_layout(input: torch.Tensor, weight: torch.Tensor) -> Layout:
+def _onednn_takes_3d(input: torch.Tensor, weight: torch.Tensor, stride, dilation, groups: int) -> bool:
+    """Whether ATen's CPU backend choice sends a float32 5-D convolution to oneDNN (which keeps
+    channels-last) rather than its native 3-D path (which does not). Mirrors ATen's use_mkldnn."""
+    n, c, d, h = input.shape[:4]
+    strided, dilated = any(s != 1 for s in stride), any(x != 1 for x in dilation)
+    kw, kh = weight.shape[-1], weight.shape[-2]
+    worth = strided or dilated or n >= 16 or kw != 1 or kh != 1 or torch.get_num_threads() > 1
+    faster = groups > 1 or (kw > 3 and kh > 3) or n > 1 or n * c * d * h > 20480
+    return worth and faster
+
+
+def result_layout(input: torch.Tensor, weight: torch.Tensor, stride=(1,), dilation=(1,), groups: int = 1) -> Layout:
     """The memory format torch's CPU convolution gives its results (checked against torch in the tests):
-    4-D: channels-last when input or weight suggest it; 5-D: likewise, but for float32 only."""
-    if input.dim() == 4 or (input.dim() == 5 and input.dtype == torch.float32):
-        if layout_of(input) is Layout.CHANNELS_LAST or layout_of(weight) is Layout.CHANNELS_LAST:
-            return Layout.CHANNELS_LAST
+    4-D: channels-last when input or weight suggest it; 5-D: likewise, but only for float32 problems
+    that ATen hands to oneDNN."""
+    wants = layout_of(input) is Layout.CHANNELS_LAST or layout_of(weight) is Layout.CHANNELS_LAST
+    if input.dim() == 4 and wants:
+        return Layout.CHANNELS_LAST
+    if input.dim() == 5 and wants and input.dtype == torch.float32 \
+            and _onednn_takes_3d(input, weight, stride, dilation, groups):
+        return Layout.CHANNELS_LAST
     return Layout.CONTIGUOUS
 
 
@@ -161,7 +179,7 @@ def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         raise ConvSpecError(f"output_padding={list(output_padding_t)}: output_padding is only allowed for "
                             f"transposed convolutions (transposed=False)")
     pairs = padding_pairs(padding, rank, kernel, stride_t, dilation_t, transposed)
-    lay = result_layout(input, weight)
+    lay = result_layout(input, weight, stride_t, dilation_t, groups)
     problem = ConvProblem(op=Op.FWD, n=n, c=c, k=k, in_size=tuple(input.shape[2:]), kernel=kernel,
                           stride=stride_t, padding=pairs, dilation=dilation_t, groups=groups,
                           transposed=transposed, output_padding=output_padding_t, dtype=dtype,

@@ -289,9 +289,7 @@ CASES = {
                                          ("output_mask", r"\[True, True\]")),
 
     # ---- layouts other than strided (not in CASES.md's list, but "never a crash")
-    "sparse_input": Bad(lambda api: api.conv2d(x().to_sparse(), w()), ("input", "(?i)sparse"),
-                        bug="a sparse (COO) input passes every check, a kernel is built, and then "
-                            "Tensor.contiguous() raises RuntimeError 'unsupported memory format option'"),
+    "sparse_input": Bad(lambda api: api.conv2d(x().to_sparse(), w()), ("input", "(?i)sparse")),
 }
 
 

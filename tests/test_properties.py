@@ -165,8 +165,7 @@ def check_against_torch(call: Call, masks) -> None:
     y64, grads64 = reference(call, x, w, b, gy)
     assert_close(y, y64, call.dtype, "forward")
     assert y.shape == native.shape
-    if not format_differs_today(call):
-        assert_same_format(y, native, "forward")
+    assert_same_format(y, native, "forward")
     for mask in masks:
         got = convgen.convolution_backward(gy, x, w, [call.out_channels], *call.args(), list(mask))
         for name, grad, grad64, wanted in zip(("grad_input", "grad_weight", "grad_bias"), got, grads64, mask):
@@ -174,24 +173,6 @@ def check_against_torch(call: Call, masks) -> None:
                 assert grad is None, f"{name} computed although output_mask={list(mask)}"
             else:
                 assert_close(grad, grad64, call.dtype, f"{name} (output_mask={list(mask)})")
-
-
-# ------------------------------------------------------------------------------- known bugs
-# Regions where convgen is wrong today, kept out of the properties and pinned by strict xfail tests
-# at the end of this file (so the properties keep guarding everything else).
-
-
-def crashes_today(call: Call) -> bool:
-    """Calls that crash the process today, kept out of the properties (a segfault would end the
-    test session) and pinned by test_bias_gradient_without_input_channels instead."""
-    return call.input_shape[1] == 0 and not call.transposed and call.mask[2] and not call.mask[1]
-
-
-def format_differs_today(call: Call) -> bool:
-    """Where convgen's result memory format differs from ATen's today (values still compared):
-    3-D convolutions in float32 with a channels-last operand; pinned by
-    test_3d_channels_last_result_format instead."""
-    return call.rank == 3 and call.dtype == torch.float32 and "channels_last" in call.formats[:2]
 
 
 # ------------------------------------------------------------------------------- valid problems
@@ -243,7 +224,6 @@ def valid_calls(draw, rank: int, transposed: bool) -> Call:
 def test_valid_problems_match_torch(rank, transposed, data):
     call = data.draw(valid_calls(rank, transposed), label="call")
     assume(not torch_refuses(call) and not cases_md_refuses(call))
-    assume(not crashes_today(call))
     event(f"groups {call.groups}, {call.input_shape[1] // call.groups} input channels per group")
     event(f"padding {call.padding if isinstance(call.padding, str) else 'ints'}")
     check_against_torch(call, [(True, True, True), call.mask])
@@ -336,8 +316,8 @@ print("ok")
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bug: segfault in the bias-gradient kernel when the input has zero channels "
-                                       "(normal convolution, output_mask [*, False, True])")
+# Once a segfault: the bias gradient of a normal convolution whose input has no channels (ATen
+# gives grad_output zero channels then), with output_mask [*, False, True]. Run in a child process.
 def test_bias_gradient_without_input_channels():
     child = subprocess.run([sys.executable, "-c", SEGFAULT_REPRO], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0 and child.stdout.strip() == "ok", \
@@ -345,10 +325,8 @@ def test_bias_gradient_without_input_channels():
 
 
 # Found by test_valid_problems_match_torch: for 3-D convolutions in float32 with a channels-last input,
-# ATen's CPU result is contiguous when groups=1 (and channels-last when grouped); convgen's result is
-# channels-last for both (runtime/problem.py result_layout: "5-D: likewise, but for float32 only").
-@pytest.mark.xfail(strict=True, reason="bug: 3-D float32 convolution with a channels-last input and groups=1 "
-                                       "returns a channels-last result; ATen's is contiguous")
+# ATen's CPU result is contiguous unless it hands the problem to oneDNN (grouped, batch > 1, large
+# kernels or inputs); convgen once returned channels-last for all of them.
 @pytest.mark.parametrize("transposed", [False, True], ids=["normal", "transposed"])
 def test_3d_channels_last_result_format(transposed):
     x = torch.randn(1, 2, 3, 3, 3).contiguous(memory_format=torch.channels_last_3d)
@@ -424,9 +402,8 @@ def test_validate_refuses_garbage_with_conv_spec_error(p):
 # other wrong types escape as a TypeError from a comparison, or pass (float sizes, strings where
 # an enum belongs) and reach the emitter.
 VALID = ConvProblem(Op.FWD, 1, 4, 4, (8, 8), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1))
-WRONG_TYPES_BUG = "bug: ConvProblem.validate() does not check this field's type"
 WRONG_TYPES = [
-    # field, value, what validate() does today
+    # field, value, what validate() once did with it
     ("n", None, "TypeError"),
     ("c", "4", "TypeError"),
     ("k", 4.0, "passes"),
@@ -442,14 +419,13 @@ WRONG_TYPES = [
 
 @pytest.mark.parametrize("field, value", [
     pytest.param(field, value, id=f"{field}={value!r}",
-                 marks=pytest.mark.xfail(strict=True, reason=f"{WRONG_TYPES_BUG} ({today})"))
-    for field, value, today in WRONG_TYPES])
+                 )
+    for field, value, _ in WRONG_TYPES])
 def test_validate_refuses_a_wrong_type(field, value):
     with pytest.raises(ConvSpecError, match=field):
         dataclasses.replace(VALID, **{field: value}).validate()
 
 
-@pytest.mark.xfail(strict=True, reason=WRONG_TYPES_BUG + " (see test_validate_refuses_a_wrong_type)")
 @settings(max_examples=50, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
 @given(field=st.sampled_from([f for f, _, _ in WRONG_TYPES]),
        value=st.none() | st.floats(allow_nan=False) | st.text(max_size=3))

@@ -6,6 +6,8 @@ choice is recorded with its reason.
 
 from __future__ import annotations
 
+import math
+
 from ..ir import Op
 from ..errors import ConvgenError
 from ..pipeline import Pass
@@ -18,7 +20,8 @@ def _empty_reason(plan: Plan) -> str | None:
     if p.n == 0:
         return "batch is 0: outputs are empty and weight/bias gradients are zero"
     if plan.kop is KOp.BIAS:
-        return None
+        # the sum runs over grad_output, which ATen gives zero channels when the input has none
+        return None if math.prod(p.output_shape) else "grad_output is empty: the bias gradient is zero"
     if g.cin_g == 0 or g.cout_g == 0:
         # ATen: a normal convolution of an input without channels has an output without channels
         # (so its bias gradient is zero), and a transposed one needs input channels; either way
