@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from . import build
+from . import build, knobs, tuning
 from .stats import bump
 from .codegen.emit import emit
 from .codegen.errors import BuildError
@@ -76,8 +76,28 @@ def _target_for(problem: ConvProblem) -> Target:
 
 
 def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, KernelSource | None]:
-    plan = lower(problem, target or _target_for(problem))
+    """The plan and source for `problem`: the tuning database's pick when it has one, else the
+    heuristic's (or, with CONVGEN_TUNE=1, the winner of timing every candidate now)."""
+    target = target or _target_for(problem)
+    plan = lower(problem, target)
+    if plan.algorithm != "empty" and len(plan.candidates) > 1:
+        entry = tuning.recorded(problem, target)
+        if entry is None and knobs.tune():
+            tuning.tune(problem, target)
+            entry = tuning.recorded(problem, target)
+        if entry is not None and entry["algorithm"] in plan.candidates:
+            plan = lower(problem, target, algorithm=entry["algorithm"])
+            times = ", ".join(f"{a} {t:g} ms" for a, t in sorted(entry["times_ms"].items(), key=lambda kv: kv[1]))
+            plan = plan.decide("algorithm", f"tuned on this machine at batch {entry['batch']}: {times}")
     return plan, emit(plan)
+
+
+def load_plans(plans: Sequence[Plan]) -> list[Kernel]:
+    """Build (one ninja run) and load the kernels of `plans`, outside the dispatch table."""
+    sources = [emit(p) for p in plans]
+    paths = build.build_many(sources)
+    with _lock:
+        return [_load(s, path) for s, path in zip(sources, paths)]
 
 
 def _load(source: KernelSource, path: Path) -> Kernel:

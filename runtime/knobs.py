@@ -11,6 +11,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_LOCK_TIMEOUT   | lock_timeout_s()   | 600 seconds                               |
 | CONVGEN_BUILD_JOBS     | build_jobs()       | os.cpu_count()                            |
 | CONVGEN_VERBOSE        | verbose()          | off                                       |
+| CONVGEN_TUNE           | tune()             | off                                       |
 """
 
 from __future__ import annotations
@@ -70,16 +71,23 @@ def build_jobs() -> int:
     return _number("CONVGEN_BUILD_JOBS", os.cpu_count() or 1, int, minimum=1)
 
 
-def verbose() -> bool:
-    """Whether to print build commands and compiler output to stderr (CONVGEN_VERBOSE)."""
-    value = os.environ.get("CONVGEN_VERBOSE", "").strip().lower()
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise ConvgenError(
-        f"CONVGEN_VERBOSE={value!r} is not a boolean; use 1/true/yes/on or 0/false/no/off."
-    )
+    raise ConvgenError(f"{name}={value!r} is not a boolean; use 1/true/yes/on or 0/false/no/off.")
+
+
+def verbose() -> bool:
+    """Whether to print build commands and compiler output to stderr (CONVGEN_VERBOSE)."""
+    return _flag("CONVGEN_VERBOSE")
+
+
+def tune() -> bool:
+    """Whether a new problem times its candidate kernels and records the fastest (CONVGEN_TUNE)."""
+    return _flag("CONVGEN_TUNE")
 
 
 def convgen_version() -> str:

@@ -1,0 +1,152 @@
+"""Every candidate algorithm of every kernel op is correct, not just the one the heuristic picks.
+
+The runtime may pick any candidate (tuning records the fastest), so each is checked here against
+ATen in float64 on problems that exercise its corners: padding larger than the kernel reach,
+strides above and below the kernel size, dilation, groups and depthwise, 1-D and 3-D, transposed
+problems (which swap the kernel ops), odd widths that leave vector tails, and both layouts.
+Outputs are poisoned with NaN before a kernel runs so an unwritten element shows.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from convgen import dispatch
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import host_cpu
+from convgen.problem import TORCH_DTYPES, memory_format
+
+from reference import rel_err, tolerance
+
+# (name, n, c, k, size, kernel, stride, padding pairs, dilation, groups, transposed, output_padding)
+PROBLEMS = [
+    ("pad_as_kernel", 1, 3, 3, (4, 4), (3, 3), (2, 2), ((2, 2), (2, 2)), (1, 1), 1, False, (0, 0)),
+    ("mixed_dil_groups", 2, 4, 2, (8, 8), (3, 3), (3, 2), ((2, 2), (1, 1)), (4, 4), 2, False, (0, 0)),
+    ("even_kernel_asym", 1, 4, 1, (5, 5), (2, 3), (1, 1), ((0, 1), (2, 2)), (3, 3), 1, False, (0, 0)),
+    ("stride_gt_kernel", 2, 2, 2, (4, 20), (3, 5), (1, 10), ((0, 0), (0, 0)), (1, 1), 2, False, (0, 0)),
+    ("depthwise_mult2", 2, 4, 8, (6, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 4, False, (0, 0)),
+    ("wide_odd", 2, 5, 7, (3, 37), (3, 3), (1, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
+    ("pointwise", 2, 6, 10, (5, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
+    ("conv1d_dilated", 3, 8, 16, (50,), (5,), (2,), ((2, 2),), (2,), 1, False, (0,)),
+    ("conv3d", 2, 4, 6, (4, 5, 6), (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 0)), (1, 1, 2), 2, False, (0, 0, 0)),
+    ("transposed_s2", 2, 8, 4, (5, 6), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1, True, (1, 1)),
+    ("transposed_groups_op", 2, 4, 6, (5, 7), (3, 3), (3, 3), ((1, 1), (1, 1)), (2, 2), 2, True, (2, 1)),
+]
+
+
+def problem_for(spec, op: Op, dtype: DType, layout: Layout) -> ConvProblem:
+    name, n, c, k, size, kernel, stride, padding, dilation, groups, transposed, output_padding = spec
+    lay = layout if len(size) > 1 else Layout.CONTIGUOUS
+    return ConvProblem(op=op, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=stride, padding=padding,
+                       dilation=dilation, groups=groups, transposed=transposed, output_padding=output_padding,
+                       dtype=dtype, input_layout=lay, weight_layout=lay, output_layout=lay,
+                       bias=op in (Op.FWD, Op.BWD_WEIGHT))
+
+
+def variants():
+    """(problem, algorithm) for every problem x op x dtype x layout x candidate algorithm."""
+    out = []
+    target = host_cpu()
+    for spec in PROBLEMS:
+        for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
+            for dtype, layout in ((DType.F32, Layout.CONTIGUOUS), (DType.F32, Layout.CHANNELS_LAST),
+                                  (DType.F64, Layout.CONTIGUOUS), (DType.BF16, Layout.CHANNELS_LAST)):
+                p = problem_for(spec, op, dtype, layout)
+                if layout is Layout.CHANNELS_LAST and p.rank == 1:
+                    continue
+                for algorithm in lower(p, target).candidates:
+                    out.append(pytest.param(p, algorithm, id=f"{spec[0]}-{op.value}-{dtype.value}-"
+                                                             f"{layout.value}-{algorithm}"))
+    return out
+
+
+VARIANTS = variants()
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """Every variant's kernel, built in one ninja run."""
+    target = host_cpu()
+    plans = [lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS]
+    loaded = dispatch.load_plans(plans)
+    return {(plan.problem, plan.algorithm): (plan, kernel) for plan, kernel in zip(plans, loaded)}
+
+
+def _tensor(shape, dtype, layout: Layout, gen) -> torch.Tensor:
+    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    return t.contiguous(memory_format=memory_format(layout, len(shape)))
+
+
+def _poisoned(shape, dtype, layout: Layout) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype).contiguous(memory_format=memory_format(layout, len(shape)))
+
+
+@pytest.mark.parametrize("problem, algorithm", VARIANTS)
+def test_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    plan, kernel = kernels[(problem, algorithm)]
+    assert plan.algorithm == algorithm
+    dtype = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{problem.name()}-{algorithm}".encode()))
+    x = _tensor(problem.input_shape, dtype, problem.input_layout, gen)
+    w = _tensor(problem.weight_shape, dtype, problem.weight_layout, gen)
+    b = _tensor((problem.k,), dtype, Layout.CONTIGUOUS, gen)
+    gy = _tensor(problem.output_shape, dtype, problem.output_layout, gen)
+    args = ([s for s in problem.stride], [lo for lo, _ in problem.padding], list(problem.dilation),
+            problem.transposed, list(problem.output_padding), problem.groups)
+    x64, w64, b64, gy64 = (t.to(torch.float64) for t in (x, w, b, gy))
+    if problem.op is Op.FWD:
+        out = _poisoned(problem.output_shape, dtype, problem.output_layout)
+        kernel({"input": x, "weight": w, "bias": b, "output": out}, problem.n, 2)
+        ref = _aten_forward(problem, x64, w64, b64)
+        results = {"output": (out, ref)}
+    elif problem.op is Op.BWD_DATA:
+        out = _poisoned(problem.input_shape, dtype, problem.input_layout)
+        kernel({"grad_output": gy, "weight": w, "grad_input": out}, problem.n, 2)
+        ref = _aten_backward(problem, gy64, x64, w64, [True, False, False])[0]
+        results = {"grad_input": (out, ref)}
+    else:
+        gw = _poisoned(problem.weight_shape, dtype, problem.weight_layout)
+        gb = _poisoned((problem.k,), dtype, Layout.CONTIGUOUS)
+        kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, problem.n, 2)
+        ref = _aten_backward(problem, gy64, x64, w64, [False, True, True])
+        results = {"grad_weight": (gw, ref[1]), "grad_bias": (gb, ref[2])}
+    for name, (got, want) in results.items():
+        assert not torch.isnan(got).any(), f"{name}: elements left unwritten (NaN poison survived)"
+        terms = problem.n * 4096 if name.startswith("grad_w") or name == "grad_bias" else 1
+        assert rel_err(got, want) <= tolerance(dtype, terms), f"{name}: rel err {rel_err(got, want):.2e}"
+
+
+def _symmetric(problem: ConvProblem):
+    """ATen's arguments for `problem` (its padding as the low side; asymmetric problems in this
+    list are normal convolutions, computed on an explicitly padded input instead)."""
+    assert not problem.transposed or all(lo == hi for lo, hi in problem.padding)
+    return ([list(problem.stride), [lo for lo, _ in problem.padding], list(problem.dilation), problem.transposed,
+             list(problem.output_padding), problem.groups])
+
+
+def _aten_forward(problem, x, w, b):
+    stride, pads, dilation, transposed, output_padding, groups = _symmetric(problem)
+    if all(lo == hi for lo, hi in problem.padding):
+        return torch.ops.aten.convolution(x, w, b, stride, pads, dilation, transposed, output_padding, groups)
+    # asymmetric padding: pad the input explicitly, then convolve without padding
+    flat = [v for lo, hi in reversed(problem.padding) for v in (lo, hi)]
+    return torch.ops.aten.convolution(torch.nn.functional.pad(x, flat), w, b, stride, [0] * problem.rank,
+                                      dilation, transposed, output_padding, groups)
+
+
+def _aten_backward(problem, gy, x, w, mask):
+    stride, pads, dilation, transposed, output_padding, groups = _symmetric(problem)
+    if all(lo == hi for lo, hi in problem.padding):
+        return torch.ops.aten.convolution_backward(gy, x, w, [problem.k], stride, pads, dilation, transposed,
+                                                   output_padding, groups, mask)
+    x = x.detach().requires_grad_(mask[0])
+    w = w.detach().requires_grad_(mask[1])
+    b = torch.zeros(problem.k, dtype=x.dtype, requires_grad=mask[2])
+    y = _aten_forward(problem, x, w, b)
+    grads = torch.autograd.grad(y, [t for t, m in zip((x, w, b), mask) if m], gy)
+    it = iter(grads)
+    return tuple(next(it) if m else None for m in mask)
