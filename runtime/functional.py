@@ -33,8 +33,19 @@ class ConvolutionFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 
 
+def _needs(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad
+
+
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """Differentiable ATen-style convolution (same argument order as torch.ops.aten.convolution)."""
+    """Differentiable ATen-style convolution (same argument order as torch.ops.aten.convolution).
+
+    When autograd will need gradients, the backward kernels are built together with the forward
+    one, in one ninja run, before the forward runs.
+    """
+    mask = (_needs(input), _needs(weight), _needs(bias))
+    if torch.is_grad_enabled() and any(mask):
+        ops.prepare_call(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, mask)
     return ConvolutionFunction.apply(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                      groups)
 

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from . import dispatch
+from .stats import bump
 from .codegen.errors import ConvSpecError
 from .codegen.ir import ConvProblem, Layout, Op
 from .problem import base_problem, check_tensors, layout_of, memory_format
@@ -28,10 +29,16 @@ def _empty(shape, dtype, layout: Layout) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, memory_format=memory_format(layout, len(shape)))
 
 
+# Below this many multiply-adds a call runs on one thread: waking a second one costs more.
+SERIAL_MACS = 1 << 18
+
+
 def _run(entry: dispatch.Entry, tensors: dict, n: int) -> None:
     """Run one plan: its kernel, or for an 'empty' plan the zeros (plus bias) it stands for."""
     if entry.kernel is not None:
-        entry.kernel(tensors, n, torch.get_num_threads())
+        problem = entry.plan.problem
+        macs = problem.macs // problem.n * n if problem.n else 0
+        entry.kernel(tensors, n, 1 if macs < SERIAL_MACS else torch.get_num_threads())
         return
     for role in ("output", "grad_input", "grad_weight", "grad_bias"):
         t = tensors.get(role)
@@ -42,10 +49,56 @@ def _run(entry: dispatch.Entry, tensors: dict, n: int) -> None:
         out.add_(bias.view(1, -1, *([1] * (out.dim() - 2))))
 
 
+def _frozen(value):
+    if isinstance(value, (list, tuple, torch.Size)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _signature(tensors, args) -> tuple | None:
+    """Everything about a call that its problems depend on, cheap to compute and hashable; None
+    for a call too odd to memoize (it takes the full path, which reports what is wrong)."""
+    try:
+        parts = [torch.get_num_threads()]
+        for t in tensors:
+            if t is None:
+                parts.append(None)
+            elif t.layout != torch.strided:
+                return None
+            else:
+                parts.append((type(t), t.dtype, t.device, tuple(t.shape), t.stride()))
+        signature = tuple(parts) + _frozen(args)
+        hash(signature)
+        return signature
+    except (TypeError, AttributeError, RuntimeError):
+        return None
+
+
+# Calls seen before, by signature: their validated problems and dispatch entries. Bounded.
+_calls: dict[tuple, tuple] = {}
+MAX_CALLS = 4096
+
+
+def _remember(signature: tuple, value: tuple) -> tuple:
+    if len(_calls) >= MAX_CALLS:
+        _calls.clear()
+    _calls[signature] = value
+    return value
+
+
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'."""
-    p = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    entry = dispatch.kernel_for(p)
+    signature = _signature((input, weight, bias), ("fwd", stride, padding, dilation, transposed, output_padding,
+                                                   groups))
+    known = _calls.get(signature) if signature is not None else None
+    if known is None:
+        p = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        known = (p, dispatch.kernel_for(p))
+        if signature is not None:
+            _remember(signature, known)
+    else:
+        bump("memory_hits")
+    p, entry = known
     out = _empty(p.output_shape, input.dtype, p.output_layout)
     tensors = {"input": dense(input, p.input_layout), "weight": dense(weight, p.weight_layout),
                "bias": bias.contiguous() if bias is not None else None, "output": out}
@@ -86,6 +139,23 @@ def _check_mask(output_mask) -> tuple[bool, bool, bool]:
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     """torch.ops.aten.convolution_backward: (grad_input, grad_weight, grad_bias), None where masked off."""
+    signature = _signature((grad_output, input, weight), ("bwd", _frozen(bias_sizes), stride, padding, dilation,
+                                                          transposed, output_padding, groups, _frozen(output_mask)))
+    known = _calls.get(signature) if signature is not None else None
+    if known is None:
+        known = _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                output_padding, groups, output_mask)
+        if signature is not None:
+            _remember(signature, known)
+    else:
+        bump("memory_hits", len(known[2]))
+    base, mask, problems, entries = known
+    return _run_backward(base, mask, problems, entries, grad_output, input, weight, bias_sizes)
+
+
+def _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                    groups, output_mask):
+    """The checked base problem, mask, per-gradient problems and their dispatch entries."""
     mask = _check_mask(output_mask)
     check_tensors([("grad_output", grad_output), ("input", input), ("weight", weight)])
     if grad_output.dim() != input.dim():
@@ -100,6 +170,10 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     # element per output channel of the weight, whatever bias_sizes says.
     problems = backward_problems(base, layout_of(grad_output), mask)
     entries = dict(zip(problems, dispatch.prepare(list(problems.values()))))
+    return base, mask, problems, entries
+
+
+def _run_backward(base, mask, problems, entries, grad_output, input, weight, bias_sizes):
     gy = dense(grad_output, layout_of(grad_output))
     grad_input = grad_weight = grad_bias = None
     if mask[2]:
@@ -119,6 +193,19 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     elif "grad_bias" in problems:
         _run(entries["grad_bias"], {"grad_output": gy, "grad_bias": grad_bias}, base.n)
     return grad_input, grad_weight, grad_bias
+
+
+def prepare_call(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                 output_mask) -> None:
+    """Build the kernels of a forward call and its backward in one ninja run (once per signature)."""
+    signature = _signature((input, weight, bias), ("prepare", stride, padding, dilation, transposed,
+                                                   output_padding, groups, _frozen(output_mask)))
+    if signature is not None and signature in _calls:
+        return
+    dispatch.prepare(call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                   groups, output_mask=output_mask))
+    if signature is not None:
+        _remember(signature, ())
 
 
 def call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
