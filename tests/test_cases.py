@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -142,17 +139,17 @@ CASES = [
     # 21: ResNet-like layers at batch 1 and 2 (channels and images kept small)
     *resnet("a", 3, 16, 32, 7, 2, 3, "stem-7x7-stride2"),
     *resnet("b", 64, 64, 14, 3, 1, 1, "block-3x3"),
-    *resnet("c", 32, 64, 14, 3, 2, 1, "downsampling-3x3-stride2"),
-    *resnet("d", 32, 64, 14, 1, 2, 0, "shortcut-1x1-stride2"),
+    *resnet("c", 32, 64, 14, 1, 2, 0, "shortcut-1x1-stride2"),
 ]
 BY_ID = {case.id: case for case in CASES}
 assert len(BY_ID) == len(CASES), "case ids must be unique"
 
-# 22: every supported dtype on a few of the cases above: low precision accumulates in f32.
-# (Their channels-last-weight variant is left out: 4 more kernels each, and no code path that
-# f32 does not already cover.)
-LOW_PRECISION_CASES = ["02-mixed-stride-padding-dilation4-groups2", "07-depthwise-multiplier2", "16-transposed-output-padding", "19a-1d-stride2-padding2-dilation2",
-                       "20c-3d-3x3x3-padding1", "21b-resnet-block-3x3-batch2"]
+# 22: every supported dtype on a few of the cases above (grouped and dilated, depthwise, transposed,
+# 1-D, 3-D, a 576-term reduction): bf16 and f16 accumulate in f32. Their channels-last-weight
+# variant is left out to keep the build small (f32 and f64 run it on every case).
+LOW_PRECISION_CASES = ["02-mixed-stride-padding-dilation4-groups2", "07-depthwise-multiplier2",
+                       "16-transposed-output-padding", "19a-1d-stride2-padding2-dilation2", "20c-3d-3x3x3-padding1",
+                       "21b-resnet-block-3x3-batch2"]
 
 VARIANTS = ["contiguous", "channels_last", "channels_last_weight", "noncontig_input", "noncontig_grad"]
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -160,10 +157,6 @@ DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f
 # (input, weight, bias) gradients: the 7 non-empty masks; [F, F, F] is checked on its own.
 MASKS = [m for m in itertools.product([True, False], repeat=3) if any(m)]
 NAMES = ("grad_input", "grad_weight", "grad_bias")
-
-# convgen bug: these calls crash the process (SIGSEGV), so check_case leaves them to
-# test_known_crash, which runs them in a child process. Delete an entry once it is fixed.
-CRASHES = {("15b-empty-channels0", (True, False, True)), ("15b-empty-channels0", (False, False, True))}
 
 
 def variants_of(case: Case) -> list[str]:
@@ -224,9 +217,11 @@ def prebuilt():
 
 
 def check_case(case: Case, dtype: torch.dtype, ops: Operands, masks=MASKS) -> None:
-    """Forward and the backward `masks` of `case` against the float64 reference and torch's formats."""
+    """Forward and the backward `masks` of `case` against the float64 reference and torch's formats;
+    the operands must come out unchanged."""
     aten = case.aten()
     x, w, b, gy = ops.x, ops.w, ops.b, ops.gy
+    before = [t.clone() for t in (x, w, b, gy)]
 
     y = convgen.convolution(x, w, b, *case.args())
     terms = reduction_terms(x.shape, w.shape, y.shape)
@@ -234,8 +229,6 @@ def check_case(case: Case, dtype: torch.dtype, ops: Operands, masks=MASKS) -> No
     assert_same_format(y, aten.forward(x, w, b), "forward")
 
     for mask in masks:
-        if (case.id, mask) in CRASHES and masks is MASKS:
-            continue   # would kill the test session: test_known_crash runs it in a child process
         got = convgen.convolution_backward(gy, x, w, [case.k], *case.args(), list(mask))
         ref = aten.backward64(gy, x, w, [case.k], mask)
         native = aten.backward(gy, x, w, [case.k], mask)
@@ -250,6 +243,8 @@ def check_case(case: Case, dtype: torch.dtype, ops: Operands, masks=MASKS) -> No
 
     none = convgen.convolution_backward(gy, x, w, [case.k], *case.args(), [False, False, False])
     assert none == (None, None, None)
+    for name, t, saved in zip(("input", "weight", "bias", "grad_output"), (x, w, b, gy), before):
+        assert torch.equal(t, saved), f"convgen changed its operand {name}"
 
 
 @pytest.mark.parametrize("case, dtype, variant", PARAMS)
@@ -300,35 +295,6 @@ def test_transposed_chain_through_autograd(dtype, prebuilt):
     for name, g, r in zip(names, grads, grads64):
         assert_close(g, r, dtype, f"gradient of {name}")
     assert convgen.stats()["builds"] == builds
-
-
-# Runs in a child process: one case, one mask, every dtype and layout variant; prints "ok".
-CHILD = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import test_cases as T
-case, mask = T.BY_ID[sys.argv[2]], tuple(m == "T" for m in sys.argv[3])
-for dtype in (torch.float32, torch.float64):
-    for variant in T.variants_of(case):
-        T.check_case(case, dtype, T.operands(case, dtype, variant), [mask])
-print("ok")
-"""
-
-
-def mask_id(mask) -> str:
-    return "".join("T" if m else "F" for m in mask)
-
-
-@pytest.mark.xfail(strict=True, reason="convgen bug: convolution_backward segfaults when the bias gradient is asked "
-                                       "for without the weight gradient and the input has 0 channels")
-@pytest.mark.parametrize("case_id, mask", sorted(CRASHES), ids=[f"{c}-mask{mask_id(m)}" for c, m in sorted(CRASHES)])
-def test_known_crash(case_id, mask):
-    """The calls that crash convgen, each in a child process, checked like every other mask."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent), case_id, mask_id(mask)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
-        f"the child process exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")
 
 
 def test_prebuild_covered_every_case(prebuilt):
