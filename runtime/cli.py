@@ -4,12 +4,15 @@
     convgen explain --input 8,64,56,56 --weight 128,64,3,3 --op bwd_weight   # each pass's decisions
     convgen build   --input 8,64,56,56 --weight 128,64,3,3                   # artifact path
     convgen bench   --input 8,64,56,56 --weight 128,64,3,3 --padding 1       # against torch
+    convgen bench   --suite standard|weak|all [--dtype bf16 --layout channels_last --json]
     convgen cache info | verify [--remove] | clear
 
 A problem is given by its tensor shapes and torch's arguments; it becomes a `ConvProblem`
 directly (no tensors), is lowered by `codegen.pipeline.lower` and emitted by `codegen.emit`.
-Exit status: 0 success, 1 a build or cache failure (or bad cache entries found by verify),
-2 a bad problem or a request convgen cannot serve (one line on stderr, no traceback).
+The benchmark itself lives in runtime/bench.py, its problem sets in runtime/suites.py.
+Exit status: 0 success, 1 a build or cache failure (or bad cache entries found by verify, or a
+benchmarked shape that failed or came out of tolerance), 2 a bad problem or a request convgen
+cannot serve (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -17,11 +20,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import statistics
 import sys
-import time
 
 from .codegen.emit import emit
 from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
@@ -29,8 +29,10 @@ from .codegen.ir import ConvProblem, DType, Layout, Op
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.target import Target, TargetKind, parse_target
+from . import suites
 
-LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST}
+LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
+           "channels_last": Layout.CHANNELS_LAST}
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
@@ -213,121 +215,53 @@ def cmd_cache(args) -> int:
 
 # ---------------------------------------------------------------------------------- bench
 
-
-def _rel_err(got, ref) -> float:
-    got, ref = got.double(), ref.double()
-    return float((got - ref).norm() / ref.norm().clamp_min(1e-300))
+# problem flags that describe one problem, so that --suite cannot take them
+_SHAPE_FLAGS = {"input": None, "weight": None, "stride": "1", "padding": "0", "dilation": "1", "groups": 1,
+                "transposed": False, "output_padding": "0", "bias": False}
 
 
 def cmd_bench(args) -> int:
-    import torch
+    """One problem (the problem flags) or a suite (runtime/suites.py); the work is in runtime/bench.py."""
+    from . import bench
 
-    problem, target, _ = _lowered(args)
+    target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:
         raise Refused(f"bench runs on the CPU only; no GPU emitter exists yet (target {target.name()})")
-    if any(lo != hi for lo, hi in problem.padding):
-        raise Refused(f"bench: padding {list(problem.padding)} is asymmetric, which aten.convolution cannot take; "
-                      f"give integer padding (or an odd kernel with --padding same)")
     if args.repeat < 1:
         raise ConvSpecError(f"--repeat {args.repeat}: need at least 1 run")
     if args.threads is not None and args.threads < 1:
         raise ConvSpecError(f"--threads {args.threads}: need at least 1 thread")
-    threads = torch.get_num_threads()
-    try:
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        return _bench(args, problem, target)
-    finally:
-        torch.set_num_threads(threads)   # main() may be called in-process: leave torch as it was
-
-
-def _bench(args, problem: ConvProblem, target: Target) -> int:
-    import torch
-
-    from . import dispatch, ops
-    from .problem import TORCH_DTYPES, memory_format
-
-    dtype = TORCH_DTYPES[problem.dtype]
-    gen = torch.Generator().manual_seed(0)
-
-    def tensor(shape):
-        fmt = memory_format(problem.input_layout, len(shape)) if len(shape) > 3 else torch.contiguous_format
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).contiguous(memory_format=fmt)
-
-    x, w, gy = tensor(problem.input_shape), tensor(problem.weight_shape), tensor(problem.output_shape)
-    b = torch.randn(problem.k, generator=gen).to(dtype) if problem.bias else None
-    conv = (list(problem.stride), [lo for lo, _ in problem.padding], list(problem.dilation), problem.transposed,
-            list(problem.output_padding), problem.groups)
-    mask, bias_sizes = [True, True, True], [problem.k]
-    calls = {
-        ("forward", "torch"): lambda: torch.ops.aten.convolution(x, w, b, *conv),
-        ("forward", "convgen"): lambda: ops.convolution(x, w, b, *conv),
-        ("backward", "torch"): lambda: torch.ops.aten.convolution_backward(gy, x, w, bias_sizes, *conv, mask),
-        ("backward", "convgen"): lambda: ops.convolution_backward(gy, x, w, bias_sizes, *conv, mask),
-    }
-    # build every kernel first (one ninja run), then check convgen against torch before timing it
-    dispatch.prepare(ops.call_problems(x, w, b, *conv, grad_output=gy))
-    errors = {"output": _rel_err(calls["forward", "convgen"](), calls["forward", "torch"]())}
-    for name, got, ref in zip(("grad_input", "grad_weight", "grad_bias"), calls["backward", "convgen"](),
-                              calls["backward", "torch"]()):
-        errors[name] = _rel_err(got, ref)
-    # warm-up also sizes each sample: enough calls to take about --min-time seconds
-    inner = {}
-    for key, fn in calls.items():
-        fn()
-        start = time.perf_counter()
-        fn()
-        inner[key] = max(1, math.ceil(args.min_time / max(time.perf_counter() - start, 1e-6)))
-    samples = {key: [] for key in calls}
-    order = list(calls)
-    for r in range(args.repeat):
-        for key in (order if r % 2 == 0 else order[::-1]):   # alternate, and alternate who goes first
-            fn, count = calls[key], inner[key]
-            start = time.perf_counter()
-            for _ in range(count):
-                fn()
-            samples[key].append((time.perf_counter() - start) / count)
-    flops = {"forward": problem.flops,
-             "backward": sum(dataclasses.replace(problem, op=op, bias=False).flops
-                             for op in (Op.BWD_DATA, Op.BWD_WEIGHT, Op.BWD_BIAS))}
-    rows = {}
-    for pass_name in ("forward", "backward"):
-        t_torch = statistics.median(samples[pass_name, "torch"])
-        t_cg = statistics.median(samples[pass_name, "convgen"])
-        rows[pass_name] = {"torch_ms": t_torch * 1e3, "convgen_ms": t_cg * 1e3,
-                           "torch_gflops": flops[pass_name] / t_torch / 1e9,
-                           "convgen_gflops": flops[pass_name] / t_cg / 1e9, "ratio_torch_over_convgen": t_torch / t_cg}
-    report = {"problem": problem.name(), "target": target.name(), "threads": torch.get_num_threads(),
-              "repeat": args.repeat, "torch": torch.__version__, "results": rows, "rel_error": errors}
-    load = os.getloadavg()[0]
-    if load - report["threads"] > 1.0:   # more runnable work than this benchmark's own threads
-        print(f"convgen: warning: load average {load:.1f} with {report['threads']} thread(s) here on "
-              f"{os.cpu_count()} CPUs: other work on this machine distorts these timings", file=sys.stderr)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(f"{problem.name()} on {target.name()}, {report['threads']} thread(s), torch {torch.__version__}; "
-          f"median of {args.repeat} run(s), forward and backward [T,T,T] timed alternately")
-    print(f"{'pass':<10}{'torch ms':>11}{'convgen ms':>12}{'torch GFLOP/s':>15}{'convgen GFLOP/s':>17}"
-          f"{'torch/convgen':>15}")
-    for pass_name, row in rows.items():
-        print(f"{pass_name:<10}{row['torch_ms']:>11.3f}{row['convgen_ms']:>12.3f}{row['torch_gflops']:>15.2f}"
-              f"{row['convgen_gflops']:>17.2f}{row['ratio_torch_over_convgen']:>15.2f}")
-    print("relative error vs torch: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
-    return 0
+    if args.min_time < 0:
+        raise ConvSpecError(f"--min-time {args.min_time}: need a time of 0 seconds or more")
+    if args.suite:
+        given = [f"--{k.replace('_', '-')}" for k, default in _SHAPE_FLAGS.items() if getattr(args, k) != default]
+        if given:
+            raise ConvSpecError(f"--suite {args.suite} takes its problems from the suite; drop {' '.join(given)} "
+                                f"(or drop --suite to time one problem)")
+        chosen = suites.select(args.suite)
+        dtype, layout = DType(args.dtype), LAYOUTS[args.layout]
+    else:
+        if args.input is None or args.weight is None:
+            raise ConvSpecError("bench: give --suite standard|weak|all|smoke, or one problem with --input and "
+                                "--weight (and the other problem flags)")
+        problem = problem_from_args(args)
+        chosen = [("problem", [suites.BenchShape.from_problem(problem)])]
+        dtype, layout = problem.dtype, problem.input_layout
+    options = bench.Options(dtype=dtype, layout=layout, repeat=args.repeat, min_time=args.min_time, target=target)
+    return bench.main(chosen, options, args.threads, args.json)
 
 
 # ---------------------------------------------------------------------------------- parser
 
 
-def _problem_flags(with_op: bool) -> argparse.ArgumentParser:
+def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("problem (sizes and per-axis values: one integer or a comma list)")
     if with_op:
         g.add_argument("--op", choices=[o.value for o in Op], default="fwd",
                        help="which pass (default fwd); bwd_weight with --bias also produces the bias gradient")
-    g.add_argument("--input", required=True, metavar="N,C,H,W", help="input size (1-D: N,C,L; 3-D: N,C,D,H,W)")
-    g.add_argument("--weight", required=True, metavar="K,C/g,R,S",
+    g.add_argument("--input", required=required, metavar="N,C,H,W", help="input size (1-D: N,C,L; 3-D: N,C,D,H,W)")
+    g.add_argument("--weight", required=required, metavar="K,C/g,R,S",
                    help="weight size (transposed: Cin,Cout/g,R,S)")
     g.add_argument("--stride", default="1", metavar="S[,S..]", help="default 1")
     g.add_argument("--padding", default="0", metavar="P[,P..]|same|valid", help="default 0")
@@ -338,7 +272,7 @@ def _problem_flags(with_op: bool) -> argparse.ArgumentParser:
     g.add_argument("--bias", action="store_true", help="with a bias (fwd) / bias gradient (bwd_weight)")
     g.add_argument("--dtype", choices=[d.value for d in DType], default="f32")
     g.add_argument("--layout", choices=list(LAYOUTS), default="auto",
-                   help="nhwc: channels-last input, weight and output; auto/nchw: contiguous")
+                   help="nhwc or channels_last: channels-last input, weight and output; auto/nchw: contiguous")
     g.add_argument("--target", default="cpu", metavar="cpu|cuda|hip",
                    help="cpu (this host's ISA), cpu-avx512, cpu-avx2, cpu-generic, cuda or hip; only cpu builds now")
     return p
@@ -349,7 +283,7 @@ def parser() -> argparse.ArgumentParser:
         prog="convgen", description="Generate, inspect, build and benchmark convolution kernels.",
         epilog="example: convgen explain --input 8,64,56,56 --weight 128,64,3,3 --padding 1 --op bwd_weight")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    problem, problem_no_op = _problem_flags(True), _problem_flags(False)
+    problem = _problem_flags(True)
     sub.add_parser("show", parents=[problem], help="print the generated source for a problem").set_defaults(
         run=cmd_show)
     sub.add_parser("explain", parents=[problem], help="print each pass's decisions for a problem").set_defaults(
@@ -357,14 +291,19 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", parents=[problem], help="build a problem's kernel and print the artifact's path")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     b.set_defaults(run=cmd_build)
-    bench = sub.add_parser("bench", parents=[problem_no_op], help="time convgen against torch, side by side",
-                           description="Times forward and backward (grad input, weight and bias) of one problem, "
-                                       "torch and convgen alternately in one process after warm-up, and reports "
-                                       "medians, GFLOP/s and the ratio torch/convgen (above 1: convgen is faster).")
-    bench.add_argument("--repeat", type=int, default=5, help="timed runs per pass and library (default 5)")
-    bench.add_argument("--threads", type=int, help="torch.set_num_threads for both (default: torch's)")
-    bench.add_argument("--min-time", type=float, default=0.05, help="seconds per timed run, at least (default 0.05)")
-    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench = sub.add_parser(
+        "bench", parents=[_problem_flags(False, required=False)], help="time convgen against torch, side by side",
+        description="Times forward and backward (grad input, weight and bias together) of a suite of problems, or "
+                    "of one problem given by the problem flags: torch and convgen alternately in one process, "
+                    "after a build of every kernel, a check against float64 ATen and a warm-up. Reports medians, "
+                    "GFLOP/s, % of the machine's FMA peak and the ratio torch/convgen (above 1: convgen is "
+                    "faster), with its geometric mean per suite. See BENCHMARKS.md.")
+    bench.add_argument("--suite", choices=suites.CHOICES,
+                       help="a problem set of runtime/suites.py (all = standard + weak; smoke: tiny, for tests)")
+    bench.add_argument("--repeat", type=int, default=7, help="timed samples per pass and library (default 7)")
+    bench.add_argument("--threads", type=int, help="torch.set_num_threads for both, restored after (default: torch's)")
+    bench.add_argument("--min-time", type=float, default=0.05, help="seconds per sample, at least (default 0.05)")
+    bench.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     bench.set_defaults(run=cmd_bench)
     cache = sub.add_parser("cache", help="the on-disk kernel cache: info, verify, clear")
     cache.add_argument("action", choices=["info", "verify", "clear"])

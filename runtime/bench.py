@@ -1,0 +1,448 @@
+"""`convgen bench`: convgen against torch, side by side, on one problem or on a suite of them.
+
+Owns the benchmark method, the report (a JSON-able dict) and its table:
+
+1. operands: deterministic random tensors per shape, in the requested dtype and memory format;
+   torch and convgen get the very same tensors.
+2. build: every kernel of every shape in ONE ninja run (`ops.call_problems` + `dispatch.prepare`);
+   a shape whose kernels do not build (or that convgen refuses) becomes a row with an error.
+3. check: once per shape, each result (output, grad_input, grad_weight, grad_bias) of convgen and
+   of torch against ATen on the operands upcast to float64: ‖out − ref‖ / ‖ref‖; convgen's is
+   flagged above its tolerance: the larger of the dtype's bound grown with the reduction length
+   (the rule of tests/reference.py) and twice torch's own error on the same result.
+4. time: the public entry points end to end (`convgen.convolution` against
+   `aten.convolution`, `convgen.convolution_backward` against `aten.convolution_backward` with
+   output_mask [True, True, True]), so allocation and any layout conversion are counted. After a
+   warm-up, each sample runs a call often enough to last --min-time; per repetition the four
+   (pass, library) samples alternate, and which library goes first alternates too; the median
+   of --repeat samples is reported.
+5. FLOPs: forward 2·N·K·(C/g)·prod(out)·prod(kernel) (the bias add is not counted); backward the
+   data gradient plus the weight gradient (2x that) plus the bias sum N·K·prod(out). A transposed
+   convolution counts as its equivalent direct one (input and output swap roles).
+6. peak: `peak.measure` with the threads in use; "% peak" is convgen's GFLOP/s over the f32 FMA
+   peak (for f64 over half of it: half the lanes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Sequence, TextIO
+
+import torch
+
+from . import dispatch, functional, ops, peak
+from .codegen.errors import ConvgenError
+from .codegen.ir import ConvProblem, DType, Layout, Op
+from .codegen.target import Target, host_cpu
+from .codegen.version import generator_version
+from .problem import TORCH_DTYPES, base_problem, memory_format
+from .suites import BenchShape
+
+MASK = [True, True, True]
+RESULTS = ("output", "grad_input", "grad_weight", "grad_bias")
+# ‖out − ref‖ / ‖ref‖ bounds against float64 for reductions of up to 4096 terms, growing with
+# √(terms / 4096) beyond: the rule (and the reasoning) of tests/reference.py.
+TOLERANCE = {DType.F64: 1e-12, DType.F32: 1e-6, DType.BF16: 1e-2, DType.F16: 1e-3}
+SHORT_REDUCTION = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    dtype: DType = DType.F32
+    layout: Layout = Layout.CONTIGUOUS
+    repeat: int = 7
+    min_time: float = 0.05     # seconds per sample, at least
+    target: Target | None = None
+
+
+@dataclasses.dataclass
+class Case:
+    """One shape made concrete: operands, the four timed calls, FLOPs; or the error that stopped it."""
+
+    suite: str
+    shape: BenchShape
+    layout: Layout
+    tensors: dict = dataclasses.field(default_factory=dict)
+    problem: ConvProblem | None = None
+    error: str | None = None
+
+    def args(self):
+        return self.shape.conv_args()
+
+
+# ------------------------------------------------------------------------------ operands
+
+
+def layout_for(shape: BenchShape, layout: Layout) -> Layout:
+    """Channels-last applies to 2-D and 3-D convolutions; a 1-D one stays contiguous."""
+    return layout if shape.rank in (2, 3) else Layout.CONTIGUOUS
+
+
+def make_case(suite: str, shape: BenchShape, options: Options, gen: torch.Generator) -> Case:
+    layout = layout_for(shape, options.layout)
+    case = Case(suite, shape, layout)
+    dtype = TORCH_DTYPES[options.dtype]
+
+    def tensor(size):
+        fmt = memory_format(layout, len(size))
+        return torch.randn(size, generator=gen).to(dtype).contiguous(memory_format=fmt)
+
+    try:
+        x, w = tensor(shape.input), tensor(shape.weight)
+        b = torch.randn(shape.out_channels, generator=gen).to(dtype) if shape.bias else None
+        case.problem = base_problem(x, w, b, *case.args())
+        case.tensors = {"input": x, "weight": w, "bias": b, "grad_output": tensor(case.problem.output_shape)}
+    except (ConvgenError, ValueError, NotImplementedError) as e:
+        case.error = f"{type(e).__name__}: {e}"
+    return case
+
+
+def calls(case: Case) -> dict[tuple[str, str], Callable]:
+    """The four timed calls by (pass, library): public entry points, same tensors for both."""
+    t, conv = case.tensors, case.args()
+    x, w, b, gy = t["input"], t["weight"], t["bias"], t["grad_output"]
+    bias_sizes = [case.shape.out_channels]
+    aten = torch.ops.aten
+    return {
+        ("forward", "torch"): lambda: aten.convolution(x, w, b, *conv),
+        ("forward", "convgen"): lambda: functional.convolution(x, w, b, *conv),
+        ("backward", "torch"): lambda: aten.convolution_backward(gy, x, w, bias_sizes, *conv, MASK),
+        ("backward", "convgen"): lambda: ops.convolution_backward(gy, x, w, bias_sizes, *conv, MASK),
+    }
+
+
+def flops(problem: ConvProblem) -> dict[str, int]:
+    """Forward and backward (data + weight + bias gradients) FLOPs; see the module docstring."""
+    plain = dataclasses.replace(problem, bias=False)
+    backward = sum(dataclasses.replace(plain, op=op).flops for op in (Op.BWD_DATA, Op.BWD_WEIGHT, Op.BWD_BIAS))
+    return {"forward": plain.flops, "backward": backward}
+
+
+# ------------------------------------------------------------------------------ build and check
+
+
+def build_all(cases: Sequence[Case]) -> None:
+    """Every kernel of every case in one ninja run; on failure, case by case, recording errors."""
+    good = [c for c in cases if c.error is None]
+
+    def problems(c: Case):
+        t = c.tensors
+        return ops.call_problems(t["input"], t["weight"], t["bias"], *c.args(), output_mask=MASK,
+                                 grad_output=t["grad_output"])
+
+    try:
+        dispatch.prepare([p for c in good for p in problems(c)])
+        return
+    except (ConvgenError, ValueError, NotImplementedError):
+        pass
+    for c in good:   # find which ones fail (the others are built by now, or build here)
+        try:
+            dispatch.prepare(problems(c))
+        except (ConvgenError, ValueError, NotImplementedError) as e:
+            c.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def rel_err(out: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (the largest |out| when ‖ref‖ is 0); inf for NaN or wrong shape."""
+    if out is None or ref is None or out.shape != ref.shape:
+        return math.inf
+    o, r = out.detach().double(), ref.detach().double()
+    if o.numel() == 0:
+        return 0.0
+    norm = torch.linalg.vector_norm(r).item()
+    err = torch.linalg.vector_norm(o - r).item() / norm if norm else o.abs().max().item()
+    return err if math.isfinite(err) else math.inf
+
+
+def tolerances(problem: ConvProblem, dtype: DType) -> dict[str, float]:
+    """Per result: the dtype's bound, grown by √(terms / 4096) for long reductions (tests/reference.py)."""
+    over_channels = max(problem.c, problem.k) // problem.groups * math.prod(problem.kernel)
+    over_images = problem.n * max(math.prod(problem.in_size), math.prod(problem.out_size))
+    terms = {"output": over_channels, "grad_input": over_channels, "grad_weight": over_images,
+             "grad_bias": over_images}
+    return {k: TOLERANCE[dtype] * max(1.0, math.sqrt(v / SHORT_REDUCTION)) for k, v in terms.items()}
+
+
+def check(case: Case, fns: dict) -> dict:
+    """Errors of convgen's and torch's results against ATen in float64, with the tolerances."""
+    t, conv = case.tensors, case.args()
+    wide = {k: (v.double() if v is not None else None) for k, v in t.items()}
+    aten = torch.ops.aten
+    ref = (aten.convolution(wide["input"], wide["weight"], wide["bias"], *conv),
+           *aten.convolution_backward(wide["grad_output"], wide["input"], wide["weight"],
+                                      [case.shape.out_channels], *conv, MASK))
+    errors = {}
+    for lib in ("convgen", "torch"):
+        got = (fns["forward", lib](), *fns["backward", lib]())
+        errors[lib] = {name: rel_err(g, r) for name, g, r in zip(RESULTS, got, ref)}
+    # flagged only when worse than the rule AND worse than twice torch's own error on this shape:
+    # f32 sums of thousands of terms reach the rule's bound in torch too, while a real bug (a
+    # term missing, an element unwritten) is off by 1e-4 or far more
+    rule = tolerances(case.problem, DType(case.problem.dtype))
+    tol = {k: max(rule[k], 2 * errors["torch"][k]) for k in RESULTS}
+    return {"rel_error": errors["convgen"], "torch_rel_error": errors["torch"], "tolerance": tol,
+            "within_tolerance": all(errors["convgen"][k] <= tol[k] for k in RESULTS)}
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+def time_case(fns: dict, repeat: int, min_time: float) -> dict[tuple[str, str], list[float]]:
+    """Per (pass, library), `repeat` samples in seconds per call, taken alternately after a warm-up."""
+    inner = {}
+    for key, fn in fns.items():   # warm-up; it also sizes each sample to last about min_time
+        fn()
+        start = time.perf_counter()
+        fn()
+        inner[key] = max(1, math.ceil(min_time / max(time.perf_counter() - start, 1e-7)))
+    samples = {key: [] for key in fns}
+    for r in range(repeat):
+        libraries = ("torch", "convgen") if r % 2 == 0 else ("convgen", "torch")
+        for pass_name in ("forward", "backward"):
+            for lib in libraries:
+                fn, count = fns[pass_name, lib], inner[pass_name, lib]
+                start = time.perf_counter()
+                for _ in range(count):
+                    fn()
+                samples[pass_name, lib].append((time.perf_counter() - start) / count)
+    return samples
+
+
+def measure(case: Case, options: Options, peak_gflops: float) -> dict:
+    """The report row of one case: its description, the check and the timings."""
+    row = {"suite": case.suite, "name": case.shape.name, "comment": case.shape.comment, **case.shape.describe(),
+           "layout": case.layout.value}
+    if case.error is not None:
+        return {**row, "error": case.error}
+    row["problem"] = case.problem.name()
+    work = flops(case.problem)
+    row["flops"] = work
+    fns = calls(case)
+    with torch.no_grad():
+        row.update(check(case, fns))
+        samples = time_case(fns, options.repeat, options.min_time)
+    results = {}
+    for pass_name in ("forward", "backward"):
+        t_torch = statistics.median(samples[pass_name, "torch"])
+        t_cg = statistics.median(samples[pass_name, "convgen"])
+        results[pass_name] = {
+            "torch_ms": t_torch * 1e3, "convgen_ms": t_cg * 1e3,
+            "torch_gflops": work[pass_name] / t_torch / 1e9, "convgen_gflops": work[pass_name] / t_cg / 1e9,
+            "ratio_torch_over_convgen": t_torch / t_cg,
+            "torch_pct_peak": 100 * work[pass_name] / t_torch / 1e9 / peak_gflops,
+            "convgen_pct_peak": 100 * work[pass_name] / t_cg / 1e9 / peak_gflops,
+            "torch_samples_ms": [s * 1e3 for s in samples[pass_name, "torch"]],
+            "convgen_samples_ms": [s * 1e3 for s in samples[pass_name, "convgen"]],
+        }
+    row["results"] = results
+    return row
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """Geometric mean and minimum of the ratio torch/convgen per pass over the rows that ran."""
+    done = [r for r in rows if "results" in r]
+    out = {"shapes": len(rows), "timed": len(done), "errors": len(rows) - len(done),
+           "outside_tolerance": [r["name"] for r in done if not r["within_tolerance"]]}
+    for pass_name in ("forward", "backward"):
+        ratios = [(r["results"][pass_name]["ratio_torch_over_convgen"], r["name"]) for r in done]
+        out[f"geomean_{pass_name}"] = math.exp(statistics.fmean(math.log(v) for v, _ in ratios)) if ratios else None
+        low = min(ratios, default=None)
+        out[f"min_{pass_name}"] = {"ratio": low[0], "name": low[1]} if low else None
+    return out
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def load_warning(when: str) -> tuple[float, str | None]:
+    """The 1-minute load average, and a warning when it exceeds the machine's CPU count."""
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cpus:
+        return load, (f"load average {load:.2f} {when} exceeds the {cpus} CPU(s) of this machine: other work "
+                      f"competes for the cores and distorts these timings")
+    return load, None
+
+
+def machine(target: Target) -> dict:
+    return {"cpu": peak.cpu_model(), "cpus": os.cpu_count(), "target": target.name(),
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def run(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, out: TextIO | None = None) -> dict:
+    """Benchmark `suites` and return the report; with `out`, print the table there as rows finish.
+
+    Warnings (load, tolerance) go to stderr as they arise and into report["warnings"].
+    """
+    target = options.target or host_cpu()
+    warnings: list[str] = []
+
+    def warn(message: str | None) -> None:
+        if message:
+            warnings.append(message)
+            print(f"convgen: warning: {message}", file=sys.stderr)
+
+    load_before, message = load_warning("before the benchmark")
+    warn(message)
+    gen = torch.Generator().manual_seed(0)
+    cases = [(name, [make_case(name, s, options, gen) for s in shapes]) for name, shapes in suites]
+    build_all([c for _, group in cases for c in group])
+    threads = torch.get_num_threads()
+    probe = peak.measure(threads, target)
+    peak_gflops = probe.gflops / 2 if options.dtype is DType.F64 else probe.gflops
+    report = {
+        "machine": machine(target), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "convgen": generator_version(), "target": target.name(), "threads": threads,
+        "dtype": options.dtype.value, "layout": options.layout.value, "repeat": options.repeat,
+        "min_time_s": options.min_time,
+        "peak": {**probe.to_json(), "pct_peak_of_gflops": peak_gflops,
+                 "pct_peak_basis": "half the f32 FMA peak (f64 has half the lanes)" if options.dtype is DType.F64
+                 else "the f32 FMA peak (bf16/f16 compute in f32)"},
+        "flops": "forward 2*N*K*(C/g)*prod(out)*prod(kernel) (bias add not counted); backward: data + weight "
+                 "gradients (2x forward) + bias sum N*K*prod(out); transposed: as the equivalent direct conv",
+        "ratio": "torch ms / convgen ms (above 1: convgen is faster)",
+        "suites": [],
+    }
+    if out is not None:
+        print(header(report), file=out, flush=True)
+    for name, group in cases:
+        w = width(c.shape.name for c in group)
+        if out is not None:
+            print(f"\nsuite {name} ({len(group)} shapes):\n{columns(w)}", file=out, flush=True)
+        rows = []
+        for case in group:
+            row = measure(case, options, peak_gflops)
+            case.tensors = {}   # free the operands
+            if "error" in row:
+                warn(f"{name}/{row['name']}: not timed: {row['error']}")
+            elif not row["within_tolerance"]:
+                worst = max(RESULTS, key=lambda k: row["rel_error"][k] / row["tolerance"][k])
+                warn(f"{name}/{row['name']}: {worst} relative error {row['rel_error'][worst]:.2e} exceeds the "
+                     f"tolerance {row['tolerance'][worst]:.1e} ({options.dtype.value})")
+            rows.append(row)
+            if out is not None:
+                print(table_row(row, w), file=out, flush=True)
+        suite = {"name": name, "rows": rows, "summary": summarize(rows)}
+        report["suites"].append(suite)
+        if out is not None:
+            print(summary_line(suite["summary"]), file=out, flush=True)
+    if len(report["suites"]) > 1:
+        report["summary"] = summarize([r for suite in report["suites"] for r in suite["rows"]])
+        if out is not None:
+            print("\n" + summary_line(report["summary"], "all suites: geomean torch/convgen"), file=out)
+    load_after, message = load_warning("after the benchmark")
+    warn(message)
+    report["load_average"] = {"before": load_before, "after": load_after}
+    report["warnings"] = warnings
+    return report
+
+
+def main(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, threads: int | None,
+         as_json: bool) -> int:
+    """What `convgen bench` does: run with `threads` (torch's restored afterwards), print, exit status.
+
+    Exit status 1 when a shape failed to build or a result is outside its tolerance. A report of
+    one problem (suite "problem") also carries that row's "problem", "results" and "rel_error" at
+    its top level.
+    """
+    saved = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        report = run(suites, options, out=None if as_json else sys.stdout)
+    finally:
+        torch.set_num_threads(saved)   # main() may be called in-process: leave torch as it was
+    if len(suites) == 1 and suites[0][0] == "problem":
+        row = report["suites"][0]["rows"][0]
+        report.update({k: row[k] for k in ("problem", "results", "rel_error", "error") if k in row})
+    if as_json:
+        print(json.dumps(_plain(report), indent=2, allow_nan=False))
+    return 0 if ok(report) else 1
+
+
+def _plain(value):
+    """JSON has no inf or NaN: a non-finite number (an error that could not be measured) becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def ok(report: dict) -> bool:
+    """Every shape timed and within tolerance."""
+    return all(s["summary"]["errors"] == 0 and not s["summary"]["outside_tolerance"] for s in report["suites"])
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def header(report: dict) -> str:
+    p = report["peak"]
+    theory = (f"; nominal {p['theoretical_gflops']:.1f} GFLOP/s = {p['theoretical_basis']}"
+              if p["theoretical_gflops"] else "")
+    return (f"convgen {report['convgen']} vs torch {report['torch']} on {report['machine']['cpu']} "
+            f"({report['target']}), {report['threads']} thread(s), {report['dtype']}, {report['layout']}\n"
+            f"median of {report['repeat']} samples (each >= {report['min_time_s']} s), torch and convgen "
+            f"alternating; backward = grad input + weight + bias\n"
+            f"peak (f32 FMA probe, {p['threads']} thread(s)): {p['gflops']:.1f} GFLOP/s{theory}\n"
+            f"ratio = torch ms / convgen ms (above 1: convgen is faster); % peak: of {p['pct_peak_of_gflops']:.1f} "
+            f"GFLOP/s; rel err: convgen's worst result vs float64 ATen ('!': above tolerance)")
+
+
+def width(names) -> int:
+    return max([len(n) for n in names] + [5])
+
+
+_COLUMNS = ("fwd torch", "fwd cg", "fwd x", "bwd torch", "bwd cg", "bwd x", "bwd GF/s", "% peak", "rel err")
+_UNITS = ("ms", "ms", "", "ms", "ms", "", "", "", "")
+_WIDTHS = (10, 10, 7, 10, 10, 7, 10, 8, 10)
+
+
+def columns(w: int) -> str:
+    names = "".join(f"{c:>{n}}" for c, n in zip(_COLUMNS, _WIDTHS))
+    units = "".join(f"{u:>{n}}" for u, n in zip(_UNITS, _WIDTHS))
+    return f"{'shape':<{w}}{names}\n{'':<{w}}{units}".rstrip()
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f}" if v < 100 else f"{v:.1f}"
+
+
+def _num(v: float) -> str:
+    """Three significant digits below 100, whole tenths above: 0.0123, 4.56, 78.9, 1234.5."""
+    return f"{v:.3g}" if v < 100 else f"{v:.1f}"
+
+
+def table_row(row: dict, w: int) -> str:
+    if "results" not in row:
+        return f"{row['name']:<{w}}  error: {row['error']}"
+    f, b = row["results"]["forward"], row["results"]["backward"]
+    err = max(row["rel_error"].values())
+    cells = (_ms(f["torch_ms"]), _ms(f["convgen_ms"]), f"{f['ratio_torch_over_convgen']:.2f}",
+             _ms(b["torch_ms"]), _ms(b["convgen_ms"]), f"{b['ratio_torch_over_convgen']:.2f}",
+             _num(b["convgen_gflops"]), f"{b['convgen_pct_peak']:.1f}%",
+             f"{err:.1e}{'' if row['within_tolerance'] else ' !'}")
+    return f"{row['name']:<{w}}" + "".join(f"{c:>{n}}" for c, n in zip(cells, _WIDTHS))
+
+
+def summary_line(s: dict, label: str = "geomean torch/convgen") -> str:
+    if not s["timed"]:
+        return f"{label}: none ({s['errors']} shape(s) failed)"
+    text = (f"{label} ({s['timed']} shape(s)): forward {s['geomean_forward']:.2f}x, backward "
+            f"{s['geomean_backward']:.2f}x; min: forward {s['min_forward']['ratio']:.2f}x "
+            f"({s['min_forward']['name']}), backward {s['min_backward']['ratio']:.2f}x ({s['min_backward']['name']})")
+    if s["errors"]:
+        text += f"; {s['errors']} shape(s) failed"
+    if s["outside_tolerance"]:
+        text += f"; outside tolerance: {', '.join(s['outside_tolerance'])}"
+    return text
