@@ -202,27 +202,39 @@ def workloads():
                              randn(BATCH.input, torch.float32, generator_for(BATCH.id)).requires_grad_())
 
 
-def record_problems() -> dict:
-    """Run every workload with dispatch.prepare replaced by a recorder: no kernel runs (an entry
-    without a kernel makes the runtime fill its results with zeros), nothing is built."""
-    problems = {}
+def prebuild() -> None:
+    """Build the kernels of every workload in one ninja run.
+
+    The workloads first run with dispatch.prepare replaced by a recorder that notes each problem
+    and hands out a placeholder entry without a kernel (for which the runtime fills the results
+    with zeros), so nothing is built or run. Then every recorded problem is prepared for real, and
+    each placeholder takes on its real entry's fields: a call that the runtime memoized during the
+    dry run finds the real kernel there.
+    """
+    problems, placeholders = {}, {}
 
     def recorder(ps):
-        problems.update((p.key(), p) for p in ps)
-        return [dispatch.Entry(plan=None, source=None) for _ in ps]
+        entries = []
+        for p in ps:
+            problems[p.key()] = p
+            entries.append(dispatch.Entry(plan=None, source=None))
+            placeholders.setdefault(p.key(), []).append(entries[-1])
+        return entries
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(dispatch, "prepare", recorder)
         for work in workloads():
             work()
-    return problems
+    assert problems, "the dry run recorded no problem: did dispatch.prepare change its name?"
+    for key, entry in zip(problems, dispatch.prepare(list(problems.values()))):
+        for placeholder in placeholders[key]:
+            for field in dataclasses.fields(entry):
+                setattr(placeholder, field.name, getattr(entry, field.name))
 
 
 @pytest.fixture(scope="module")
 def prebuilt():
-    problems = record_problems()
-    assert problems, "the dry run recorded no problem: did dispatch.prepare change its name?"
-    dispatch.prepare(list(problems.values()))
+    prebuild()
     return convgen.stats()["builds"]
 
 
