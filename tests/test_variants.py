@@ -150,3 +150,16 @@ def _aten_backward(problem, gy, x, w, mask):
     grads = torch.autograd.grad(y, [t for t, m in zip((x, w, b), mask) if m], gy)
     it = iter(grads)
     return tuple(next(it) if m else None for m in mask)
+
+
+def test_gemm_tiling_search_ends_when_the_rows_fit_one_block():
+    """Once a hang: 5 output channels x 18 im2col rows, where the work-item search could only
+    halve an already single row block. Run in a child process so a hang fails instead of stalling."""
+    import subprocess
+    import sys
+    code = ("from convgen.codegen.ir import ConvProblem, Op\nfrom convgen.codegen.pipeline import lower\n"
+            "from convgen.codegen.target import host_cpu\n"
+            "p = ConvProblem(Op.BWD_WEIGHT, 2, 6, 5, (32,), (3,), (1,), ((0, 0),), (1,))\n"
+            "print(lower(p, host_cpu()).tiling.ksb)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert int(out.stdout.strip()) >= 1

@@ -111,7 +111,7 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     def items(mk, mr):
         return g.groups * math.ceil(math.ceil(g.cout_g / kb) / mk) * math.ceil(math.ceil(rows / cb) / mr)
     while (mk > 1 or mr > 1) and (items(mk, mr) < MIN_ITEMS or mk * kb * mr * cb * t.vector_bytes > t.l2_bytes // 4):
-        if mk * kb >= mr * cb and mk > 1:
+        if mr == 1 or (mk > 1 and mk * kb >= mr * cb):
             mk = math.ceil(mk / 2)
         else:
             mr = math.ceil(mr / 2)
