@@ -29,7 +29,7 @@ from .codegen.ir import ConvProblem, DType, Layout, Op
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.target import Target, TargetKind, parse_target
-from . import suites
+from . import dispatch, suites
 
 LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
            "channels_last": Layout.CHANNELS_LAST}
@@ -108,6 +108,9 @@ def problem_from_args(args: argparse.Namespace) -> ConvProblem:
 def _lowered(args) -> tuple[ConvProblem, Target, Plan]:
     problem = problem_from_args(args)
     target = parse_target(args.target)
+    if target.kind is TargetKind.CPU:
+        # as the runtime would plan it, including a tuned choice recorded for this machine
+        return problem, target, dispatch.plan_for(problem, target)[0]
     return problem, target, lower(problem, target)
 
 
