@@ -107,6 +107,9 @@ MODULES = [
                                                  bias=False), (1, 4, 5, 6)),
     Module("Conv2d-reflect", "Conv2d", dict(in_channels=3, out_channels=4, kernel_size=3, padding=1,
                                             padding_mode="reflect"), (2, 3, 6, 6)),
+    Module("Conv2d-reflect-same-dilation", "Conv2d", dict(in_channels=3, out_channels=2, kernel_size=(2, 3),
+                                                          padding="same", dilation=(1, 2), padding_mode="reflect"),
+           (1, 3, 6, 7)),
     Module("Conv2d-circular", "Conv2d", dict(in_channels=3, out_channels=4, kernel_size=3, padding=(1, 2),
                                              padding_mode="circular"), (2, 3, 6, 7)),
     Module("Conv2d-replicate-stride2", "Conv2d", dict(in_channels=3, out_channels=2, kernel_size=3, stride=2,
@@ -198,6 +201,7 @@ def workloads():
     for case in UNBATCHED:
         yield lambda case=case: forward_backward(lambda *t: call(case, *t), list(functional_operands(case, True)),
                                                  case.id)
+    yield lambda: gradient_penalty(convgen.conv2d)
     yield lambda: module_run(BATCH.make(convgen.nn), BATCH,
                              randn(BATCH.input, torch.float32, generator_for(BATCH.id)).requires_grad_())
 
@@ -429,3 +433,35 @@ def test_smaller_last_batch_builds_nothing(prebuilt):
     y64, grads64 = module_run(BATCH.make(nn).double(), BATCH, x3.double().requires_grad_())
     for name, got, want in zip(["output", "input", "weight", "bias"], [y, *grads], [y64, *grads64]):
         assert_close(got, want, torch.float32, name)
+
+
+def gradient_penalty(conv):
+    """A loss with a gradient penalty (as WGAN-GP's): its weight gradient needs the second
+    derivative of the convolution, reached through create_graph=True."""
+    gen = generator_for("gradient-penalty")
+    x = randn((1, 2, 5, 5), F64, gen).requires_grad_()
+    w = randn((3, 2, 3, 3), F64, gen).requires_grad_()
+    y = conv(x, w, None, padding=1)
+    grad_x, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    loss = y.square().mean() + grad_x.square().sum()
+    loss.backward()
+    return w.grad
+
+
+@pytest.mark.xfail(strict=True, reason="convgen bug: the backward is not differentiable, yet not marked "
+                                       "once_differentiable: create_graph=True silently drops second-order terms")
+def test_gradient_penalty_is_never_silently_wrong(prebuilt):
+    """DESIGN.md: never a silently wrong answer. Either convgen differentiates its backward, or it
+    refuses create_graph=True with an error."""
+    try:
+        got = gradient_penalty(convgen.conv2d)
+    except RuntimeError as e:   # a clear refusal is acceptable
+        assert "differentiable" in str(e) or "double backward" in str(e), str(e)
+        return
+    assert_close(got, gradient_penalty(F.conv2d), F64, "weight gradient of a loss with a gradient penalty")
+
+
+@pytest.mark.xfail(strict=True, reason="convgen has no double backward (torch's convolution has)")
+def test_double_backward(prebuilt, one_thread):
+    x, w, b = functional_operands(FUNCTIONALS[2], True)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: call(FUNCTIONALS[2], x, w, b), (x, w, b))

@@ -139,14 +139,14 @@ CASES = [
     # 21: ResNet-like layers at batch 1 and 2 (channels and images kept small)
     *resnet("a", 3, 16, 32, 7, 2, 3, "stem-7x7-stride2"),
     *resnet("b", 64, 64, 14, 3, 1, 1, "block-3x3"),
-    *resnet("c", 32, 64, 14, 1, 2, 0, "shortcut-1x1-stride2"),
+    *resnet("c", 32, 64, 14, 3, 2, 1, "downsampling-3x3-stride2"),
+    *resnet("d", 32, 64, 14, 1, 2, 0, "shortcut-1x1-stride2"),
 ]
 BY_ID = {case.id: case for case in CASES}
 assert len(BY_ID) == len(CASES), "case ids must be unique"
 
 # 22: every supported dtype on a few of the cases above (grouped and dilated, depthwise, transposed,
-# 1-D, 3-D, a 576-term reduction): bf16 and f16 accumulate in f32. Their channels-last-weight
-# variant is left out to keep the build small (f32 and f64 run it on every case).
+# 1-D, 3-D, a 576-term reduction): bf16 and f16 accumulate in f32.
 LOW_PRECISION_CASES = ["02-mixed-stride-padding-dilation4-groups2", "07-depthwise-multiplier2",
                        "16-transposed-output-padding", "19a-1d-stride2-padding2-dilation2", "20c-3d-3x3x3-padding1",
                        "21b-resnet-block-3x3-batch2"]
@@ -170,8 +170,6 @@ def params():
         dtypes = ["f32", "f64"] + (["bf16", "f16"] if case.id in LOW_PRECISION_CASES else [])
         for dtype in dtypes:
             for variant in variants_of(case):
-                if dtype in ("bf16", "f16") and variant == "channels_last_weight":
-                    continue
                 yield pytest.param(case, DTYPES[dtype], variant, id=f"{case.id}-{dtype}-{variant}")
 
 
