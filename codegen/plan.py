@@ -78,6 +78,7 @@ class Tiling:
     ksb: int = 0             # gemm: output channels per work item (a multiple of kb)
     rb: int = 0              # gemm: im2col rows per work item (a multiple of nv)
     pc: int = 0              # gemm: pixels per chunk of the reduction (a multiple of vector_lanes)
+    across: bool = False     # gemm: chunks span images (for small images)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import os
 import platform
 
 from .keys import canonical_key
@@ -64,17 +65,39 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _cache_bytes(level: int, default: int) -> int:
+    """The size of the level-`level` data (or unified) cache of CPU 0, from sysfs."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as f:
+                if int(f.read()) != level:
+                    continue
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() not in ("Data", "Unified"):
+                    continue
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return default
+
+
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> Target:
-    """The CPU this process runs on, reduced to one of the ISA levels convgen generates for."""
+    """The CPU this process runs on: one of the ISA levels convgen generates for, and its caches."""
+    caches = dict(l1_bytes=_cache_bytes(1, 32 * 1024), l2_bytes=_cache_bytes(2, 1024 * 1024))
     if platform.machine() not in ("x86_64", "AMD64"):
-        return Target(TargetKind.CPU, "generic", 16)
+        return Target(TargetKind.CPU, "generic", 16, **caches)
     flags = _cpu_flags()
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        return Target(TargetKind.CPU, "avx512", 64, 32)
+        return Target(TargetKind.CPU, "avx512", 64, 32, **caches)
     if {"avx2", "fma", "bmi2"} <= flags:
-        return Target(TargetKind.CPU, "avx2", 32)
-    return Target(TargetKind.CPU, "generic", 16)
+        return Target(TargetKind.CPU, "avx2", 32, **caches)
+    return Target(TargetKind.CPU, "generic", 16, **caches)
 
 
 def parse_target(text: str) -> Target:

@@ -20,6 +20,10 @@ from ..plan import KOp, Plan, Tiling
 
 # Work items a parallel loop should offer at least, when the problem allows (a few per thread).
 MIN_ITEMS = 16
+# Images with fewer output pixels than this are reduced in chunks that span the batch.
+SMALL_PLANE = 64
+# The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
+MIN_CHUNK_VECTORS = 8
 
 
 def _direct(plan: Plan, lanes: int) -> Plan:
@@ -105,9 +109,14 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
             if score > best[2]:
                 best = (kb, cb, score)
     kb, cb, score = best
-    # Work per item: start from whole groups and halve the larger side while there are too few
-    # items for the threads or the accumulators outgrow a quarter of the L2.
-    mk, mr = math.ceil(g.cout_g / kb), math.ceil(rows / cb)
+    # Work per item. The inner loop streams CB packed rows and KB grad_output rows of a chunk, and
+    # the chunk's packed rows (RB of them) are swept once per KB block, so they must stay in L1:
+    # RB is capped for chunks of at least MIN_CHUNK_VECTORS vectors to fit. Then start from whole
+    # groups and halve the larger side while there are too few items for the threads or the
+    # accumulators outgrow a quarter of the L2.
+    min_chunk = MIN_CHUNK_VECTORS * lanes
+    rb_cap = max(cb, (t.l1_bytes // (min_chunk * acc_bytes) - kb) // cb * cb)
+    mk, mr = math.ceil(g.cout_g / kb), min(math.ceil(rows / cb), rb_cap // cb)
     def items(mk, mr):
         return g.groups * math.ceil(math.ceil(g.cout_g / kb) / mk) * math.ceil(math.ceil(rows / cb) / mr)
     while (mk > 1 or mr > 1) and (items(mk, mr) < MIN_ITEMS or mk * kb * mr * cb * t.vector_bytes > t.l2_bytes // 4):
@@ -116,18 +125,22 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
         else:
             mr = math.ceil(mr / 2)
     ksb, rb = mk * kb, mr * cb
-    # Pixels per chunk: the packed rows and grad_output rows of one chunk share half the L2.
-    pc = max(lanes, min(math.ceil(plane / lanes) * lanes,
-                        (t.l2_bytes // 2) // ((ksb + rb) * acc_bytes) // lanes * lanes, 4096))
+    # Pixels per chunk: the chunk's packed rows and one KB block of grad_output rows fill the L1.
+    # Small images are chunked across the batch, so that each register tile sweeps a long run.
+    across = plane < SMALL_PLANE
+    fit = max(lanes, t.l1_bytes // ((rb + kb) * acc_bytes) // lanes * lanes)
+    pc = min(fit, 4096) if across else min(math.ceil(plane / lanes) * lanes, fit)
     unit = p.dtype.accumulator is p.dtype
-    in_place = ("Y",) if unit and dict(plan.layouts)["Y"] is Layout.CONTIGUOUS and plane % lanes == 0 else ()
-    tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, in_place=in_place,
+    in_place = ("Y",) if (unit and not across and dict(plan.layouts)["Y"] is Layout.CONTIGUOUS
+                          and plane % lanes == 0) else ()
+    tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, in_place=in_place,
                     threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
                                  "weight gradients and reduces in a fixed order, so results do not depend on the "
                                  "thread count")
     return plan.decide("tiling", f"GEMM {g.cout_g} x {rows} per group, reduced over {plane} pixels per image: "
                                  f"register tile {kb} x {cb} ({score:.2f} useful), {ksb} x {rb} per work item "
-                                 f"({items(mk, mr)} items), chunks of {pc} pixels; grad_output "
+                                 f"({items(mk, mr)} items), chunks of {pc} pixels "
+                                 f"{'across images' if across else 'within an image'}; grad_output "
                                  f"{'read in place' if in_place else 'packed'}; {tiling.threads_hint}", tiling=tiling)
 
 
