@@ -448,8 +448,6 @@ def gradient_penalty(conv):
     return w.grad
 
 
-@pytest.mark.xfail(strict=True, reason="convgen bug: the backward is not differentiable, yet not marked "
-                                       "once_differentiable: create_graph=True silently drops second-order terms")
 def test_gradient_penalty_is_never_silently_wrong(prebuilt):
     """DESIGN.md: never a silently wrong answer. Either convgen differentiates its backward, or it
     refuses create_graph=True with an error."""
@@ -461,7 +459,6 @@ def test_gradient_penalty_is_never_silently_wrong(prebuilt):
     assert_close(got, gradient_penalty(F.conv2d), F64, "weight gradient of a loss with a gradient penalty")
 
 
-@pytest.mark.xfail(strict=True, reason="convgen has no double backward (torch's convolution has)")
 def test_double_backward(prebuilt, one_thread):
     x, w, b = functional_operands(FUNCTIONALS[2], True)
     assert torch.autograd.gradgradcheck(lambda x, w, b: call(FUNCTIONALS[2], x, w, b), (x, w, b))
