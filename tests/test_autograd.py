@@ -202,6 +202,8 @@ def workloads():
         yield lambda case=case: forward_backward(lambda *t: call(case, *t), list(functional_operands(case, True)),
                                                  case.id)
     yield lambda: gradient_penalty(convgen.conv2d)
+    for case in SECOND_ORDER:
+        yield lambda case=case: second_order_run(case, getattr(convgen, case.fn))
     yield lambda: module_run(BATCH.make(convgen.nn), BATCH,
                              randn(BATCH.input, torch.float32, generator_for(BATCH.id)).requires_grad_())
 
@@ -459,6 +461,30 @@ def test_gradient_penalty_is_never_silently_wrong(prebuilt):
     assert_close(got, gradient_penalty(F.conv2d), F64, "weight gradient of a loss with a gradient penalty")
 
 
-def test_double_backward(prebuilt, one_thread):
-    x, w, b = functional_operands(FUNCTIONALS[2], True)
-    assert torch.autograd.gradgradcheck(lambda x, w, b: call(FUNCTIONALS[2], x, w, b), (x, w, b))
+# Gradients of second order: normal and transposed, 1-D and 2-D, grouped, strided, 'same'.
+SECOND_ORDER = [FUNCTIONALS[0], FUNCTIONALS[2], FUNCTIONALS[3], FUNCTIONALS[7]]
+
+
+def second_order_run(case: Functional, fn: Callable):
+    """The gradients of a loss made of first-order gradients (taken with create_graph=True) with
+    respect to input, weight, bias and the first grad_output."""
+    x, w, b = functional_operands(case, True)
+    y = fn(x, w, b, **case.kwargs)
+    gy = randn(y.shape, F64, generator_for(f"{case.id}-second-order")).requires_grad_()
+    gx, gw, gb = torch.autograd.grad(y, (x, w, b), gy, create_graph=True)
+    loss = gx.square().sum() + (gw * w).sum() + gb.square().sum() + (y * y).sum()
+    return torch.autograd.grad(loss, (x, w, b, gy))
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER, ids=lambda c: c.id)
+def test_second_order_gradients_match_torch(case, no_builds):
+    got = second_order_run(case, getattr(convgen, case.fn))
+    want = second_order_run(case, getattr(F, case.fn))
+    for name, g, g_t in zip(("input", "weight", "bias", "grad_output"), got, want):
+        assert_close(g, g_t, F64, f"second-order gradient of {name}")
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER, ids=lambda c: c.id)
+def test_gradgradcheck(case, no_builds, one_thread):
+    x, w, b = functional_operands(case, True)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: call(case, x, w, b), (x, w, b))
