@@ -5,6 +5,7 @@
 - convgen.nn modules against torch's with the same state_dict (padding modes, output_size);
 - convert(model) swaps classes in place and keeps the very same parameters;
 - autograd asks convolution_backward only for the gradients it needs;
+- gradients of second order (create_graph=True: a gradient penalty, gradgradcheck);
 - unbatched inputs; a smaller last batch builds nothing.
 
 Every kernel is built up front in one ninja run (`prebuilt`): the workloads run once in a dry
