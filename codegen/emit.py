@@ -30,6 +30,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.DGRAD, "blocked"): "cpu/blocked_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "depthwise"): "cpu/depthwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
 }
 
@@ -64,6 +65,7 @@ class KernelContext:
     vector_bytes: int
     acc_bytes: int
     gy_in_place: bool
+    x_row_copy: bool
     strides: tuple[tuple[str, tuple[int, ...]], ...]
     layout_note: str
     bias_from: str | None
@@ -92,7 +94,8 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          acc=ACCUMULATOR[plan.problem.dtype], g=g, tiling=plan.tiling, t=plan.tiling,
                          lanes=plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize,
                          vector_bytes=plan.target.vector_bytes, acc_bytes=plan.problem.dtype.accumulator.itemsize,
-                         gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place), strides=tuple(strides),
+                         gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place),
+                         x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size)
 
 

@@ -45,6 +45,8 @@ def run(plan: Plan) -> Plan:
     else:
         kind = "general"
     candidates = CANDIDATES[plan.kop]
+    if plan.kop is KOp.WGRAD and g.cin_g == 1:
+        candidates = ("depthwise",) + candidates
     choice, why = candidates[0], WHY[candidates[0]]
     if plan.requested_algorithm is not None:
         if plan.requested_algorithm not in candidates:
@@ -66,6 +68,7 @@ WHY = {
     "blocked": "register-blocked micro-kernel over zero-padded rows, strides split into phases",
     "direct": "per-thread accumulation planes, scalar taps",
     "gemm": "a GEMM over packed im2col rows with register tiles, reduced over pixels in a fixed order",
+    "depthwise": "one channel per item, per-tap vector partial sums over rows read in place or copied once",
 }
 
 

@@ -144,6 +144,25 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"{'read in place' if in_place else 'packed'}; {tiling.threads_hint}", tiling=tiling)
 
 
+def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
+    g, p = plan.geometry, plan.problem
+    unit = p.dtype.accumulator is p.dtype
+    layouts = dict(plan.layouts)
+    in_place = []
+    if unit and layouts["Y"] is Layout.CONTIGUOUS and g.y_size[2] % lanes == 0:
+        in_place.append("Y")
+    if unit and layouts["X"] is Layout.CONTIGUOUS and g.stride[2] == 1:
+        in_place.append("X-row")   # the interior of each input row is copied with one memcpy
+    tiling = Tiling(vector_lanes=lanes, in_place=tuple(in_place),
+                    threads_hint="parallel over output channels; each item owns its channel's taps and reduces "
+                                 "in a fixed order, so results do not depend on the thread count")
+    return plan.decide("tiling", f"rows of {g.y_size[2]} in {math.ceil(g.y_size[2] / lanes)} vectors of {lanes}, "
+                                 f"one vector of partial sums per tap; grad_output rows "
+                                 f"{'read in place' if 'Y' in in_place else 'copied'}, input rows copied "
+                                 f"{'with one memcpy each' if 'X-row' in in_place else 'element by element'}; "
+                                 f"{tiling.threads_hint}", tiling=tiling)
+
+
 def run(plan: Plan) -> Plan:
     if plan.algorithm in ("empty", "reduce"):
         return plan.decide("tiling", "no tiling", tiling=None)
@@ -152,6 +171,8 @@ def run(plan: Plan) -> Plan:
         return _blocked(plan, lanes)
     if plan.algorithm == "gemm":
         return _gemm_wgrad(plan, lanes)
+    if plan.algorithm == "depthwise":
+        return _depthwise_wgrad(plan, lanes)
     return _direct(plan, lanes)
 
 
