@@ -66,6 +66,7 @@ class KernelContext:
     acc_bytes: int
     gy_in_place: bool
     x_row_copy: bool
+    x_in_place: bool
     strides: tuple[tuple[str, tuple[int, ...]], ...]
     layout_note: str
     bias_from: str | None
@@ -95,7 +96,8 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          lanes=plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize,
                          vector_bytes=plan.target.vector_bytes, acc_bytes=plan.problem.dtype.accumulator.itemsize,
                          gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place),
-                         x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place), strides=tuple(strides),
+                         x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),
+                         x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size)
 
 

@@ -102,7 +102,9 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     best = (1, 1, -1.0)
     for kb in range(1, 9):
         for cb in range(1, 9):
-            if kb * cb + kb + cb > t.vector_registers:
+            # accumulators, the smaller side's vectors held in registers, one temporary for the
+            # other side's vector (each loaded once and used by every FMA of its column)
+            if kb * cb + min(kb, cb) + 1 > t.vector_registers:
                 continue
             eff = (g.cout_g / (math.ceil(g.cout_g / kb) * kb)) * (rows / (math.ceil(rows / cb) * cb))
             score = eff * min(1.0, kb * cb / (kb + cb)) + 1e-3 * kb * cb
@@ -131,8 +133,9 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     fit = max(lanes, t.l1_bytes // ((rb + kb) * acc_bytes) // lanes * lanes)
     pc = min(fit, 4096) if across else min(math.ceil(plane / lanes) * lanes, fit)
     unit = p.dtype.accumulator is p.dtype
-    in_place = ("Y",) if (unit and not across and dict(plan.layouts)["Y"] is Layout.CONTIGUOUS
-                          and plane % lanes == 0) else ()
+    rows_whole = unit and not across and plane % lanes == 0
+    in_place = tuple(k for k in ("Y", "X") if rows_whole and dict(plan.layouts)[k] is Layout.CONTIGUOUS
+                     and (k == "Y" or (taps == 1 and g.stride == (1, 1, 1) and g.pad_lo == (0, 0, 0))))
     tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, in_place=in_place,
                     threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
                                  "weight gradients and reduces in a fixed order, so results do not depend on the "
@@ -141,7 +144,9 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"register tile {kb} x {cb} ({score:.2f} useful), {ksb} x {rb} per work item "
                                  f"({items(mk, mr)} items), chunks of {pc} pixels "
                                  f"{'across images' if across else 'within an image'}; grad_output "
-                                 f"{'read in place' if in_place else 'packed'}; {tiling.threads_hint}", tiling=tiling)
+                                 f"{'read in place' if 'Y' in in_place else 'packed'}, im2col rows "
+                                 f"{'read in place (pointwise)' if 'X' in in_place else 'packed'}; "
+                                 f"{tiling.threads_hint}", tiling=tiling)
 
 
 def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
