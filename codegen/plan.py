@@ -79,6 +79,7 @@ class Tiling:
     rb: int = 0              # gemm: im2col rows per work item (a multiple of nv)
     pc: int = 0              # gemm: pixels per chunk of the reduction (a multiple of vector_lanes)
     across: bool = False     # gemm: chunks span images (for small images)
+    splits: int = 1          # gemm: fixed parts of the reduction, added in order
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,10 @@ from ..plan import KOp, Plan, Tiling
 
 # Work items a parallel loop should offer at least, when the problem allows (a few per thread).
 MIN_ITEMS = 16
+# The weight-gradient reduction may be cut into at most this many parts, whose partial sums (at
+# most PARTIAL_BYTES) are added in a fixed order.
+MAX_SPLITS = 8
+PARTIAL_BYTES = 16 << 20
 # Images with fewer output pixels than this are reduced in chunks that span the batch.
 SMALL_PLANE = 64
 # The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
@@ -121,11 +125,22 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     mk, mr = math.ceil(g.cout_g / kb), min(math.ceil(rows / cb), rb_cap // cb)
     def items(mk, mr):
         return g.groups * math.ceil(math.ceil(g.cout_g / kb) / mk) * math.ceil(math.ceil(rows / cb) / mr)
-    while (mk > 1 or mr > 1) and (items(mk, mr) < MIN_ITEMS or mk * kb * mr * cb * t.vector_bytes > t.l2_bytes // 4):
-        if mr == 1 or (mk > 1 and mk * kb >= mr * cb):
-            mk = math.ceil(mk / 2)
-        else:
-            mr = math.ceil(mr / 2)
+    def shrink(mk, mr, enough):
+        while (mk > 1 or mr > 1) and (items(mk, mr) < enough or mk * kb * mr * cb * t.vector_bytes > t.l2_bytes // 4):
+            if mr == 1 or (mk > 1 and mk * kb >= mr * cb):
+                mk = math.ceil(mk / 2)
+            else:
+                mr = math.ceil(mr / 2)
+        return mk, mr
+    # Large items stream the operands fewer times; when they are too few for the threads, the
+    # reduction is cut into a fixed number of parts (combined in order) rather than the items shrunk.
+    mk, mr = shrink(mk, mr, 1)
+    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+    splits = 1
+    while (items(mk, mr) * splits < MIN_ITEMS and splits < MAX_SPLITS
+           and (splits * 2) * partial_bytes <= PARTIAL_BYTES):
+        splits *= 2
+    mk, mr = shrink(mk, mr, math.ceil(MIN_ITEMS / splits))
     ksb, rb = mk * kb, mr * cb
     # Pixels per chunk: the chunk's packed rows and one KB block of grad_output rows fill the L1.
     # Small images are chunked across the batch, so that each register tile sweeps a long run.
@@ -136,13 +151,14 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     rows_whole = unit and not across and plane % lanes == 0
     in_place = tuple(k for k in ("Y", "X") if rows_whole and dict(plan.layouts)[k] is Layout.CONTIGUOUS
                      and (k == "Y" or (taps == 1 and g.stride == (1, 1, 1) and g.pad_lo == (0, 0, 0))))
-    tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, in_place=in_place,
+    tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, splits=splits,
+                    in_place=in_place,
                     threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
                                  "weight gradients and reduces in a fixed order, so results do not depend on the "
                                  "thread count")
     return plan.decide("tiling", f"GEMM {g.cout_g} x {rows} per group, reduced over {plane} pixels per image: "
                                  f"register tile {kb} x {cb} ({score:.2f} useful), {ksb} x {rb} per work item "
-                                 f"({items(mk, mr)} items), chunks of {pc} pixels "
+                                 f"({items(mk, mr)} items x {splits} parts of the reduction), chunks of {pc} pixels "
                                  f"{'across images' if across else 'within an image'}; grad_output "
                                  f"{'read in place' if 'Y' in in_place else 'packed'}, im2col rows "
                                  f"{'read in place (pointwise)' if 'X' in in_place else 'packed'}; "
