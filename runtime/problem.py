@@ -105,9 +105,13 @@ def layout_of(t: torch.Tensor) -> Layout:
     return Layout.CONTIGUOUS
 
 
-def _onednn_takes_3d(input: torch.Tensor, weight: torch.Tensor, stride, dilation, groups: int) -> bool:
+def _onednn_takes_3d(input: torch.Tensor, weight: torch.Tensor, stride, dilation, groups: int,
+                     transposed: bool = False, output_padding=(0,)) -> bool:
     """Whether ATen's CPU backend choice sends a float32 5-D convolution to oneDNN (which keeps
-    channels-last) rather than its native 3-D path (which does not). Mirrors ATen's use_mkldnn."""
+    channels-last) rather than its native 3-D path (which does not). Mirrors ATen's use_mkldnn,
+    which also declines transposed problems whose output_padding reaches the stride."""
+    if transposed and any(op >= s for op, s in zip(output_padding, stride)):
+        return False
     n, c, d, h = input.shape[:4]
     strided, dilated = any(s != 1 for s in stride), any(x != 1 for x in dilation)
     kw, kh = weight.shape[-1], weight.shape[-2]
@@ -116,7 +120,8 @@ def _onednn_takes_3d(input: torch.Tensor, weight: torch.Tensor, stride, dilation
     return worth and faster
 
 
-def result_layout(input: torch.Tensor, weight: torch.Tensor, stride=(1,), dilation=(1,), groups: int = 1) -> Layout:
+def result_layout(input: torch.Tensor, weight: torch.Tensor, stride=(1,), dilation=(1,), groups: int = 1,
+                  transposed: bool = False, output_padding=(0,)) -> Layout:
     """The memory format torch's CPU convolution gives its results (checked against torch in the tests):
     4-D: channels-last when input or weight suggest it; 5-D: likewise, but only for float32 problems
     that ATen hands to oneDNN."""
@@ -124,7 +129,7 @@ def result_layout(input: torch.Tensor, weight: torch.Tensor, stride=(1,), dilati
     if input.dim() == 4 and wants:
         return Layout.CHANNELS_LAST
     if input.dim() == 5 and wants and input.dtype == torch.float32 \
-            and _onednn_takes_3d(input, weight, stride, dilation, groups):
+            and _onednn_takes_3d(input, weight, stride, dilation, groups, transposed, output_padding):
         return Layout.CHANNELS_LAST
     return Layout.CONTIGUOUS
 
@@ -179,7 +184,7 @@ def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         raise ConvSpecError(f"output_padding={list(output_padding_t)}: output_padding is only allowed for "
                             f"transposed convolutions (transposed=False)")
     pairs = padding_pairs(padding, rank, kernel, stride_t, dilation_t, transposed)
-    lay = result_layout(input, weight, stride_t, dilation_t, groups)
+    lay = result_layout(input, weight, stride_t, dilation_t, groups, transposed, output_padding_t)
     problem = ConvProblem(op=Op.FWD, n=n, c=c, k=k, in_size=tuple(input.shape[2:]), kernel=kernel,
                           stride=stride_t, padding=pairs, dilation=dilation_t, groups=groups,
                           transposed=transposed, output_padding=output_padding_t, dtype=dtype,
