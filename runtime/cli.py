@@ -130,13 +130,19 @@ def _no_kernel(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------- commands
 
 
-def cmd_show(args) -> int:
+def _wanted_source(args):
+    """The problem's KernelSource, or None (said on stderr) when it needs no kernel."""
     _, _, plan = _lowered(args)
     source = _source(plan)
     if source is None:
         print(f"convgen: {_no_kernel(plan)}", file=sys.stderr)
-        return 0
-    sys.stdout.write(source.text)
+    return source
+
+
+def cmd_show(args) -> int:
+    source = _wanted_source(args)
+    if source is not None:
+        sys.stdout.write(source.text)
     return 0
 
 
@@ -182,12 +188,9 @@ def cmd_explain(args) -> int:
 def cmd_build(args) -> int:
     from . import build
 
-    _, _, plan = _lowered(args)
-    source = _source(plan)
-    if source is None:
-        print(f"convgen: {_no_kernel(plan)}", file=sys.stderr)
-        return 0
-    print(build.build(source, force=args.force))
+    source = _wanted_source(args)
+    if source is not None:
+        print(build.build(source, force=args.force))
     return 0
 
 
