@@ -59,8 +59,7 @@ class KernelContext:
     storage: str
     acc: str
     g: Geometry
-    tiling: Tiling | None
-    t: Tiling | None          # the same, short
+    t: Tiling | None          # the plan's tiling
     lanes: int
     vector_bytes: int
     acc_bytes: int
@@ -92,7 +91,7 @@ def _context(plan: Plan, entry: str) -> KernelContext:
         strides.append(("S", operand_strides(layouts[source], channels, size)))
     note = ", ".join(f"{k} {v.value}" for k, v in sorted(layouts.items()))
     return KernelContext(entry=entry, dtype=plan.problem.dtype.value, storage=STORAGE[plan.problem.dtype],
-                         acc=ACCUMULATOR[plan.problem.dtype], g=g, tiling=plan.tiling, t=plan.tiling,
+                         acc=ACCUMULATOR[plan.problem.dtype], g=g, t=plan.tiling,
                          lanes=plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize,
                          vector_bytes=plan.target.vector_bytes, acc_bytes=plan.problem.dtype.accumulator.itemsize,
                          gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place),
