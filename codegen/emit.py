@@ -122,3 +122,34 @@ def emit(plan: Plan) -> KernelSource | None:
     }
     text = environment().get_template(TEMPLATES[key]).render(h=header, c=_context(plan, entry))
     return KernelSource(name=name, text=text, entry=entry, signature=entry_signature(plan), target=plan.target)
+
+
+# ---------------------------------------------------------------------------------- bundles
+
+_PARAMETER_TYPES = {"ptr": "void*", "i64": "std::int64_t", "i32": "int"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleKernel:
+    entry: str
+    parameters: str  # the entry's C parameter list
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleContext:
+    name: str
+    module: str
+    version: str
+    target: str
+    kernel_set: str
+    kernels: tuple[BundleKernel, ...]
+
+
+def emit_bundle_module(name: str, module: str, sources: list[KernelSource], kernel_set: str) -> str:
+    """The pybind11 module source of an ahead-of-time bundle serving `sources` (all one target)."""
+    kernels = tuple(BundleKernel(s.entry, ", ".join(_PARAMETER_TYPES[kind] for kind, _ in s.signature))
+                    for s in sources)
+    target = sources[0].target.name() if sources else "cpu"
+    context = BundleContext(name=name, module=module, version=generator_version(), target=target,
+                            kernel_set=kernel_set, kernels=kernels)
+    return environment().get_template("bundle/module.cpp.j2").render(b=context)

@@ -2,6 +2,7 @@
 
 Public API (a contract): conv1d/2d/3d, conv_transpose1d/2d/3d, convolution, convolution_backward,
 nn (modules), convert, stats, and the errors ConvgenError, ConvSpecError, BuildError, CacheError.
+Ahead of time: collect (a model's problems), load_bundle (kernels built by `convgen aot`).
 Importing convgen builds nothing and reads no settings.
 """
 
@@ -13,10 +14,12 @@ from .ops import convolution_backward
 from .stats import stats
 from . import nn
 from .nn import convert
+from .collect import collect
+from .bundle import load_bundle
 
 __version__ = _version()
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution",
-    "convolution_backward", "nn", "convert", "stats", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
+    "convolution_backward", "nn", "convert", "stats", "collect", "load_bundle", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
 ]

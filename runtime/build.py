@@ -84,8 +84,10 @@ def _cxx_origin() -> str:
     return "from $CXX" if os.environ.get("CXX", "").strip() else "the default; $CXX is not set"
 
 
-def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] | None = None) -> list[str]:
-    """The command that builds shared library `out` from C++ file `src` for `target`.
+def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] | None = None, *,
+                    shared: bool = True) -> list[str]:
+    """The command that builds shared library `out` from C++ file `src` for `target` (with
+    shared=False, object file `out`, for an ahead-of-time bundle: the same code generation).
 
     No -ffast-math: results follow IEEE arithmetic as written, except that a multiply feeding an
     add may fuse into one FMA (-ffp-contract=fast), which is as deterministic and more accurate.
@@ -96,7 +98,7 @@ def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] 
         "-O3",
         "-std=c++17",
         "-fPIC",
-        "-shared",
+        "-shared" if shared else "-c",
         "-fopenmp",
         *target.march_flags,
         "-fno-math-errno",

@@ -6,6 +6,7 @@
     convgen bench   --input 8,64,56,56 --weight 128,64,3,3 --padding 1       # against torch
     convgen bench   --suite standard|weak|all [--dtype bf16 --layout channels_last --json]
     convgen cache info | verify [--remove] | clear
+    convgen aot examples/resnet18_aot.py:resnet18 --input-shape 8,3,224,224   # runtime/aot_cli.py
 
 A problem is given by its tensor shapes and torch's arguments; it becomes a `ConvProblem`
 directly (no tensors), is lowered by `codegen.pipeline.lower` and emitted by `codegen.emit`.
@@ -29,7 +30,7 @@ from .codegen.ir import ConvProblem, DType, Layout, Op
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.target import Target, TargetKind, parse_target
-from . import dispatch, suites
+from . import aot_cli, dispatch, suites
 
 LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
            "channels_last": Layout.CHANNELS_LAST}
@@ -311,6 +312,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--min-time", type=float, default=0.05, help="seconds per sample, at least (default 0.05)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     bench.set_defaults(run=cmd_bench)
+    aot_cli.add_parser(sub)
     cache = sub.add_parser("cache", help="the on-disk kernel cache: info, verify, clear")
     cache.add_argument("action", choices=["info", "verify", "clear"])
     cache.add_argument("--remove", action="store_true", help="verify: remove bad entries")

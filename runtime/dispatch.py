@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from . import build, knobs, tuning
+from . import build, bundle, knobs, tuning
 from .stats import bump
 from .codegen.emit import emit
 from .codegen.errors import BuildError
@@ -30,11 +30,19 @@ _CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int}
 
 
 class Kernel:
-    """A loaded kernel entry: call it with tensors by role, the batch size and a thread count."""
+    """A loaded kernel entry: call it with tensors by role, the batch size and a thread count.
 
-    def __init__(self, source: KernelSource, path: Path):
+    It comes from a JIT-built shared library at `path`, or (served) from an entry address
+    inside an imported ahead-of-time bundle.
+    """
+
+    def __init__(self, source: KernelSource, path: Path | None, *, served: bundle.Served | None = None):
         self.source = source
         self.path = path
+        if served is not None:
+            self._owner = served.owner  # keeps the bundle's module alive
+            self._fn = bundle.function_at(served.address, source.signature)
+            return
         try:
             self._lib = ctypes.CDLL(str(path))
             fn = getattr(self._lib, source.entry)
@@ -127,10 +135,15 @@ def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
             if entry is not None and key in _table:
                 bump("memory_hits")
             if entry is None:
-                plan, source = plan_for(p)
-                entry = new[key] = Entry(plan, source)
+                served = bundle.serve(p)
+                if served is not None:
+                    bump("bundle_hits")
+                    entry = new[key] = Entry(served.plan, served.source, Kernel(served.source, None, served=served))
+                else:
+                    plan, source = plan_for(p)
+                    entry = new[key] = Entry(plan, source)
             entries.append(entry)
-        pending = [e for e in new.values() if e.source is not None]
+        pending = [e for e in new.values() if e.source is not None and e.kernel is None]
         if pending:
             paths = build.build_many([e.source for e in pending])
             for e, path in zip(pending, paths):

@@ -12,6 +12,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_BUILD_JOBS     | build_jobs()       | os.cpu_count()                            |
 | CONVGEN_VERBOSE        | verbose()          | off                                       |
 | CONVGEN_TUNE           | tune()             | off                                       |
+| CONVGEN_BUNDLES        | bundles()          | none                                      |
 """
 
 from __future__ import annotations
@@ -88,6 +89,17 @@ def verbose() -> bool:
 def tune() -> bool:
     """Whether a new problem times its candidate kernels and records the fastest (CONVGEN_TUNE)."""
     return _flag("CONVGEN_TUNE")
+
+
+def bundles_env() -> str:
+    return os.environ.get("CONVGEN_BUNDLES", "")
+
+
+def bundles() -> list[Path]:
+    """Ahead-of-time bundle directories to load on first dispatch (CONVGEN_BUNDLES, separated by
+    os.pathsep, e.g. generated/resnet18:generated/unet). A relative path is taken from the
+    working directory when it is read."""
+    return [Path(part).expanduser() for part in bundles_env().split(os.pathsep) if part.strip()]
 
 
 def convgen_version() -> str:

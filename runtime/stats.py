@@ -9,6 +9,7 @@ Known counters (always present in `stats()`, starting at 0):
 - memory_hits: kernels found in this process's memory (no disk access)
 - corrupt_rebuilt: cache entries found corrupt (bad checksum or metadata), reported and rebuilt
 - lock_waits: times a build lock was held by someone else and had to be waited for
+- bundle_hits: problems served by a loaded ahead-of-time bundle (no lowering to a build)
 
 Other modules may bump counters of their own; they appear once bumped.
 """
@@ -25,6 +26,7 @@ KNOWN = (
     "memory_hits",
     "corrupt_rebuilt",
     "lock_waits",
+    "bundle_hits",
 )
 
 _lock = threading.Lock()
