@@ -34,6 +34,9 @@ def block(c_in: int, c_out: int, kernel: int = 3, stride: int = 1) -> list[nn.Mo
 
 
 def small_cnn(classes: int = 10) -> nn.Sequential:
+    """The depthwise conv has no BatchNorm after it: a per-channel chain BatchNorm, ReLU, depthwise
+    conv, BatchNorm would make the first BatchNorm's scale irrelevant, its gradient nearly 0 and
+    that gradient's relative difference meaningless (float32 rounding noise, in torch too)."""
     return nn.Sequential(
         *block(3, 16),
         *block(16, 32, stride=2),                     # downsampling
