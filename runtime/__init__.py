@@ -14,7 +14,7 @@ from .ops import convolution_backward
 from .stats import stats
 from . import nn
 from .nn import convert
-from .collect import collect
+from .shapes import collect
 from .bundle import load_bundle
 
 __version__ = _version()

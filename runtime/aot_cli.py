@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from . import aot
-    from .collect import collect, problems_from_json
+    from .shapes import collect, problems_from_json
 
     target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:

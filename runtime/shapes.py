@@ -1,4 +1,4 @@
-"""Shape collection: the convolution problems one training step of a model dispatches.
+"""Shape collection: the convolution problems one training step of a model dispatches (convgen.collect).
 
 `collect(model, *example_inputs)` runs the model once forward and once backward under a torch
 dispatch mode that sees every convolution at the ATen level, so `nn.Conv*` modules, calls of
