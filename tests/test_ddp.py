@@ -18,7 +18,6 @@ Rendezvous goes through a file store (`file://` init method), so no port has to 
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -118,22 +117,29 @@ def run_workers(tmp_path: Path) -> list[dict]:
                 procs.append(subprocess.Popen(
                     [sys.executable, __file__, str(r), str(tmp_path / "store"), str(outs[r])],
                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        # poll both: when one rank fails, the other would wait for it in a collective until the timeout
         deadline = time.monotonic() + TIMEOUT_S
-        for r, proc in enumerate(procs):
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 1))
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"rank {r} did not finish within {TIMEOUT_S} s; its output:\n"
-                                     f"{logs[r].read_text()[-4000:]}") from None
+        while any(proc.poll() is None for proc in procs):
+            if any(proc.returncode not in (None, 0) for proc in procs):
+                break
+            if time.monotonic() > deadline:
+                waiting = [r for r, proc in enumerate(procs) if proc.returncode is None]
+                raise AssertionError(f"rank(s) {waiting} did not finish within {TIMEOUT_S} s; their output:\n"
+                                     + "\n".join(logs[r].read_text()[-4000:] for r in waiting))
+            time.sleep(0.1)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for r, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {r} exited with status {proc.returncode}; its output:\n" \
-                                     f"{logs[r].read_text()[-4000:]}"
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    assert not failed, "\n".join(describe_exit(r, procs[r].returncode, logs[r]) for r in failed)
     return [torch.load(out) for out in outs]
+
+
+def describe_exit(rank: int, status: int, log: Path) -> str:
+    how = f"was killed (signal {-status})" if status < 0 else f"exited with status {status}"
+    return f"rank {rank} {how}; its output:\n{log.read_text()[-4000:]}"
 
 
 def cache_entries(cache_dir: Path) -> list[Path]:
