@@ -22,12 +22,15 @@ CASES = [
     ("audio_1d.py", ["--batch", "2", "--samples", "256", "--layers", "3", "--channels", "8", "--repeat", "1"],
      "OK: every result within"),
     ("volume_3d.py", ["--batch", "1", "--size", "8", "--width", "4", "--repeat", "1"], "OK: every result within"),
+    # a bundle in a temporary directory ({tmp}); its first steps run in fresh processes with empty caches
+    ("resnet18_aot.py", ["--batch", "2", "--size", "32", "--out", "{tmp}/resnet18"], "bundle == JIT bit for bit: True"),
+    ("quickstart.py", [], "counters:"),
 ]
 
 
 @pytest.mark.parametrize("script, args, expected", CASES, ids=[case[0] for case in CASES])
-def test_example_runs_and_agrees_with_torch(script, args, expected):
-    command = [sys.executable, str(EXAMPLES / script), *args]
+def test_example_runs_and_agrees_with_torch(script, args, expected, tmp_path):
+    command = [sys.executable, str(EXAMPLES / script), *(a.replace("{tmp}", str(tmp_path)) for a in args)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:  # run() has killed it; its partial output may be bytes
