@@ -51,7 +51,8 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func._schema.name
         if name in FORWARD_OPS:
-            self._forward(*args, **kwargs)
+            # convgen's op runs inside its autograd wrapper, where grad mode is always off
+            self._forward(*args, **kwargs, grad_mode=torch.is_grad_enabled() or name.startswith("convgen::"))
             return torch.ops.aten.convolution.default(*args, **kwargs)
         if name in BACKWARD_OPS:
             self._backward(*args, **kwargs)
@@ -61,9 +62,10 @@ class _Recorder(TorchDispatchMode):
             return result
         return func(*args, **kwargs)
 
-    def _forward(self, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    def _forward(self, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *,
+                 grad_mode: bool):
         mask = (input.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
-        if torch.is_grad_enabled() and any(mask):
+        if grad_mode and any(mask):
             # what functional.convolution prepares: the forward and its backward, in one ninja run
             self._add(call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                     groups, output_mask=mask))

@@ -35,17 +35,37 @@ class Mixed(nn.Module):
         return v
 
 
+class ChannelsLast(nn.Module):
+    """A channels-last model: its gradients reach some convolutions in the other memory format."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False)
+        self.c = nn.ConvTranspose2d(8, 4, 2, stride=2)
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        return self.c(y).flatten(1).sum(1, keepdim=True) + y.mean()
+
+
+def channels_last() -> ChannelsLast:
+    torch.manual_seed(0)
+    return ChannelsLast().to(memory_format=torch.channels_last)
+
+
 def mixed() -> Mixed:
     torch.manual_seed(0)
     return Mixed()
 
 
-def example_input(batch: int = 2) -> torch.Tensor:
-    return torch.randn(batch, 3, 10, 10, generator=torch.Generator().manual_seed(1))
+def example_input(batch: int = 2, channels_last: bool = False) -> torch.Tensor:
+    x = torch.randn(batch, 3, 10, 10, generator=torch.Generator().manual_seed(1))
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def step(model: nn.Module, batch: int = 2) -> dict:
+def step(model: nn.Module, batch: int = 2, channels_last: bool = False) -> dict:
     """Forward and backward of one training step; the output and every parameter's gradient."""
-    out = model(example_input(batch))
+    out = model(example_input(batch, channels_last))
     (out * out).sum().backward()
     return {"out": out.detach(), **{n: p.grad for n, p in model.named_parameters()}}

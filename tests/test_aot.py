@@ -42,8 +42,8 @@ def built_bundle(tmp_path_factory):
     return out
 
 
-def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api") -> dict:
-    """One training step of the converted Mixed model in a fresh process with an empty cache."""
+def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api", model="mixed") -> dict:
+    """One training step of a converted tests/aot_models.py model in a fresh process with an empty cache."""
     result = tmp_path / f"result-{os.urandom(4).hex()}.pt"
     load_line = f"convgen.load_bundle({str(bundle_dir)!r}, strict=True)" if bundle_dir and load == "api" else ""
     code = textwrap.dedent(f"""
@@ -51,7 +51,7 @@ def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api") -> dict:
         sys.path.insert(0, {str(MODELS.parent)!r})
         import convgen, aot_models
         {load_line}
-        grads = aot_models.step(convgen.convert(aot_models.mixed()), {batch})
+        grads = aot_models.step(convgen.convert(aot_models.{model}()), {batch}, {model == "channels_last"})
         torch.save({{"grads": grads, "stats": convgen.stats()}}, {str(result)!r})
     """)
     cache = tmp_path / f"cache-{os.urandom(4).hex()}"
@@ -206,6 +206,18 @@ def test_a_bundle_serves_any_batch_size(built_bundle, tmp_path):
 def test_bundles_named_in_the_environment_load_by_themselves(built_bundle, tmp_path):
     served = run_step(tmp_path, None, env={"CONVGEN_BUNDLES": str(built_bundle)})
     assert served["stats"]["builds"] == 0 and served["stats"]["bundle_hits"] > 0
+
+
+def test_a_channels_last_model_is_served_entirely(tmp_path):
+    out = tmp_path / "cl"
+    problems = convgen.collect(aot_models.channels_last(), aot_models.example_input(channels_last=True))
+    aot.generate(problems, out)
+    aot.build(out)
+    jit = run_step(tmp_path, None, model="channels_last")
+    served = run_step(tmp_path, out, model="channels_last")
+    assert served["stats"]["builds"] == 0 and served["stats"]["bundle_hits"] == jit["stats"]["builds"] > 0
+    for name, g in jit["grads"].items():
+        assert torch.equal(g, served["grads"][name]), name
 
 
 # ---------------------------------------------------------------------------------- refusals
