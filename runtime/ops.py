@@ -153,9 +153,10 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     return _run_backward(base, mask, problems, entries, grad_output, input, weight, bias_sizes)
 
 
-def _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
-                    groups, output_mask):
-    """The checked base problem, mask, per-gradient problems and their dispatch entries."""
+def checked_backward_problems(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                              groups, output_mask) -> tuple[ConvProblem, tuple[bool, bool, bool], dict]:
+    """The checked base problem, mask and per-gradient problems of a convolution_backward call
+    (nothing dispatched: the fake kernel of the registered op uses this too)."""
     mask = _check_mask(output_mask)
     check_tensors([("grad_output", grad_output), ("input", input), ("weight", weight)])
     if grad_output.dim() != input.dim():
@@ -166,20 +167,31 @@ def _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dil
         raise ConvSpecError(f"grad_output: expected size {list(base.output_shape)} (the forward output's size for "
                             f"input {list(input.shape)} and weight {list(weight.shape)}), but got "
                             f"{list(grad_output.shape)}")
+    return base, mask, backward_problems(base, layout_of(grad_output), mask)
+
+
+def _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                    groups, output_mask):
+    """The checked base problem, mask, per-gradient problems and their dispatch entries."""
     # bias_sizes is accepted for ATen's signature; like ATen's CPU path, the bias gradient has one
-    # element per output channel of the weight, whatever bias_sizes says.
-    problems = backward_problems(base, layout_of(grad_output), mask)
+    # element per output channel of the weight, whatever bias_sizes says (see grad_bias_size).
+    base, mask, problems = checked_backward_problems(grad_output, input, weight, stride, padding, dilation,
+                                                     transposed, output_padding, groups, output_mask)
     entries = dict(zip(problems, dispatch.prepare(list(problems.values()))))
     return base, mask, problems, entries
+
+
+def grad_bias_size(base: ConvProblem, input, bias_sizes) -> list:
+    """The bias gradient's size: one element per output channel; ATen gives an empty input's bias
+    gradient the size bias_sizes asks for (zeros)."""
+    return list(bias_sizes) if input.numel() == 0 and bias_sizes is not None else [base.k]
 
 
 def _run_backward(base, mask, problems, entries, grad_output, input, weight, bias_sizes):
     gy = dense(grad_output, layout_of(grad_output))
     grad_input = grad_weight = grad_bias = None
     if mask[2]:
-        # ATen gives an empty input's bias gradient the shape bias_sizes asks for (zeros).
-        size = list(bias_sizes) if input.numel() == 0 and bias_sizes is not None else [base.k]
-        grad_bias = torch.empty(size, dtype=input.dtype)
+        grad_bias = torch.empty(grad_bias_size(base, input, bias_sizes), dtype=input.dtype)
     if "grad_input" in problems:
         p = problems["grad_input"]
         grad_input = _empty(p.input_shape, input.dtype, p.input_layout)
