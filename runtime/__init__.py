@@ -9,8 +9,8 @@ Importing convgen builds nothing and reads no settings.
 from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
 from .codegen.version import generator_version as _version
 from .functional import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d,
-                         convolution)
-from .ops import convolution_backward
+                         convolution, convolution_backward)
+from . import library   # registers torch.ops.convgen.convolution and convolution_backward
 from .stats import stats
 from . import nn
 from .nn import convert

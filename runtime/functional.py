@@ -1,108 +1,165 @@
 """torch.nn.functional-style convolutions backed by convgen, differentiable through autograd.
 
-The convolution F(x, w) is bilinear, and its two backward maps are convolutions too: the data
-gradient D(gy, w) is F's adjoint in x, the weight gradient W(gy, x) its adjoint in w. So each of
-the three is an autograd Function whose backward is made of the other two, and gradients of any
-order (create_graph=True, gradient penalties, gradgradcheck) come from generated kernels:
+Every public function takes one of two paths to the same kernels (runtime/ops.py):
 
-    F(x, w):   dx = D(g, w)         dw = W(g, x)
-    D(gy, w):  dgy = F(g, w)        dw = W(gy, g)
-    W(gy, x):  dgy = F(x, g)        dx = D(gy, g)
-
-For first-order gradients (no graph to build) the forward's backward makes one
-convolution_backward call that asks only for the gradients autograd needs, with the bias
-gradient fused into the weight gradient's pass.
+- traced (torch.compile, torch.export, make_fx, fake tensors, dispatch modes, torch.func; see
+  library.traced): the registered ops `torch.ops.convgen.convolution` and
+  `convolution_backward` (runtime/library.py), which carry their own fake kernels and autograd.
+  The ops take ATen's arguments, so string padding is resolved to integers first; an
+  asymmetric 'same' padding (an even kernel) becomes its symmetric part plus zeros appended to
+  the input, as torch's own 'same' does;
+- eager (everything else): straight to runtime/ops.py, without the dispatcher's Python autograd
+  wrapper (which costs several times a tiny convolution). When nothing needs a gradient the call
+  records no autograd node at all; otherwise two autograd Functions mirror the registered ops
+  and use the very same gradient formulas (library.convolution_grads and
+  convolution_backward_grads): the first-order backward is one convolution_backward call that
+  asks only for the gradients autograd needs, and since convolution_backward is itself
+  differentiable, gradients of any order (create_graph=True, gradgradcheck) come from generated
+  kernels. When autograd will need gradients, the backward kernels are built together with the
+  forward one, in one ninja run, before the forward runs.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from . import ops
+from . import library, ops
 from .codegen.errors import ConvSpecError
+from .problem import expand_param, layout_of, memory_format, padding_pairs
 
 
-def _bias_sizes(weight, transposed, groups) -> list[int]:
-    return [weight.shape[1] * groups if transposed else weight.shape[0]]
+def _empty_result(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=like.dtype, device=like.device)
 
 
 class ConvolutionFunction(torch.autograd.Function):
-    """F(x, w) + b."""
+    """convolution(input, weight, bias, *args) on the eager path (as torch.ops.convgen.convolution)."""
 
     @staticmethod
     def forward(ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
         ctx.save_for_backward(input, weight)
         ctx.args = (stride, padding, dilation, transposed, output_padding, groups)
         ctx.has_bias = bias is not None
+        ctx.set_materialize_grads(False)
         return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
     @staticmethod
     def backward(ctx, grad_output):
-        input, weight = ctx.saved_tensors
-        args = ctx.args
-        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
-        if not any(mask):
+        if grad_output is None:
             return (None,) * 9
-        if torch.is_grad_enabled():
-            # create_graph=True: gradients that are themselves differentiable
-            grad_input = DataGradFunction.apply(grad_output, weight, input, args) if mask[0] else None
-            grad_weight = WeightGradFunction.apply(grad_output, input, weight, args) if mask[1] else None
-            grad_bias = grad_output.sum([0, *range(2, grad_output.dim())]) if mask[2] else None
-        else:
-            grad_input, grad_weight, grad_bias = ops.convolution_backward(
-                grad_output, input, weight, _bias_sizes(weight, args[3], args[5]), *args, mask)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+        input, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        mask = (needs[0], needs[1], ctx.has_bias and needs[2])
+        return (*library.convolution_grads(EAGER, grad_output, input, weight, ctx.args, mask), *(None,) * 6)
 
 
-class DataGradFunction(torch.autograd.Function):
-    """D(gy, w): the data gradient, shaped like `like` (the forward's input, for shape and layout only)."""
+class ConvolutionBackwardFunction(torch.autograd.Function):
+    """convolution_backward on the eager path (as torch.ops.convgen.convolution_backward: an
+    empty tensor where `output_mask` is off), differentiable in grad_output, input and weight."""
 
     @staticmethod
-    def forward(ctx, grad_output, weight, like, args):
-        ctx.save_for_backward(grad_output, weight, like)
-        ctx.args = args
-        return ops.convolution_backward(grad_output, like, weight, None, *args, (True, False, False))[0]
+    def forward(ctx, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                groups, output_mask):
+        results = ops.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                                           transposed, output_padding, groups, output_mask)
+        ctx.save_for_backward(grad_output, input, weight)
+        ctx.args = (stride, padding, dilation, transposed, output_padding, groups)
+        ctx.mask = tuple(bool(m) for m in output_mask)
+        ctx.set_materialize_grads(False)
+        results = tuple(_empty_result(input) if r is None else r for r in results)
+        ctx.mark_non_differentiable(*(r for r, m in zip(results, ctx.mask) if not m))
+        return results
 
     @staticmethod
-    def backward(ctx, g):
-        grad_output, weight, like = ctx.saved_tensors
-        d_gy = ConvolutionFunction.apply(g, weight, None, *ctx.args) if ctx.needs_input_grad[0] else None
-        d_w = WeightGradFunction.apply(grad_output, g, weight, ctx.args) if ctx.needs_input_grad[1] else None
-        return d_gy, d_w, None, None
+    def backward(ctx, g_dx, g_dw, g_db):
+        grad_output, input, weight = ctx.saved_tensors
+        grads = library.convolution_backward_grads(EAGER, grad_output, input, weight, ctx.args, ctx.mask,
+                                                   (g_dx, g_dw, g_db), ctx.needs_input_grad[:3])
+        return (*grads, *(None,) * 8)
 
 
-class WeightGradFunction(torch.autograd.Function):
-    """W(gy, x): the weight gradient, shaped like `like` (the forward's weight, for shape and layout only)."""
-
-    @staticmethod
-    def forward(ctx, grad_output, input, like, args):
-        ctx.save_for_backward(grad_output, input, like)
-        ctx.args = args
-        return ops.convolution_backward(grad_output, input, like, None, *args, (False, True, False))[1]
-
-    @staticmethod
-    def backward(ctx, g):
-        grad_output, input, like = ctx.saved_tensors
-        d_gy = ConvolutionFunction.apply(input, g, None, *ctx.args) if ctx.needs_input_grad[0] else None
-        d_x = DataGradFunction.apply(grad_output, g, input, ctx.args) if ctx.needs_input_grad[1] else None
-        return d_gy, d_x, None, None
+EAGER = library.Calls(ConvolutionFunction.apply, ConvolutionBackwardFunction.apply)
 
 
 def _needs(t) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
 
-def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """Differentiable ATen-style convolution (same argument order as torch.ops.aten.convolution).
+# ---------------------------------------------------------------------------- the traced path
 
-    When autograd will need gradients, the backward kernels are built together with the forward
-    one, in one ninja run, before the forward runs.
-    """
+
+def _aten_args(input, weight, stride, padding, dilation, transposed, output_padding):
+    """ATen-style arguments as the registered ops take them: (input, stride, padding, dilation,
+    output_padding, extra), lists of ints. A string padding is resolved; where 'same' pads more
+    on the high side (`extra` per axis), the input gets those zeros appended and the padding is
+    the symmetric rest. Bad values raise here or in the op's fake kernel, with convgen's messages."""
+    rank = max(weight.dim() - 2, 1)
+    stride = list(expand_param("stride", stride, rank))
+    dilation = list(expand_param("dilation", dilation, rank))
+    output_padding = list(expand_param("output_padding", output_padding, rank))
+    if not isinstance(padding, str):
+        return input, stride, list(expand_param("padding", padding, rank)), dilation, output_padding, None
+    pairs = padding_pairs(padding, rank, tuple(weight.shape[2:]), tuple(stride), tuple(dilation), transposed)
+    extra = [high - low for low, high in pairs]
+    if any(extra):
+        input = F.pad(input, [p for e in reversed(extra) for p in (0, e)])
+    return input, stride, [low for low, _ in pairs], dilation, output_padding, extra if any(extra) else None
+
+
+def _traced_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    input, stride, padding, dilation, output_padding, _ = _aten_args(input, weight, stride, padding, dilation,
+                                                                     transposed, output_padding)
+    return library.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def _traced_convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                 output_padding, groups, output_mask):
+    size = input.shape
+    input, stride, padding, dilation, output_padding, extra = _aten_args(input, weight, stride, padding, dilation,
+                                                                         transposed, output_padding)
+    mask = [bool(m) for m in output_mask]
+    results = library.convolution_backward(grad_output, input, weight, None if bias_sizes is None else list(bias_sizes),
+                                           stride, padding, dilation, transposed, output_padding, groups, mask)
+    grad_input = results[0]
+    if extra is not None and mask[0]:   # the gradient of the appended zeros is not the input's
+        for axis, e in enumerate(extra):
+            if e:
+                grad_input = grad_input.narrow(axis + 2, 0, size[axis + 2])
+        grad_input = grad_input.contiguous(memory_format=memory_format(layout_of(results[0]), grad_input.dim()))
+    return tuple(r if m else None for r, m in zip((grad_input, *results[1:]), mask))
+
+
+# ---------------------------------------------------------------------------- the public functions
+
+
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """Differentiable ATen-style convolution (same argument order as torch.ops.aten.convolution);
+    `padding` may also be 'same' or 'valid'."""
+    if library.traced(input, weight, bias):
+        return _traced_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                   groups)
     mask = (_needs(input), _needs(weight), _needs(bias))
     if torch.is_grad_enabled() and any(mask):
         ops.prepare_call(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, mask)
-    return ConvolutionFunction.apply(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                     groups)
+        return ConvolutionFunction.apply(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                         groups)
+    return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    """torch.ops.aten.convolution_backward's (grad_input, grad_weight, grad_bias), None where
+    `output_mask` is off; differentiable in grad_output, input and weight (as ATen's)."""
+    args = (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+            output_mask)
+    if library.traced(grad_output, input, weight):
+        return _traced_convolution_backward(*args)
+    if torch.is_grad_enabled() and any(_needs(t) for t in (grad_output, input, weight)):
+        results = ConvolutionBackwardFunction.apply(*args)
+        return tuple(r if m else None for r, m in zip(results, output_mask))
+    return ops.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                    output_padding, groups, output_mask)
 
 
 def _batchify(input, weight, rank: int, fn: str):
