@@ -33,12 +33,15 @@ def _empty(shape, dtype, layout: Layout) -> torch.Tensor:
 SERIAL_MACS = 1 << 18
 
 
-def _run(entry: dispatch.Entry, tensors: dict, n: int) -> None:
+def _threads(problem: ConvProblem, n: int) -> int:
+    macs = problem.macs // problem.n * n if problem.n else 0
+    return 1 if macs < SERIAL_MACS else torch.get_num_threads()
+
+
+def _run(entry: dispatch.Entry, tensors: dict, n: int, threads: int | None = None) -> None:
     """Run one plan: its kernel, or for an 'empty' plan the zeros (plus bias) it stands for."""
     if entry.kernel is not None:
-        problem = entry.plan.problem
-        macs = problem.macs // problem.n * n if problem.n else 0
-        entry.kernel(tensors, n, 1 if macs < SERIAL_MACS else torch.get_num_threads())
+        entry.kernel(tensors, n, _threads(entry.plan.problem, n) if threads is None else threads)
         return
     for role in ("output", "grad_input", "grad_weight", "grad_bias"):
         t = tensors.get(role)
@@ -49,9 +52,14 @@ def _run(entry: dispatch.Entry, tensors: dict, n: int) -> None:
         out.add_(bias.view(1, -1, *([1] * (out.dim() - 2))))
 
 
+_SCALARS = frozenset({int, bool, str, float, type(None)})
+
+
 def _frozen(value):
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, (list, tuple, torch.Size)):
-        return tuple(_frozen(v) for v in value)
+        return tuple([_frozen(v) for v in value])
     return value
 
 
@@ -93,16 +101,18 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     known = _calls.get(signature) if signature is not None else None
     if known is None:
         p = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-        known = (p, dispatch.kernel_for(p))
+        # with what each later call of this signature needs, so that it computes nothing again
+        known = (p, dispatch.kernel_for(p), p.output_shape, memory_format(p.output_layout, input.dim()),
+                 _threads(p, p.n))
         if signature is not None:
             _remember(signature, known)
     else:
         bump("memory_hits")
-    p, entry = known
-    out = _empty(p.output_shape, input.dtype, p.output_layout)
+    p, entry, output_shape, output_format, threads = known
+    out = torch.empty(output_shape, dtype=input.dtype, memory_format=output_format)
     tensors = {"input": dense(input, p.input_layout), "weight": dense(weight, p.weight_layout),
                "bias": bias.contiguous() if bias is not None else None, "output": out}
-    _run(entry, tensors, p.n)
+    _run(entry, tensors, p.n, threads)
     return out
 
 
