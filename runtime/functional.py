@@ -2,8 +2,8 @@
 
 Every public function takes one of two paths to the same kernels (runtime/ops.py):
 
-- traced (torch.compile, torch.export, make_fx, fake tensors, dispatch modes, torch.func; see
-  library.traced): the registered ops `torch.ops.convgen.convolution` and
+- traced (torch.compile, torch.export, torch.jit.trace, make_fx, fake tensors, dispatch modes;
+  see library.traced): the registered ops `torch.ops.convgen.convolution` and
   `convolution_backward` (runtime/library.py), which carry their own fake kernels and autograd.
   The ops take ATen's arguments, so string padding is resolved to integers first; an
   asymmetric 'same' padding (an even kernel) becomes its symmetric part plus zeros appended to
@@ -27,10 +27,6 @@ import torch.nn.functional as F
 from . import library, ops
 from .codegen.errors import ConvSpecError
 from .problem import expand_param, layout_of, memory_format, padding_pairs
-
-
-def _empty_result(like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=like.dtype, device=like.device)
 
 
 class ConvolutionFunction(torch.autograd.Function):
@@ -67,7 +63,7 @@ class ConvolutionBackwardFunction(torch.autograd.Function):
         ctx.args = (stride, padding, dilation, transposed, output_padding, groups)
         ctx.mask = tuple(bool(m) for m in output_mask)
         ctx.set_materialize_grads(False)
-        results = tuple(_empty_result(input) if r is None else r for r in results)
+        results = tuple(library.masked_off(input) if r is None else r for r in results)
         ctx.mark_non_differentiable(*(r for r, m in zip(results, ctx.mask) if not m))
         return results
 

@@ -1,8 +1,8 @@
 """convgen's operators in torch's dispatcher: `torch.ops.convgen.convolution` and `convolution_backward`.
 
 They have the schemas of `aten::convolution` and `aten::convolution_backward`, so that
-torch.compile (fullgraph, any backend), torch.export and torch dispatch modes see one opaque
-op per convolution and treat it as they treat ATen's:
+torch.compile (fullgraph, any backend), torch.export, torch.jit.trace and torch dispatch modes
+see one opaque op per convolution and treat it as they treat ATen's:
 
 - the CPU kernels are runtime/ops.py's `convolution` and `convolution_backward` (generated
   kernels); `convolution_backward` returns an empty tensor (shape [0]) for each gradient that
@@ -65,11 +65,15 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def traced(*tensors: torch.Tensor | None) -> bool:
     """Whether a call on `tensors` is being traced or transformed rather than simply run:
-    torch.compile (dynamo), torch.export, make_fx, fake tensors, a torch dispatch mode, a tensor
-    subclass or a torch.func transform. Such a call must go through the registered ops."""
+    torch.compile (dynamo), torch.export, make_fx, fake tensors, a torch dispatch mode,
+    torch.jit.trace (integer padding only), a tensor subclass. Such a call must go through the
+    registered ops. So do the wrapped tensors of torch.func transforms, which have no memory of
+    their own for a kernel to read: the dispatcher then reports what the transform lacks
+    (convgen's ops have no vmap rule, and functorch's grad does not take autograd formulas
+    registered this way) instead of a kernel reading garbage."""
     if torch.compiler.is_compiling():
         return True
-    if torch._C._len_torch_dispatch_stack():
+    if torch._C._len_torch_dispatch_stack() or torch._C._get_tracing_state() is not None:
         return True
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or torch._C._functorch.is_functorch_wrapped_tensor(t)):
@@ -80,8 +84,9 @@ def traced(*tensors: torch.Tensor | None) -> bool:
 # ---------------------------------------------------------------------------- CPU kernels
 
 
-def _empty_like_masked(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=t.dtype, device=t.device)
+def masked_off(like: torch.Tensor) -> torch.Tensor:
+    """What convolution_backward returns for a gradient that output_mask turns off."""
+    return torch.empty(0, dtype=like.dtype, device=like.device)
 
 
 def _convolution_cpu(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -92,7 +97,7 @@ def _convolution_backward_cpu(grad_output, input, weight, bias_sizes, stride, pa
                               output_padding, groups, output_mask):
     results = ops.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                                        output_padding, groups, output_mask)
-    return tuple(_empty_like_masked(input) if r is None else r for r in results)
+    return tuple(masked_off(input) if r is None else r for r in results)
 
 
 _lib.impl("convolution", _convolution_cpu, "CPU")
@@ -155,7 +160,7 @@ def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, p
         mask = tuple(bool(m) for m in output_mask)
         base = _symbolic_problem(input, weight, None, stride, padding, dilation, transposed, output_padding, groups)
         problems = ops.backward_problems(base, layout_of(grad_output), mask)
-    grad_input, grad_weight, grad_bias = (_empty_like_masked(input) for _ in range(3))
+    grad_input, grad_weight, grad_bias = (masked_off(input) for _ in range(3))
     if "grad_input" in problems:
         p = problems["grad_input"]
         grad_input = _fake_empty(p.input_shape, input, p.input_layout)

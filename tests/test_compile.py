@@ -9,7 +9,8 @@
 - a bad call fails while tracing, with convgen's message, before anything is built;
 - convgen.convolution_backward traced, 'same' with an even kernel included;
 - torch.export.export of the converted model: the graph holds convgen.convolution, and the
-  exported program computes what torch's model does (also with a dynamic batch);
+  exported program computes what torch's model does (also with a dynamic batch); likewise
+  torch.jit.trace of the conv modules;
 - torch.library.opcheck on both ops (schema, autograd registration, fake tensors, AOT dispatch
   with dynamic shapes): grouped and strided, channels-last input, transposed, 1-D;
 - gradcheck and gradgradcheck through the ops in float64;
@@ -21,6 +22,7 @@ The kernels of the model and of the op problems are built up front in one ninja 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -313,6 +315,19 @@ def test_export_dynamic_batch(prebuilt):
     assert_close(exported.module()(x), theirs(x), F64, "exported output at batch 3")
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit")
+def test_jit_trace(prebuilt):
+    """torch.jit.trace (integer padding: it sees sizes as tensors, which 'same' cannot resolve)
+    records convgen's op, not the kernel call it cannot see."""
+    theirs, _ = models()
+    ours = convgen.convert(nn.Sequential(copy.deepcopy(theirs.c1), copy.deepcopy(theirs.c2),
+                                         copy.deepcopy(theirs.up)))
+    traced = torch.jit.trace(ours, (model_input().detach(),))
+    assert str(traced.inlined_graph).count("convgen::convolution") == 3
+    x = model_input(3).detach()
+    assert_close(traced(x), theirs.up(theirs.c2(theirs.c1(x))), F64, "traced output at batch 3")
+
+
 # ---------------------------------------------------------------------------- the ops themselves
 
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -367,11 +382,15 @@ def test_gradcheck_through_ops(case, prebuilt, one_thread):
     assert torch.autograd.gradgradcheck(fn, (x, w, b))
 
 
-def test_gradcheck_through_backward_op(prebuilt, one_thread):
+@pytest.mark.parametrize("path", ["op", "eager"])
+def test_gradcheck_through_backward(path, prebuilt, one_thread):
+    """convolution_backward is differentiable in grad_output, input and weight: the registered op
+    and convgen.convolution_backward on the eager path."""
     case = PROBLEMS[0]
     x, w, _ = case.operands()
     gy = case.grad_output(x, w, None).requires_grad_()
-    fn = lambda gy, x, w: CONVOLUTION_BACKWARD(gy, x, w, case.bias_sizes(), *case.args(), [True, True, True])
+    backward = CONVOLUTION_BACKWARD if path == "op" else convgen.convolution_backward
+    fn = lambda gy, x, w: backward(gy, x, w, case.bias_sizes(), *case.args(), [True, True, True])
     assert torch.autograd.gradcheck(fn, (gy, x, w))
 
 
