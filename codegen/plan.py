@@ -80,6 +80,7 @@ class Tiling:
     pc: int = 0              # gemm: pixels per chunk of the reduction (a multiple of vector_lanes)
     across: bool = False     # gemm: chunks span images (for small images)
     splits: int = 1          # gemm: fixed parts of the reduction, added in order
+    shared: tuple[str, ...] = ()     # gemm: operands packed once per call, shared by every work item
 
 
 @dataclasses.dataclass(frozen=True)

@@ -151,8 +151,13 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     rows_whole = unit and not across and plane % lanes == 0
     in_place = tuple(k for k in ("Y", "X") if rows_whole and dict(plan.layouts)[k] is Layout.CONTIGUOUS
                      and (k == "Y" or (taps == 1 and g.stride == (1, 1, 1) and g.pad_lo == (0, 0, 0))))
+    # grad_output rows that must be packed are packed once per call, chunk by chunk, into a buffer
+    # that every row block reads, rather than once per row block (exact: the buffer's chunks end
+    # in zeros). Not when chunks of several parts of the reduction would share a buffer chunk.
+    row_blocks = math.ceil(rows / rb)
+    shared = ("Y",) if "Y" not in in_place and row_blocks > 1 and (not across or splits == 1) else ()
     tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, splits=splits,
-                    in_place=in_place,
+                    in_place=in_place, shared=shared,
                     threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
                                  "weight gradients and reduces in a fixed order, so results do not depend on the "
                                  "thread count")
@@ -160,7 +165,7 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"register tile {kb} x {cb} ({score:.2f} useful), {ksb} x {rb} per work item "
                                  f"({items(mk, mr)} items x {splits} parts of the reduction), chunks of {pc} pixels "
                                  f"{'across images' if across else 'within an image'}; grad_output "
-                                 f"{'read in place' if 'Y' in in_place else 'packed'}, im2col rows "
+                                 f"{'read in place' if 'Y' in in_place else 'packed once, shared by the ' + str(row_blocks) + ' row blocks' if shared else 'packed'}, im2col rows "
                                  f"{'read in place (pointwise)' if 'X' in in_place else 'packed'}; "
                                  f"{tiling.threads_hint}", tiling=tiling)
 
