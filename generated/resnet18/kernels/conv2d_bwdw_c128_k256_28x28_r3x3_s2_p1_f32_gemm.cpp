@@ -11,7 +11,7 @@
 //   [algorithm] general: gemm (a GEMM over packed im2col rows with register tiles, reduced over pixels in a fixed order); candidates ['gemm', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] GEMM 256 x 1152 per group, reduced over 196 pixels per image: register tile 2 x 6 (1.01 useful), 64 x 36 per work item (128 items x 1 parts of the reduction), chunks of 200 pixels within an image; grad_output packed, im2col rows packed; parallel over (group, out-channel block, im2col row block); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
+//   [tiling] GEMM 256 x 1152 per group, reduced over 196 pixels per image: register tile 2 x 6 (1.01 useful), 64 x 36 per work item (128 items x 1 parts of the reduction), chunks of 200 pixels within an image; grad_output packed once, shared by the 32 row blocks, im2col rows packed; parallel over (group, out-channel block, im2col row block); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient as a GEMM: gW[k][(c, tap)] = sum over pixels p of gY[k][p] * im2col(X)[(c, tap)][p],
 // the reduction running over batch and output pixels. A work item owns KSB output channels x RB
 // (input channel, tap) rows of one group. It walks the reduction (batch x output pixels) in chunks
@@ -92,6 +92,8 @@ constexpr bool GY_IN_PLACE = false;
 constexpr bool X_IN_PLACE = false;   // pointwise: im2col rows are input rows
 constexpr int64_t SPLITS = 1;   // the reduction is cut into this many fixed parts
 constexpr bool ACROSS = false;   // chunks span images (small planes)
+constexpr bool GY_SHARED = true;   // grad_output packed once, for every item
+constexpr int64_t CPI = (PLANE + PC - 1) / PC;   // chunks per image (when chunks stay within images)
 
 // im2col rows [r0, r0 + rn) of group g for reduction indices [q0, q0 + PC), where q = b * PLANE + p
 // (zero from qend on), copied one output-row run at a time: each run is a strided copy between zeros.
@@ -167,9 +169,26 @@ int64_t n, int nthreads) {
     std::free(bpart);
     return 1;
   }
+  // GY_SHARED: grad_output packed chunk by chunk, [k][chunk][PC], once for all items
+  const int64_t chunks = ACROSS ? (n * PLANE + PC - 1) / PC : n * CPI;
+  ACC* gys = GY_SHARED ? (ACC*)std::malloc(sizeof(ACC) * (size_t)(G * COUT_G * chunks * PC + 1)) : nullptr;
+  if (GY_SHARED && !gys) {
+    std::free(part);
+    std::free(bpart);
+    return 1;
+  }
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
+    if (GY_SHARED) {
+      #pragma omp for schedule(static)
+      for (int64_t e = 0; e < G * COUT_G * chunks; ++e) {
+        const int64_t k = e / chunks, ch = e % chunks;
+        const int64_t q0 = ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC;
+        const int64_t qend = ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE;
+        pack_gy(gy, gys + e * PC, k, q0, qend);
+      }
+    }
     vec* acc = (vec*)scratch(KSB * RB * V);
     ACC* xb = scratch(RB * PC);
     ACC* zeros = scratch(PC);   // the row of im2col rows past the group's end
@@ -208,6 +227,10 @@ int64_t n, int nthreads) {
             ACC* dst = gyb + j * PC;
             if (j >= kn) {
               for (int64_t i = 0; i < PC; ++i) dst[i] = 0;
+            } else if (GY_SHARED) {
+              const int64_t ch = ACROSS ? q0 / PC : img * CPI + (q0 - img * PLANE) / PC;
+              gyr[j] = gys + ((kbase + j) * chunks + ch) * PC;
+              continue;
             } else if (GY_IN_PLACE) {
               gyr[j] = (const ACC*)(gy + img * Y_SN + (kbase + j) * Y_SC) + (q0 - img * PLANE);
               continue;
@@ -263,5 +286,6 @@ int64_t n, int nthreads) {
   }
   std::free(part);
   std::free(bpart);
+  std::free(gys);
   return failed;
 }

@@ -92,6 +92,8 @@ constexpr bool GY_IN_PLACE = true;
 constexpr bool X_IN_PLACE = false;   // pointwise: im2col rows are input rows
 constexpr int64_t SPLITS = 8;   // the reduction is cut into this many fixed parts
 constexpr bool ACROSS = false;   // chunks span images (small planes)
+constexpr bool GY_SHARED = false;   // grad_output packed once, for every item
+constexpr int64_t CPI = (PLANE + PC - 1) / PC;   // chunks per image (when chunks stay within images)
 
 // im2col rows [r0, r0 + rn) of group g for reduction indices [q0, q0 + PC), where q = b * PLANE + p
 // (zero from qend on), copied one output-row run at a time: each run is a strided copy between zeros.
@@ -167,9 +169,26 @@ int64_t n, int nthreads) {
     std::free(bpart);
     return 1;
   }
+  // GY_SHARED: grad_output packed chunk by chunk, [k][chunk][PC], once for all items
+  const int64_t chunks = ACROSS ? (n * PLANE + PC - 1) / PC : n * CPI;
+  ACC* gys = GY_SHARED ? (ACC*)std::malloc(sizeof(ACC) * (size_t)(G * COUT_G * chunks * PC + 1)) : nullptr;
+  if (GY_SHARED && !gys) {
+    std::free(part);
+    std::free(bpart);
+    return 1;
+  }
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
+    if (GY_SHARED) {
+      #pragma omp for schedule(static)
+      for (int64_t e = 0; e < G * COUT_G * chunks; ++e) {
+        const int64_t k = e / chunks, ch = e % chunks;
+        const int64_t q0 = ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC;
+        const int64_t qend = ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE;
+        pack_gy(gy, gys + e * PC, k, q0, qend);
+      }
+    }
     vec* acc = (vec*)scratch(KSB * RB * V);
     ACC* xb = scratch(RB * PC);
     ACC* zeros = scratch(PC);   // the row of im2col rows past the group's end
@@ -208,6 +227,10 @@ int64_t n, int nthreads) {
             ACC* dst = gyb + j * PC;
             if (j >= kn) {
               for (int64_t i = 0; i < PC; ++i) dst[i] = 0;
+            } else if (GY_SHARED) {
+              const int64_t ch = ACROSS ? q0 / PC : img * CPI + (q0 - img * PLANE) / PC;
+              gyr[j] = gys + ((kbase + j) * chunks + ch) * PC;
+              continue;
             } else if (GY_IN_PLACE) {
               gyr[j] = (const ACC*)(gy + img * Y_SN + (kbase + j) * Y_SC) + (q0 - img * PLANE);
               continue;
@@ -263,5 +286,6 @@ int64_t n, int nthreads) {
   }
   std::free(part);
   std::free(bpart);
+  std::free(gys);
   return failed;
 }
