@@ -81,6 +81,7 @@ class Tiling:
     across: bool = False     # gemm: chunks span images (for small images)
     splits: int = 1          # gemm: fixed parts of the reduction, added in order
     shared: tuple[str, ...] = ()     # gemm: operands packed once per call, shared by every work item
+    shared_bytes: int = 0    # gemm: the most memory a shared im2col buffer may take (else per-item packing)
 
 
 @dataclasses.dataclass(frozen=True)

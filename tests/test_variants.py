@@ -38,10 +38,12 @@ PROBLEMS = [
     ("conv3d", 2, 4, 6, (4, 5, 6), (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 0)), (1, 1, 2), 2, False, (0, 0, 0)),
     ("transposed_s2", 2, 8, 4, (5, 6), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1, True, (1, 1)),
     ("transposed_groups_op", 2, 4, 6, (5, 7), (3, 3), (3, 3), ((1, 1), (1, 1)), (2, 2), 2, True, (2, 1)),
-    # many im2col rows (several row blocks) with grad_output packed once and shared by them:
-    # small images chunked across the batch, and larger ones whose reduction is cut into parts
-    ("many_rows_across", 2, 256, 8, (5, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
+    # weight gradients with several row and channel blocks, whose grad_output and im2col rows are
+    # packed once and shared by all blocks: small images chunked across the batch, and larger
+    # ones whose reduction is cut into parts (grad_output alone, then both)
+    ("many_channels_across", 2, 16, 256, (5, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("many_rows_parts", 2, 12, 10, (9, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
+    ("many_channels_parts", 2, 16, 160, (9, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
 ]
 
 

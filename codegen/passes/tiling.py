@@ -26,6 +26,9 @@ MAX_SPLITS = 8
 PARTIAL_BYTES = 16 << 20
 # Images with fewer output pixels than this are reduced in chunks that span the batch.
 SMALL_PLANE = 64
+# A weight gradient's im2col rows are packed once per call into one shared buffer when it takes at
+# most this much memory (about what a shared last-level cache holds); otherwise per work item.
+SHARED_X_BYTES = 16 << 20
 # The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
 MIN_CHUNK_VECTORS = 8
 
@@ -154,10 +157,14 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     # grad_output rows that must be packed are packed once per call, chunk by chunk, into a buffer
     # that every row block reads, rather than once per row block (exact: the buffer's chunks end
     # in zeros). Not when chunks of several parts of the reduction would share a buffer chunk.
-    row_blocks = math.ceil(rows / rb)
-    shared = ("Y",) if "Y" not in in_place and row_blocks > 1 and (not across or splits == 1) else ()
+    # Likewise the im2col rows, when several out-channel blocks read them, if the whole im2col
+    # (known only at run time, with the batch) fits SHARED_X_BYTES; else each item packs its own.
+    row_blocks, channel_blocks = math.ceil(rows / rb), math.ceil(g.cout_g / ksb)
+    one_part = not across or splits == 1
+    shared = tuple(k for k, needed in (("Y", "Y" not in in_place and row_blocks > 1),
+                                       ("X", "X" not in in_place and channel_blocks > 1)) if needed and one_part)
     tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, splits=splits,
-                    in_place=in_place, shared=shared,
+                    in_place=in_place, shared=shared, shared_bytes=SHARED_X_BYTES if "X" in shared else 0,
                     threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
                                  "weight gradients and reduces in a fixed order, so results do not depend on the "
                                  "thread count")
@@ -166,7 +173,7 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"({items(mk, mr)} items x {splits} parts of the reduction), chunks of {pc} pixels "
                                  f"{'across images' if across else 'within an image'}; grad_output "
                                  f"{'read in place' if 'Y' in in_place else 'packed once, shared by the ' + str(row_blocks) + ' row blocks' if shared else 'packed'}, im2col rows "
-                                 f"{'read in place (pointwise)' if 'X' in in_place else 'packed'}; "
+                                 f"{'read in place (pointwise)' if 'X' in in_place else 'packed once, shared by the ' + str(channel_blocks) + ' channel blocks (if the im2col fits ' + str(SHARED_X_BYTES >> 20) + ' MB)' if 'X' in shared else 'packed'}; "
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
