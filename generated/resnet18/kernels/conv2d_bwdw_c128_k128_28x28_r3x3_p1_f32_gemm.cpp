@@ -11,7 +11,7 @@
 //   [algorithm] general: gemm (a GEMM over packed im2col rows with register tiles, reduced over pixels in a fixed order); candidates ['gemm', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] GEMM 128 x 1152 per group, reduced over 784 pixels per image: register tile 2 x 6 (1.01 useful), 64 x 36 per work item (64 items x 1 parts of the reduction), chunks of 208 pixels within an image; grad_output read in place, im2col rows packed; parallel over (group, out-channel block, im2col row block); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
+//   [tiling] GEMM 128 x 1152 per group, reduced over 784 pixels per image: register tile 2 x 6 (1.01 useful), 64 x 36 per work item (64 items x 1 parts of the reduction), chunks of 208 pixels within an image; grad_output read in place, im2col rows packed once, shared by the 2 channel blocks (if the im2col fits 16 MB); parallel over (group, out-channel block, im2col row block); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient as a GEMM: gW[k][(c, tap)] = sum over pixels p of gY[k][p] * im2col(X)[(c, tap)][p],
 // the reduction running over batch and output pixels. A work item owns KSB output channels x RB
 // (input channel, tap) rows of one group. It walks the reduction (batch x output pixels) in chunks
@@ -93,7 +93,12 @@ constexpr bool X_IN_PLACE = false;   // pointwise: im2col rows are input rows
 constexpr int64_t SPLITS = 1;   // the reduction is cut into this many fixed parts
 constexpr bool ACROSS = false;   // chunks span images (small planes)
 constexpr bool GY_SHARED = false;   // grad_output packed once, for every item
+constexpr bool X_SHARABLE = true;   // im2col packed once, if it fits:
+constexpr size_t X_SHARED_BYTES = 16777216;
 constexpr int64_t CPI = (PLANE + PC - 1) / PC;   // chunks per image (when chunks stay within images)
+
+// The index of the chunk that starts at reduction index q0 (of image img), in the shared buffers.
+static inline int64_t chunk_of(int64_t img, int64_t q0) { return ACROSS ? q0 / PC : img * CPI + (q0 - img * PLANE) / PC; }
 
 // im2col rows [r0, r0 + rn) of group g for reduction indices [q0, q0 + PC), where q = b * PLANE + p
 // (zero from qend on), copied one output-row run at a time: each run is a strided copy between zeros.
@@ -177,6 +182,9 @@ int64_t n, int nthreads) {
     std::free(bpart);
     return 1;
   }
+  // X_SHARABLE: the im2col rows, [g][row block][chunk][RB][PC], when they fit (else packed per item)
+  const size_t xs_elems = (size_t)G * RBLK * chunks * RB * PC;
+  ACC* xs = X_SHARABLE && xs_elems * sizeof(ACC) <= X_SHARED_BYTES ? (ACC*)std::malloc(sizeof(ACC) * xs_elems) : nullptr;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
@@ -187,6 +195,16 @@ int64_t n, int nthreads) {
         const int64_t q0 = ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC;
         const int64_t qend = ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE;
         pack_gy(gy, gys + e * PC, k, q0, qend);
+      }
+    }
+    if (xs) {
+      #pragma omp for schedule(static)
+      for (int64_t e = 0; e < G * RBLK * chunks; ++e) {
+        const int64_t g = e / (RBLK * chunks), rblk = (e / chunks) % RBLK, ch = e % chunks;
+        const int64_t r0 = rblk * RB, rn = CT - r0 < RB ? CT - r0 : RB;
+        const int64_t q0 = ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC;
+        const int64_t qend = ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE;
+        pack_x(x, xs + e * RB * PC, g, r0, rn, q0, qend);
       }
     }
     vec* acc = (vec*)scratch(KSB * RB * V);
@@ -217,6 +235,9 @@ int64_t n, int nthreads) {
             for (int64_t r = 0; r < RB; ++r)
               xr[r] = r < rn ? (const ACC*)(x + img * X_SN + (g * CIN_G + r0 + r) * X_SC) + (q0 - img * PLANE)
                              : zeros;
+          } else if (xs) {
+            const ACC* rows = xs + ((g * RBLK + rblk) * chunks + chunk_of(img, q0)) * RB * PC;
+            for (int64_t r = 0; r < RB; ++r) xr[r] = rows + r * PC;
           } else {
             pack_x(x, xb, g, r0, rn, q0, qend);
             for (int64_t r = 0; r < RB; ++r) xr[r] = xb + r * PC;
@@ -228,8 +249,7 @@ int64_t n, int nthreads) {
             if (j >= kn) {
               for (int64_t i = 0; i < PC; ++i) dst[i] = 0;
             } else if (GY_SHARED) {
-              const int64_t ch = ACROSS ? q0 / PC : img * CPI + (q0 - img * PLANE) / PC;
-              gyr[j] = gys + ((kbase + j) * chunks + ch) * PC;
+              gyr[j] = gys + ((kbase + j) * chunks + chunk_of(img, q0)) * PC;
               continue;
             } else if (GY_IN_PLACE) {
               gyr[j] = (const ACC*)(gy + img * Y_SN + (kbase + j) * Y_SC) + (q0 - img * PLANE);
@@ -287,5 +307,6 @@ int64_t n, int nthreads) {
   std::free(part);
   std::free(bpart);
   std::free(gys);
+  std::free(xs);
   return failed;
 }
