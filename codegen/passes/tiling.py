@@ -29,6 +29,11 @@ SMALL_PLANE = 64
 # A weight gradient's im2col rows are packed once per call into one shared buffer when it takes at
 # most this much memory (about what a shared last-level cache holds); otherwise per work item.
 SHARED_X_BYTES = 16 << 20
+# Register tiles leave this many vector registers free (addresses, broadcasts: no spills), and
+# count as FMA-bound from this ratio of FMAs to loads on (see register_tile).
+SPARE_REGISTERS = 3
+FMA_PER_LOAD = 1.4
+VECTOR_LOAD_COST = 1.5   # an unaligned vector load, in broadcasts
 # The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
 MIN_CHUNK_VECTORS = 8
 
@@ -54,16 +59,23 @@ def _direct(plan: Plan, lanes: int) -> Plan:
 
 
 def register_tile(channels: int, columns: int, lanes: int, registers: int) -> tuple[int, int, float]:
-    """Best (KB, NV, score) for a KB x NV-vector accumulator tile, one broadcast and NV loads in flight."""
+    """Best (KB, NV, score) for a KB x NV-vector accumulator tile, one broadcast and NV loads in flight.
+
+    Measured on Zen 3 (AVX2, 16 registers; 2 loads and 2 FMAs per cycle): tiles of several
+    vectors that leave three registers free run faster than fuller ones, which the compiler spills
+    around (5 x 2 beat 6 x 2 and 13 x 1 on wide images; on 7-wide rows 14 x 1 beat 13 x 1 and
+    11 x 1), and a tile is FMA-bound only when its FMAs outnumber its loads (KB broadcasts and NV
+    unaligned vector loads, which cost more, per tap) by about FMA_PER_LOAD: 3 x 3 ran 1.5x slower than 5 x 2 on 33-wide rows, where both waste as many lanes.
+    """
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for kb in range(1, 17):
-            if kb * nv + nv + 1 > registers:
+            # a one-vector tile keeps its single vector load in a register: no spare needed
+            if kb * nv + nv + 1 > registers - (0 if nv == 1 else SPARE_REGISTERS):
                 continue
             col_eff = columns / (math.ceil(columns / (nv * lanes)) * nv * lanes)
             ch_eff = channels / (math.ceil(channels / kb) * kb)
-            fma_per_load = kb * nv / (kb + nv)          # loads: nv vectors + kb broadcasts per tap
-            intensity = min(1.0, fma_per_load)          # FMA-bound once FMAs outnumber loads
+            intensity = min(1.0, kb * nv / (kb + VECTOR_LOAD_COST * nv) / FMA_PER_LOAD)
             score = col_eff * ch_eff * intensity + 1e-3 * kb * nv
             if score > best[2]:
                 best = (kb, nv, score)
