@@ -11,7 +11,7 @@
 //   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases); candidates ['blocked', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 4 channels x 2 vectors of 8 input-gradient (per stride phase) columns (8 of 16 registers accumulate; 0.88 useful); 16 columns per work item so its buffer (16384 B) stays within half the L2; parallel over (batch, group, input-gradient row, column tile)
+//   [tiling] register tile 5 channels x 2 vectors of 8 input-gradient (per stride phase) columns (10 of 16 registers accumulate; 0.78 useful); 16 columns per work item so its buffer (16384 B) stays within half the L2; parallel over (batch, group, input-gradient row, column tile)
 // Register-blocked data gradient by stride decomposition (no zero-insertion). Each work item is
 // one input-gradient row segment (batch b, group g, input row, column tile). Its columns split
 // into SW phases i = SW*j + i0; within a phase, each kernel tap kw that reaches those columns
@@ -79,7 +79,7 @@ static inline ACC vsum(vec v) {   // fixed-order horizontal sum, so results do n
   return total;
 }
 
-constexpr int64_t CB = 4, NV = 2;                 // register tile: CB channels x NV vectors
+constexpr int64_t CB = 5, NV = 2;                 // register tile: CB channels x NV vectors
 constexpr int64_t CBLK = (CIN_G + CB - 1) / CB;
 constexpr int64_t JN = (XW + SW - 1) / SW;                                // columns j per phase (phase 0 is longest)
 constexpr int64_t JC = 16, NCT = (JN + JC - 1) / JC;         // j columns per item, tiles per row

@@ -11,7 +11,7 @@
 //   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases); candidates ['blocked', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 13 channels x 1 vectors of 8 input-gradient (per stride phase) columns (13 of 16 registers accumulate; 0.81 useful); 8 columns per work item so its buffer (16384 B) stays within half the L2; parallel over (batch, group, input-gradient row, column tile)
+//   [tiling] register tile 13 channels x 1 vectors of 8 input-gradient (per stride phase) columns (13 of 16 registers accumulate; 0.56 useful); 8 columns per work item so its buffer (16384 B) stays within half the L2; parallel over (batch, group, input-gradient row, column tile)
 // Register-blocked data gradient by stride decomposition (no zero-insertion). Each work item is
 // one input-gradient row segment (batch b, group g, input row, column tile). Its columns split
 // into SW phases i = SW*j + i0; within a phase, each kernel tap kw that reaches those columns

@@ -11,7 +11,7 @@
 //   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases); candidates ['blocked', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 14 channels x 1 vectors of 8 output columns (14 of 16 registers accumulate; 0.82 useful); 8 columns per work item so its buffer (18432 B) stays within half the L2; parallel over (batch, group, output row, column tile)
+//   [tiling] register tile 14 channels x 1 vectors of 8 output columns (14 of 16 registers accumulate; 0.57 useful); 8 columns per work item so its buffer (18432 B) stays within half the L2; parallel over (batch, group, output row, column tile)
 // Register-blocked forward convolution. Each work item is one output row segment (batch b,
 // group g, output row, column tile). Its input rows are first copied into a zero-padded buffer,
 // split into SW phases, so that every kernel tap reads a contiguous run of columns whatever the
