@@ -151,6 +151,11 @@ def _check_normal(p: ConvProblem) -> None:
 
 def _check_transposed(p: ConvProblem) -> None:
     _check_channels(p)
+    if p.k == 0:
+        # ATen fails on these inside its kernels (an IndexError, or "non-empty weight expected")
+        raise ConvSpecError(
+            f"Given transposed=1, groups={p.groups}, expected weight to be at least 1 at dimension 1 (output "
+            f"channels per group), but got weight of size {_fmt(p.weight_shape)} instead")
     for op, s, d in zip(p.output_padding, p.stride, p.dilation):
         if op >= s and op >= d:
             raise ConvSpecError(
