@@ -127,8 +127,14 @@ def autoload() -> None:
     with _lock:
         _env_seen = value
         for path in knobs.bundles():
-            if path.resolve() not in _tried:
+            if path.resolve() in _tried:
+                continue
+            try:
                 load_bundle(path)
+            except BundleError as e:  # a wrong path in the environment must not stop training
+                _tried[path.resolve()] = str(e)
+                warnings.warn(f"convgen: CONVGEN_BUNDLES names {path}, which is not a usable bundle ({e}); "
+                              f"JIT builds take over", RuntimeWarning, stacklevel=2)
 
 
 def load_bundle(path: str | Path, *, strict: bool = False) -> Bundle | None:

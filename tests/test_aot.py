@@ -277,6 +277,12 @@ def test_a_directory_without_a_bundle_is_an_error(tmp_path):
         convgen.load_bundle(tmp_path)
 
 
+def test_a_wrong_path_in_the_environment_warns_and_leaves_the_jit_in_charge(tmp_path):
+    served = run_step(tmp_path, None, env={"CONVGEN_BUNDLES": str(tmp_path / "no-bundle-here")})
+    assert served["stats"]["bundle_hits"] == 0 and served["stats"]["builds"] > 0
+    assert "not a usable bundle" in served["stderr"]
+
+
 def test_a_refused_bundle_leaves_the_jit_in_charge(built_bundle, tmp_path):
     other = "avx512" if convgen.codegen.target.host_cpu().isa != "avx512" else "avx2"
     copy = _copy(built_bundle, tmp_path, lambda m: m["target"].update(isa=other))
