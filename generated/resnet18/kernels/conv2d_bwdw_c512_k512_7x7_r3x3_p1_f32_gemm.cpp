@@ -97,8 +97,11 @@ constexpr bool X_SHARABLE = true;   // im2col packed once, if it fits:
 constexpr size_t X_SHARED_BYTES = 16777216;
 constexpr int64_t CPI = (PLANE + PC - 1) / PC;   // chunks per image (when chunks stay within images)
 
-// The index of the chunk that starts at reduction index q0 (of image img), in the shared buffers.
+// The index of the chunk that starts at reduction index q0 (of image img), in the shared buffers,
+// and the other way round: where chunk ch starts and where its part of the reduction ends.
 static inline int64_t chunk_of(int64_t img, int64_t q0) { return ACROSS ? q0 / PC : img * CPI + (q0 - img * PLANE) / PC; }
+static inline int64_t chunk_start(int64_t ch) { return ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC; }
+static inline int64_t chunk_end(int64_t ch, int64_t n) { return ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE; }
 
 // im2col rows [r0, r0 + rn) of group g for reduction indices [q0, q0 + PC), where q = b * PLANE + p
 // (zero from qend on), copied one output-row run at a time: each run is a strided copy between zeros.
@@ -192,9 +195,7 @@ int64_t n, int nthreads) {
       #pragma omp for schedule(static)
       for (int64_t e = 0; e < G * COUT_G * chunks; ++e) {
         const int64_t k = e / chunks, ch = e % chunks;
-        const int64_t q0 = ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC;
-        const int64_t qend = ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE;
-        pack_gy(gy, gys + e * PC, k, q0, qend);
+        pack_gy(gy, gys + e * PC, k, chunk_start(ch), chunk_end(ch, n));
       }
     }
     if (xs) {
@@ -202,9 +203,7 @@ int64_t n, int nthreads) {
       for (int64_t e = 0; e < G * RBLK * chunks; ++e) {
         const int64_t g = e / (RBLK * chunks), rblk = (e / chunks) % RBLK, ch = e % chunks;
         const int64_t r0 = rblk * RB, rn = CT - r0 < RB ? CT - r0 : RB;
-        const int64_t q0 = ACROSS ? ch * PC : (ch / CPI) * PLANE + (ch % CPI) * PC;
-        const int64_t qend = ACROSS ? n * PLANE : (ch / CPI + 1) * PLANE;
-        pack_x(x, xs + e * RB * PC, g, r0, rn, q0, qend);
+        pack_x(x, xs + e * RB * PC, g, r0, rn, chunk_start(ch), chunk_end(ch, n));
       }
     }
     vec* acc = (vec*)scratch(KSB * RB * V);
