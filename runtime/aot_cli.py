@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from .codegen.errors import ConvgenError, ConvSpecError
-from .codegen.ir import DType
+from .codegen.ir import DType, Layout
 from .codegen.target import TargetKind, parse_target
 
 _DTYPES = tuple(d.value for d in DType)
@@ -142,7 +142,9 @@ def load_model(spec: str):
 def example_inputs(shapes: list[str], dtype: str, layout: str, requires_grad: bool):
     import torch
 
-    torch_dtype = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    from .problem import TORCH_DTYPES, memory_format
+
+    torch_dtype = TORCH_DTYPES[DType(dtype)]
     inputs = []
     for text in shapes:
         try:
@@ -153,18 +155,17 @@ def example_inputs(shapes: list[str], dtype: str, layout: str, requires_grad: bo
             raise ConvSpecError(f"--input-shape {text}: sizes must be non-negative")
         x = torch.randn(shape, dtype=torch_dtype)
         if layout == "channels_last" and x.dim() in (4, 5):
-            x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+            x = x.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, x.dim()))
         inputs.append(x.requires_grad_(requires_grad))
     return inputs
 
 
 def prepare_model(model, dtype: str, layout: str, rank: int):
     """The model in `dtype` and, for channels_last, in the channels-last format of its inputs' rank."""
-    import torch
+    from .problem import TORCH_DTYPES, memory_format
 
-    torch_dtype = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    model = model.to(torch_dtype)
+    model = model.to(TORCH_DTYPES[DType(dtype)])
     if layout == "channels_last":
-        model = model.to(memory_format=torch.channels_last_3d if rank == 5 else torch.channels_last)
+        model = model.to(memory_format=memory_format(Layout.CHANNELS_LAST, 5 if rank == 5 else 4))
     return model.train()
 

@@ -17,7 +17,6 @@ With strict=True, load_bundle raises BundleError instead of warning.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import importlib.util
 import json
@@ -226,9 +225,3 @@ def _import(path: Path, manifest: dict):
     sys.modules[name] = module
     return module
 
-
-def function_at(address: int, signature) -> ctypes._CFuncPtr:
-    """A ctypes function for the kernel entry at `address` (as ctypes.CDLL would give it)."""
-    kinds = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int}
-    prototype = ctypes.CFUNCTYPE(ctypes.c_int, *(kinds[kind] for kind, _ in signature))
-    return prototype(address)

@@ -41,7 +41,8 @@ class Kernel:
         self.path = path
         if served is not None:
             self._owner = served.owner  # keeps the bundle's module alive
-            self._fn = bundle.function_at(served.address, source.signature)
+            prototype = ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[kind] for kind, _ in source.signature))
+            self._fn = prototype(served.address)   # as ctypes.CDLL would give it
             return
         try:
             self._lib = ctypes.CDLL(str(path))

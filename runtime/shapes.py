@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 from .codegen.errors import ConvSpecError
 from .codegen.ir import ConvProblem, DType, Layout
 from .ops import backward_problems, call_problems
-from .problem import base_problem, layout_of, memory_format
+from .problem import TORCH_DTYPES, base_problem, layout_of, memory_format
 
 # Ops with aten.convolution's and aten.convolution_backward's schemas, by qualified name.
 FORWARD_OPS = ("aten::convolution", "convgen::convolution")
@@ -118,8 +118,6 @@ def _leaves(model, example_inputs) -> list[torch.Tensor]:
 
 
 _DTYPES = {d.value: d for d in DType}
-_TORCH_DTYPES = {DType.F32: torch.float32, DType.F64: torch.float64, DType.BF16: torch.bfloat16,
-                 DType.F16: torch.float16}
 _CALL_KEYS = {"input", "weight", "bias", "stride", "padding", "dilation", "groups", "transposed",
               "output_padding", "dtype", "layout", "requires_grad"}
 
@@ -191,7 +189,7 @@ def _call_problems(entry: dict, where: str) -> list[ConvProblem]:
     if layout_name not in layouts:
         raise ConvSpecError(f"{where}: layout {layout_name!r} is not one of {sorted(layouts)}")
     needs = {"input": True, "weight": True, "bias": True, **(entry.get("requires_grad") or {})}
-    dtype = _TORCH_DTYPES[_DTYPES[dtype_name]]
+    dtype = TORCH_DTYPES[_DTYPES[dtype_name]]
     fmt = memory_format(layouts[layout_name], len(entry["input"]))
     # Tensors of the right shapes, strides and dtype; never written or read (empty pages stay unmapped).
     x = torch.empty(entry["input"], dtype=dtype).contiguous(memory_format=fmt)
