@@ -71,7 +71,7 @@ def run(args) -> int:
         if not args.input_shape:
             raise ConvSpecError(f"aot {args.model}: give the shape of each model input with --input-shape N,C,H,W")
         inputs = example_inputs(args.input_shape, args.dtype, args.layout, args.input_grad)
-        model = prepare_model(model, args.dtype, args.layout, max((t.dim() for t in inputs), default=4))
+        model = prepare_model(model, args.dtype, args.layout)
         problems = collect(model, *inputs)
         origin = {"model": args.model, "input_shapes": [list(t.shape) for t in inputs], "dtype": args.dtype,
                   "layout": args.layout, "input_grad": args.input_grad}
@@ -160,12 +160,18 @@ def example_inputs(shapes: list[str], dtype: str, layout: str, requires_grad: bo
     return inputs
 
 
-def prepare_model(model, dtype: str, layout: str, rank: int):
-    """The model in `dtype` and, for channels_last, in the channels-last format of its inputs' rank."""
+def prepare_model(model, dtype: str, layout: str):
+    """The model in `dtype` and, for channels_last, every 4-D and 5-D parameter and buffer in its
+    channels-last format (Module.to takes one format for all, which fails on mixed 2-D/3-D models)."""
+    import torch
+
     from .problem import TORCH_DTYPES, memory_format
 
     model = model.to(TORCH_DTYPES[DType(dtype)])
     if layout == "channels_last":
-        model = model.to(memory_format=memory_format(Layout.CHANNELS_LAST, 5 if rank == 5 else 4))
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                if t.dim() in (4, 5):
+                    t.data = t.data.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, t.dim()))
     return model.train()
 

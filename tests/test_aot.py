@@ -307,6 +307,17 @@ def test_aot_command_line(tmp_path):
     assert "0 file(s) written" in again.stdout
 
 
+def test_aot_command_line_channels_last_with_2d_and_3d_convolutions(tmp_path):
+    out = tmp_path / "cl"
+    proc = subprocess.run([sys.executable, "-m", "convgen", "aot", f"{MODELS}:mixed", "--input-shape", "2,3,10,10",
+                           "--layout", "channels_last", "--out", str(out), "--no-build"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    names = [p["name"] for p in json.loads((out / "manifest.json").read_text())["problems"]]
+    assert any(n.startswith("conv2d_") and n.endswith("nhwc") for n in names)
+    assert any(n.startswith("conv3d_") and "ndhwc" in n for n in names)
+
+
 def test_aot_command_line_from_a_shape_list(tmp_path):
     shapes = tmp_path / "shapes.json"
     shapes.write_text(json.dumps([{"input": [1, 4, 8], "weight": [4, 4, 3], "padding": 1}]))
