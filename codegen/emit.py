@@ -26,10 +26,13 @@ ACCUMULATOR = {DType.F32: "float", DType.F64: "double", DType.BF16: "float", DTy
 TEMPLATES = {
     (TargetKind.CPU, KOp.FWD, "direct"): "cpu/direct_fwd.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "blocked"): "cpu/blocked_fwd.cpp.j2",
+    (TargetKind.CPU, KOp.FWD, "lanes"): "cpu/lanes_fwd.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "direct"): "cpu/direct_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "blocked"): "cpu/blocked_dgrad.cpp.j2",
+    (TargetKind.CPU, KOp.DGRAD, "lanes"): "cpu/lanes_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "lanes"): "cpu/lanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "depthwise"): "cpu/depthwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
 }

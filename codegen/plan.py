@@ -82,6 +82,7 @@ class Tiling:
     splits: int = 1          # gemm: fixed parts of the reduction, added in order
     shared: tuple[str, ...] = ()     # gemm: operands packed once per call, shared by every work item
     shared_bytes: int = 0    # gemm: the most memory a shared im2col buffer may take (else per-item packing)
+    channel_major: bool = False   # lanes: work items walk all pixels of one channel block before the next
 
 
 @dataclasses.dataclass(frozen=True)

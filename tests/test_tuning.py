@@ -28,7 +28,7 @@ def test_tuning_records_the_fastest_candidate_and_later_runs_use_it(tmp_path, mo
     torch.testing.assert_close(y, torch.nn.functional.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
     entry = tuning.recorded(problem, host_cpu())
     assert entry is not None, "CONVGEN_TUNE=1 recorded nothing"
-    assert set(entry["times_ms"]) == {"blocked", "direct"}
+    assert set(entry["times_ms"]) == {"blocked", "lanes", "direct"}
     assert entry["algorithm"] == min(entry["times_ms"], key=entry["times_ms"].get)
     assert tuning.db_path(host_cpu()).is_file()
 

@@ -169,6 +169,6 @@ def test_gemm_tiling_search_ends_when_the_rows_fit_one_block():
     code = ("from convgen.codegen.ir import ConvProblem, Op\nfrom convgen.codegen.pipeline import lower\n"
             "from convgen.codegen.target import host_cpu\n"
             "p = ConvProblem(Op.BWD_WEIGHT, 2, 6, 5, (32,), (3,), (1,), ((0, 0),), (1,))\n"
-            "print(lower(p, host_cpu()).tiling.ksb)")
+            "print(lower(p, host_cpu(), algorithm=\"gemm\").tiling.ksb)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert int(out.stdout.strip()) >= 1

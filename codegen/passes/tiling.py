@@ -2,6 +2,8 @@
 
 - direct: each thread accumulates a block of rows of one plane; the block is as many rows as
   fit in half the L2 cache.
+- lanes: a register tile of NV vectors of channels x PB pixels (see lanes_tile); the reduction
+  runs in chunks of channels whose weights stay in L1.
 - blocked: a register tile of KB channels x NV vectors of columns. The choice scores every
   (KB, NV) that fits the register file by the fraction of lanes and channels doing useful work
   and by the FMA-to-load ratio of the micro-kernel; a work item covers as many columns as keep its
@@ -34,6 +36,14 @@ SHARED_X_BYTES = 16 << 20
 SPARE_REGISTERS = 3
 FMA_PER_LOAD = 1.4
 VECTOR_LOAD_COST = 1.5   # an unaligned vector load, in broadcasts
+# Lanes tiles (accumulators, weight vectors, a broadcast) leave this many registers free: on Zen 3
+# a 2 x 4 tile ran r50_3x3_64 in 14.0 ms, 2 x 5 in 16.6 and 2 x 6 in 20.3 (GCC shuffles and
+# spills the fuller tiles), and 2 x 4 beat 3 x 3 and 1 x 8 by 15-30% on 7-, 33- and 4096-wide rows.
+LANES_SPARE_REGISTERS = 5
+# Rows (input channel, tap) per work item of the lanes weight gradient: on Zen 3, 144 rows with
+# 256-pixel chunks ran r50_3x3_512 in 16.3 ms against 21.6 with 36 rows and 128-pixel chunks
+# (r50_3x3_64 15.9 against 19.0; deeplab_dil2 within noise).
+WGRAD_ROWS = 144
 # The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
 MIN_CHUNK_VECTORS = 8
 
@@ -109,6 +119,98 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
                                  f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
                                  f"{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) stays "
                                  f"within half the L2; {tiling.threads_hint}", tiling=tiling)
+
+
+def lanes_tile(channels: int, lanes: int, registers: int) -> tuple[int, int, float]:
+    """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
+    NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
+    does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
+    lanes times that intensity."""
+    best = (1, 1, -1.0)
+    for nv in range(1, 5):
+        for pb in range(1, 15):
+            if nv * pb + nv + 1 > registers - LANES_SPARE_REGISTERS:
+                continue
+            ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
+            intensity = min(1.0, nv * pb / (nv + pb) / FMA_PER_LOAD)
+            score = ch_eff * intensity + 1e-3 * nv * pb
+            if score > best[2]:
+                best = (nv, pb, score)
+    return best
+
+
+def _lanes(plan: Plan, lanes: int) -> Plan:
+    """Forward: NV vectors of output channels x PB output pixels per register tile. Data gradient:
+    NV vectors of input channels x PB input-gradient pixels of one stride phase."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    fwd = plan.kop is KOp.FWD
+    channels, reduced = (g.cout_g, g.cin_g) if fwd else (g.cin_g, g.cout_g)
+    nv, pb, score = lanes_tile(channels, lanes, t.vector_registers)
+    # Items of a few tiles. When all the weights fit half the L2, consecutive items take the
+    # channel blocks of one run of pixels (whose input stays cached); otherwise they take all the
+    # pixels of one channel block (whose weights stay cached).
+    weight_bytes = g.cout_g * g.cin_g * taps * acc_bytes
+    channel_major = weight_bytes > t.l2_bytes // 2
+    # Reduced channels per chunk: the chunk's weights take at most a quarter of the L1 (and at most
+    # 256 products per partial sum, for accuracy).
+    cc = max(1, min(reduced, (t.l1_bytes // 4) // (taps * nv * lanes * acc_bytes), max(1, 256 // taps)))
+    qb = pb * 16
+    unit = p.dtype.accumulator is p.dtype
+    if fwd:   # the input needs a padded copy unless every window lies inside it
+        border = any(g.pad_lo) or any((y - 1) * s + (k - 1) * d + 1 > x for x, y, k, s, d in
+                                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
+    else:     # grad_output does unless every tap's row lies inside it
+        border = any((pl - (k - 1) * d) // s < 0 or (x - 1 + pl) // s > y - 1 for x, y, k, s, pl, d in
+                     zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
+    read = "X" if fwd else "Y"
+    in_place = (read,) if not border and unit else ()
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
+                    threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                                 f"{'' if fwd else 'stride phase, '}run of pixels)")
+    what = "output" if fwd else "input"
+    return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
+                                 f"({nv * pb} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
+                                 f"{qb} pixels per work item, reduced in chunks of {cc} channels whose weights stay "
+                                 f"in L1, {'channel block' if channel_major else 'pixel run'} outermost (the "
+                                 f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
+                                 f"half the L2); {'input' if fwd else 'grad_output'} "
+                                 f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 f"{tiling.threads_hint}", tiling=tiling)
+
+
+def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
+    """Weight gradient with NV vectors of output channels x PB (input channel, tap) rows per tile."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    rows = g.cin_g * taps
+    nv, pb, score = lanes_tile(g.cout_g, lanes, t.vector_registers)
+    # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
+    # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
+    # input lines.
+    pc = max(lanes, (t.l1_bytes // 2) // (nv * lanes * acc_bytes))
+    per_channel = taps if taps <= WGRAD_ROWS else pb
+    rb = min(math.ceil(rows / pb) * pb, math.ceil(max(1, WGRAD_ROWS // per_channel) * per_channel / pb) * pb)
+    items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / rb)
+    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+    splits = 1
+    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
+        splits *= 2
+    pads = any(g.pad_lo) or any((y - 1) * s + (k - 1) * d + 1 > x for x, y, k, s, d in
+                                zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
+    in_place = ("X",) if not pads and p.dtype.accumulator is p.dtype else ()
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place,
+                    threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
+                                 "each item owns its weight gradients and reduces in a fixed order, so results "
+                                 "do not depend on the thread count")
+    return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
+                                 f"tap) rows ({score:.2f} useful); {rb} of the {rows} rows per work item, {items} "
+                                 f"items x {splits} parts of the reduction, chunks of {pc} pixels; grad_output "
+                                 f"packed pixel-major once per call; input "
+                                 f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 f"{tiling.threads_hint}", tiling=tiling)
 
 
 def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
@@ -214,8 +316,12 @@ def run(plan: Plan) -> Plan:
     lanes = max(1, plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize)
     if plan.algorithm == "blocked":
         return _blocked(plan, lanes)
+    if plan.algorithm == "lanes" and plan.kop is not KOp.WGRAD:
+        return _lanes(plan, lanes)
     if plan.algorithm == "gemm":
         return _gemm_wgrad(plan, lanes)
+    if plan.algorithm == "lanes" and plan.kop is KOp.WGRAD:
+        return _lanes_wgrad(plan, lanes)
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes)
     return _direct(plan, lanes)
