@@ -172,3 +172,27 @@ def test_gemm_tiling_search_ends_when_the_rows_fit_one_block():
             "print(lower(p, host_cpu(), algorithm=\"gemm\").tiling.ksb)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert int(out.stdout.strip()) >= 1
+
+
+WGRAD_VARIANTS = [p for p in VARIANTS if p.values[0].op is Op.BWD_WEIGHT]
+
+
+@pytest.mark.parametrize("problem, algorithm", WGRAD_VARIANTS)
+def test_weight_gradient_is_the_same_bit_for_bit_for_any_thread_count(kernels, problem: ConvProblem, algorithm: str):
+    """Weight and bias gradients reduce in a fixed order: 1, 2 and 3 threads (and a second run)
+    give the same bits."""
+    plan, kernel = kernels[(problem, algorithm)]
+    dtype = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"threads-{problem.name()}-{algorithm}".encode()))
+    x = _tensor(problem.input_shape, dtype, problem.input_layout, gen)
+    gy = _tensor(problem.output_shape, dtype, problem.output_layout, gen)
+    results = []
+    for threads in (1, 2, 3, 2):
+        gw = _poisoned(problem.weight_shape, dtype, problem.weight_layout)
+        gb = _poisoned((problem.k,), dtype, Layout.CONTIGUOUS)
+        kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, problem.n, threads)
+        results.append((threads, gw, gb))
+    _, gw1, gb1 = results[0]
+    for threads, gw, gb in results[1:]:
+        assert torch.equal(gw, gw1) and torch.equal(gb, gb1), \
+            f"{threads} threads give other bits than 1 thread"
