@@ -153,10 +153,17 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # pixels of one channel block (whose weights stay cached).
     weight_bytes = g.cout_g * g.cin_g * taps * acc_bytes
     channel_major = weight_bytes > t.l2_bytes // 2
-    # Reduced channels per chunk: the chunk's weights take at most a quarter of the L1 (and at most
-    # 256 products per partial sum, for accuracy).
-    cc = max(1, min(reduced, (t.l1_bytes // 4) // (taps * nv * lanes * acc_bytes), max(1, 256 // taps)))
     qb = pb * 16
+    # Reduced channels per chunk: the chunk's weights and the part of its input that a run of QB
+    # pixels reads take at most half the L1, so every tile of the run finds them there (and at
+    # most 256 products per partial sum, for accuracy). Measured on r50_1x1_2048_512's forward:
+    # 32 channels (17 KB) ran 7.5-8.4 ms against 9.2-14.8 with 128 (40 KB).
+    read_w = g.x_size[2] if fwd else g.y_size[2]
+    out_w, sw = (g.y_size[2], g.stride[2]) if fwd else (math.ceil(g.x_size[2] / g.stride[2]), 1)
+    reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
+    width = min(read_w + 2 * g.pad_lo[2], qb * sw + reach[2]) if qb < out_w else read_w + 2 * g.pad_lo[2]
+    run_bytes = reach[0] * (math.ceil(qb / out_w) + reach[1]) * width * acc_bytes
+    cc = max(1, min(reduced, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes), max(1, 256 // taps)))
     unit = p.dtype.accumulator is p.dtype
     if fwd:   # the input needs a padded copy unless every window lies inside it
         border = any(g.pad_lo) or any((y - 1) * s + (k - 1) * d + 1 > x for x, y, k, s, d in

@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; tile scores blocked 0.78, lanes 0.96); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 2 vectors of 8 input channels x 4 pixels (8 of 16 registers accumulate; 0.96 useful); 64 pixels per work item, reduced in chunks of 128 channels whose weights stay in L1, pixel run outermost (the weights, 32768 B per group, fit half the L2); grad_output read in place; parallel over (group, input-channel block, stride phase, run of pixels)
+//   [tiling] register tile 2 vectors of 8 input channels x 4 pixels (8 of 16 registers accumulate; 0.96 useful); 64 pixels per work item, reduced in chunks of 32 channels whose weights stay in L1, pixel run outermost (the weights, 32768 B per group, fit half the L2); grad_output read in place; parallel over (group, input-channel block, stride phase, run of pixels)
 // Data gradient with input channels in the vector lanes, by stride decomposition (no zero
 // insertion). The input-gradient pixels split into SD x SH x SW parts by their phase i mod S;
 // within one part the same taps reach every pixel, from grad_output at a fixed offset. A register
@@ -87,7 +87,7 @@ constexpr int64_t QB = 64;                                    // pixels per work
 constexpr bool CHANNEL_MAJOR = false;   // items: channel block outermost
 // Output channels per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
-constexpr int64_t CC = 128;
+constexpr int64_t CC = 32;
 // Input-gradient pixel i (phase a = i mod S, i = a + S m) takes tap t from grad_output
 // o = (a + P - t D) / S + m when that divides. o spans [OMIN, OMAX]; the padded copy puts o at
 // o + LO, with zeros outside [0, Y).

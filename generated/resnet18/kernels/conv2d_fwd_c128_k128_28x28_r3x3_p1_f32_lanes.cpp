@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; tile scores blocked 0.78, lanes 0.96); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 2 vectors of 8 output channels x 4 pixels (8 of 16 registers accumulate; 0.96 useful); 64 pixels per work item, reduced in chunks of 14 channels whose weights stay in L1, channel block outermost (the weights, 589824 B per group, do not fit half the L2); input copied once, zero-padded; parallel over (group, output-channel block, run of pixels)
+//   [tiling] register tile 2 vectors of 8 output channels x 4 pixels (8 of 16 registers accumulate; 0.96 useful); 64 pixels per work item, reduced in chunks of 12 channels whose weights stay in L1, channel block outermost (the weights, 589824 B per group, do not fit half the L2); input copied once, zero-padded; parallel over (group, output-channel block, run of pixels)
 // Forward convolution with output channels in the vector lanes. A register tile holds NV vectors
 // of output channels (NV x V channels) x PB output pixels; per input channel and tap it loads NV
 // weight vectors and broadcasts one input value per pixel. Pixels are numbered across rows (and
@@ -86,7 +86,7 @@ constexpr int64_t QB = 64;                                    // pixels per work
 constexpr bool CHANNEL_MAJOR = true;   // items: channel block outermost
 // Input channels per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
-constexpr int64_t CC = 14;
+constexpr int64_t CC = 12;
 // The input as the micro-kernel reads it: padded extents (index i reads input i - P), and strides.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
