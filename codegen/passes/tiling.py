@@ -75,11 +75,17 @@ def register_tile(channels: int, columns: int, lanes: int, registers: int) -> tu
     vectors that leave three registers free run faster than fuller ones, which the compiler spills
     around (5 x 2 beat 6 x 2 and 13 x 1 on wide images; on 7-wide rows 14 x 1 beat 13 x 1 and
     11 x 1), and a tile is FMA-bound only when its FMAs outnumber its loads (KB broadcasts and NV
-    unaligned vector loads, which cost more, per tap) by about FMA_PER_LOAD: 3 x 3 ran 1.5x slower than 5 x 2 on 33-wide rows, where both waste as many lanes.
+    unaligned vector loads, which cost more, per tap) by about FMA_PER_LOAD. Tiles of three
+    vectors and several channels are left out: 3 x 3 ran 1.5x slower than 5 x 2 on 33-wide rows,
+    where both waste as many lanes, and 1.3x slower than 3 x 2 on the stem's data gradient
+    (30 against 23 ms; 0.67 against 0.74 ms the other way on odd_asym's). One channel of four
+    vectors (depthwise) beat two and three vectors by 10-30%.
     """
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for kb in range(1, 17):
+            if nv == 3 and kb > 1:
+                continue
             # a one-vector tile keeps its single vector load in a register: no spare needed
             if kb * nv + nv + 1 > registers - (0 if nv == 1 else SPARE_REGISTERS):
                 continue
