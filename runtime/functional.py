@@ -33,21 +33,23 @@ class ConvolutionFunction(torch.autograd.Function):
     """convolution(input, weight, bias, *args) on the eager path (as torch.ops.convgen.convolution)."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    def forward(ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                prepare=None):
         ctx.save_for_backward(input, weight)
         ctx.args = (stride, padding, dilation, transposed, output_padding, groups)
         ctx.has_bias = bias is not None
         ctx.set_materialize_grads(False)
-        return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                               prepare)
 
     @staticmethod
     def backward(ctx, grad_output):
         if grad_output is None:
-            return (None,) * 9
+            return (None,) * 10
         input, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         mask = (needs[0], needs[1], ctx.has_bias and needs[2])
-        return (*library.convolution_grads(EAGER, grad_output, input, weight, ctx.args, mask), *(None,) * 6)
+        return (*library.convolution_grads(EAGER, grad_output, input, weight, ctx.args, mask), *(None,) * 7)
 
 
 class ConvolutionBackwardFunction(torch.autograd.Function):
@@ -137,9 +139,9 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
                                    groups)
     mask = (_needs(input), _needs(weight), _needs(bias))
     if torch.is_grad_enabled() and any(mask):
-        ops.prepare_call(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, mask)
+        # the backward's kernels are built with the forward's, in one ninja run
         return ConvolutionFunction.apply(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                         groups)
+                                         groups, mask)
     return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 

@@ -63,9 +63,13 @@ def _frozen(value):
     return value
 
 
+_SEQUENCES = (list, tuple, torch.Size)
+
+
 def _signature(tensors, args) -> tuple | None:
     """Everything about a call that its problems depend on, cheap to compute and hashable; None
-    for a call too odd to memoize (it takes the full path, which reports what is wrong)."""
+    for a call too odd to memoize (it takes the full path, which reports what is wrong).
+    Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None."""
     try:
         parts = [torch.get_num_threads()]
         for t in tensors:
@@ -74,8 +78,9 @@ def _signature(tensors, args) -> tuple | None:
             elif t.layout != torch.strided:
                 return None
             else:
-                parts.append((type(t), t.dtype, t.device, tuple(t.shape), t.stride()))
-        signature = tuple(parts) + _frozen(args)
+                parts.append((type(t), t.dtype, t.device, t.shape, t.stride()))
+        parts += [tuple(a) if type(a) in _SEQUENCES else a for a in args]
+        signature = tuple(parts)
         hash(signature)
         return signature
     except (TypeError, AttributeError, RuntimeError):
@@ -94,10 +99,15 @@ def _remember(signature: tuple, value: tuple) -> tuple:
     return value
 
 
-def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'."""
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, prepare=None):
+    """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'.
+    With `prepare` (an output_mask), the kernels of the backward with that mask are built as well,
+    in the same ninja run as the forward's (see `prepare_call`)."""
     signature = _signature((input, weight, bias), ("fwd", stride, padding, dilation, transposed, output_padding,
                                                    groups))
+    if prepare is not None:
+        _prepare(signature, (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups),
+                 prepare)
     known = _calls.get(signature) if signature is not None else None
     if known is None:
         p = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -220,14 +230,18 @@ def _run_backward(base, mask, problems, entries, grad_output, input, weight, bia
 def prepare_call(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
                  output_mask) -> None:
     """Build the kernels of a forward call and its backward in one ninja run (once per signature)."""
-    signature = _signature((input, weight, bias), ("prepare", stride, padding, dilation, transposed,
-                                                   output_padding, groups, _frozen(output_mask)))
-    if signature is not None and signature in _calls:
+    call = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    _prepare(_signature((input, weight, bias), ("fwd", *call[3:])), call, output_mask)
+
+
+def _prepare(signature: tuple | None, call: tuple, output_mask) -> None:
+    """prepare_call for a call whose forward signature is known already."""
+    key = None if signature is None else (signature, "prepare", *output_mask)
+    if key is not None and key in _calls:
         return
-    dispatch.prepare(call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                   groups, output_mask=output_mask))
-    if signature is not None:
-        _remember(signature, ())
+    dispatch.prepare(call_problems(*call, output_mask=output_mask))
+    if key is not None:
+        _remember(key, ())
 
 
 def call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
