@@ -145,6 +145,13 @@ def lanes_tile(channels: int, lanes: int, registers: int) -> tuple[int, int, flo
     return best
 
 
+def _windows_inside(g) -> bool:
+    """Whether every output pixel's window lies inside the input (no padding to read): then the
+    lanes kernels read the input in place instead of a zero-padded copy."""
+    return not any(g.pad_lo) and all((y - 1) * s + (k - 1) * d + 1 <= x for x, y, k, s, d in
+                                     zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
+
+
 def _lanes(plan: Plan, lanes: int) -> Plan:
     """Forward: NV vectors of output channels x PB output pixels per register tile. Data gradient:
     NV vectors of input channels x PB input-gradient pixels of one stride phase."""
@@ -172,8 +179,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     cc = max(1, min(reduced, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes), max(1, 256 // taps)))
     unit = p.dtype.accumulator is p.dtype
     if fwd:   # the input needs a padded copy unless every window lies inside it
-        border = any(g.pad_lo) or any((y - 1) * s + (k - 1) * d + 1 > x for x, y, k, s, d in
-                                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
+        border = not _windows_inside(g)
     else:     # grad_output does unless every tap's row lies inside it
         border = any((pl - (k - 1) * d) // s < 0 or (x - 1 + pl) // s > y - 1 for x, y, k, s, pl, d in
                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
@@ -211,9 +217,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     splits = 1
     while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
         splits *= 2
-    pads = any(g.pad_lo) or any((y - 1) * s + (k - 1) * d + 1 > x for x, y, k, s, d in
-                                zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
-    in_place = ("X",) if not pads and p.dtype.accumulator is p.dtype else ()
+    in_place = ("X",) if _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "

@@ -89,10 +89,11 @@ constexpr int64_t RB = 144, RBLK = (CT + RB - 1) / RB;   // rows per work item (
 constexpr int64_t PC = 256;                         // pixels per chunk of the reduction
 constexpr int64_t SPLITS = 1;                 // the reduction is cut into this many fixed parts
 constexpr int64_t PLANE = YD * YH * YW;
-// The input as the tiles read it: padded extents (index i reads input i - P), and strides.
+// The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
+// copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
-constexpr bool IN_PLACE = true;      // no padding, unit type: read x itself
+constexpr bool IN_PLACE = true;
 constexpr int64_t RB_SW = IN_PLACE ? X_SW : 1, RB_SH = IN_PLACE ? X_SH : XWP,
                   RB_SD = IN_PLACE ? X_SD : XHP * XWP, RB_SC = IN_PLACE ? X_SC : XDP * XHP * XWP,
                   RB_SN = IN_PLACE ? X_SN : G * CIN_G * XDP * XHP * XWP;

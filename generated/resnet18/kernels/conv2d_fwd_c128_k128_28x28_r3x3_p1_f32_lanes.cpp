@@ -87,13 +87,33 @@ constexpr bool CHANNEL_MAJOR = true;   // items: channel block outermost
 // Input channels per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
 constexpr int64_t CC = 12;
-// The input as the micro-kernel reads it: padded extents (index i reads input i - P), and strides.
+// The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
+// copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
-constexpr bool IN_PLACE = false;      // no padding, unit type: read x itself
+constexpr bool IN_PLACE = false;
 constexpr int64_t RB_SW = IN_PLACE ? X_SW : 1, RB_SH = IN_PLACE ? X_SH : XWP,
                   RB_SD = IN_PLACE ? X_SD : XHP * XWP, RB_SC = IN_PLACE ? X_SC : XDP * XHP * XWP,
                   RB_SN = IN_PLACE ? X_SN : G * CIN_G * XDP * XHP * XWP;
+
+// The zero-padded input of every image and channel, [b][channel][XDP][XHP][XWP], one row at a time.
+static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
+  #pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t r = 0; r < n * G * CIN_G * XDP * XHP; ++r) {
+    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, c = (r / (XHP * XDP)) % (G * CIN_G), b = r / (XHP * XDP * G * CIN_G);
+    const int64_t id = pd - PD, ih = ph - PH;
+    ACC* dst = xp + r * XWP;
+    if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
+      for (int64_t m = 0; m < XWP; ++m) dst[m] = 0;
+      continue;
+    }
+    const T* src = x + b * X_SN + c * X_SC + id * X_SD + ih * X_SH;
+    const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
+    for (int64_t m = 0; m < lo; ++m) dst[m] = 0;
+    for (int64_t m = lo; m < hi; ++m) dst[m] = to_acc(src[(m - PW) * X_SW]);
+    for (int64_t m = hi; m < XWP; ++m) dst[m] = 0;
+  }
+}
 constexpr int64_t OUT_SC = Y_SC;
 
 static inline int64_t part_pixels(int64_t) { return PLANE; }
@@ -134,24 +154,6 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
   }
 }
 
-// The zero-padded input of every image and channel, [b][channel][XDP][XHP][XWP], one row at a time.
-static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
-  #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t r = 0; r < n * G * CIN_G * XDP * XHP; ++r) {
-    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, c = (r / (XHP * XDP)) % (G * CIN_G), b = r / (XHP * XDP * G * CIN_G);
-    const int64_t id = pd - PD, ih = ph - PH;
-    ACC* dst = xp + r * XWP;
-    if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
-      for (int64_t m = 0; m < XWP; ++m) dst[m] = 0;
-      continue;
-    }
-    const T* src = x + b * X_SN + c * X_SC + id * X_SD + ih * X_SH;
-    const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
-    for (int64_t m = 0; m < lo; ++m) dst[m] = 0;
-    for (int64_t m = lo; m < hi; ++m) dst[m] = to_acc(src[(m - PW) * X_SW]);
-    for (int64_t m = hi; m < XWP; ++m) dst[m] = 0;
-  }
-}
 
 extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restrict x, const T* __restrict w, const T* __restrict bias,
                             T* __restrict y, int64_t n, int nthreads) {
