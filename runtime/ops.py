@@ -52,17 +52,6 @@ def _run(entry: dispatch.Entry, tensors: dict, n: int, threads: int | None = Non
         out.add_(bias.view(1, -1, *([1] * (out.dim() - 2))))
 
 
-_SCALARS = frozenset({int, bool, str, float, type(None)})
-
-
-def _frozen(value):
-    if type(value) in _SCALARS:
-        return value
-    if isinstance(value, (list, tuple, torch.Size)):
-        return tuple([_frozen(v) for v in value])
-    return value
-
-
 _SEQUENCES = (list, tuple, torch.Size)
 
 
@@ -102,7 +91,7 @@ def _remember(signature: tuple, value: tuple) -> tuple:
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, prepare=None):
     """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'.
     With `prepare` (an output_mask), the kernels of the backward with that mask are built as well,
-    in the same ninja run as the forward's (see `prepare_call`)."""
+    in the same ninja run as the forward's."""
     signature = _signature((input, weight, bias), ("fwd", stride, padding, dilation, transposed, output_padding,
                                                    groups))
     if prepare is not None:
@@ -159,8 +148,8 @@ def _check_mask(output_mask) -> tuple[bool, bool, bool]:
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     """torch.ops.aten.convolution_backward: (grad_input, grad_weight, grad_bias), None where masked off."""
-    signature = _signature((grad_output, input, weight), ("bwd", _frozen(bias_sizes), stride, padding, dilation,
-                                                          transposed, output_padding, groups, _frozen(output_mask)))
+    signature = _signature((grad_output, input, weight), ("bwd", bias_sizes, stride, padding, dilation,
+                                                          transposed, output_padding, groups, output_mask))
     known = _calls.get(signature) if signature is not None else None
     if known is None:
         known = _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
@@ -227,15 +216,10 @@ def _run_backward(base, mask, problems, entries, grad_output, input, weight, bia
     return grad_input, grad_weight, grad_bias
 
 
-def prepare_call(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
-                 output_mask) -> None:
-    """Build the kernels of a forward call and its backward in one ninja run (once per signature)."""
-    call = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    _prepare(_signature((input, weight, bias), ("fwd", *call[3:])), call, output_mask)
-
-
 def _prepare(signature: tuple | None, call: tuple, output_mask) -> None:
-    """prepare_call for a call whose forward signature is known already."""
+    """Build the kernels of a forward call (`call`: convolution's arguments, whose forward
+    signature is `signature`) and its backward with `output_mask` in one ninja run, once per
+    signature."""
     key = None if signature is None else (signature, "prepare", *output_mask)
     if key is not None and key in _calls:
         return

@@ -333,12 +333,10 @@ def run(plan: Plan) -> Plan:
     lanes = max(1, plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize)
     if plan.algorithm == "blocked":
         return _blocked(plan, lanes)
-    if plan.algorithm == "lanes" and plan.kop is not KOp.WGRAD:
-        return _lanes(plan, lanes)
+    if plan.algorithm == "lanes":
+        return _lanes_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _lanes(plan, lanes)
     if plan.algorithm == "gemm":
         return _gemm_wgrad(plan, lanes)
-    if plan.algorithm == "lanes" and plan.kop is KOp.WGRAD:
-        return _lanes_wgrad(plan, lanes)
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes)
     return _direct(plan, lanes)
