@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import warnings
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Container, Mapping, Sequence
 
 import torch
 
@@ -55,17 +55,23 @@ class Kernel:
         self._fn = fn
 
     def __call__(self, tensors: Mapping[str, torch.Tensor | None], n: int, nthreads: int) -> None:
-        args = []
-        for kind, name in self.source.signature:
-            if kind == "ptr":
-                t = tensors.get(name)
-                args.append(None if t is None or t.numel() == 0 else t.data_ptr())
-            elif name == "n":
-                args.append(n)
-            else:
-                args.append(nthreads)
-        if self._fn(*args) != 0:
-            raise MemoryError(f"kernel {self.source.name}: could not allocate its per-thread scratch memory")
+        roles = [name for kind, name in self.source.signature if kind == "ptr"]
+        live = [name for name in roles if tensors.get(name) is not None and tensors[name].numel()]
+        self.bind(roles, live, n, nthreads)(*(tensors.get(name) for name in roles))
+
+    def bind(self, roles: Sequence[str], live: Container[str], n: int, nthreads: int) -> Callable[..., None]:
+        """This kernel as a function of tensors given in the order of `roles`, for calls that share
+        everything but the data: the `live` roles have elements (the others are passed as NULL,
+        and may be given as None), the batch size is `n`, the thread count `nthreads`."""
+        fn, name = self._fn, self.source.name
+        slots = tuple(roles.index(role) if role in live else None
+                      for kind, role in self.source.signature if kind == "ptr")
+        ints = tuple(n if role == "n" else nthreads for kind, role in self.source.signature if kind != "ptr")
+
+        def run(*tensors) -> None:
+            if fn(*[None if i is None else tensors[i].data_ptr() for i in slots], *ints) != 0:
+                raise MemoryError(f"kernel {name}: could not allocate its per-thread scratch memory")
+        return run
 
 
 @dataclasses.dataclass

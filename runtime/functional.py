@@ -30,26 +30,24 @@ from .problem import expand_param, layout_of, memory_format, padding_pairs
 
 
 class ConvolutionFunction(torch.autograd.Function):
-    """convolution(input, weight, bias, *args) on the eager path (as torch.ops.convgen.convolution)."""
+    """convolution(input, weight, bias, *forward.args) on the eager path (as
+    torch.ops.convgen.convolution), where `forward` is the call's ops.Forward."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
-                prepare=None):
+    def forward(ctx, input, weight, bias, forward):
         ctx.save_for_backward(input, weight)
-        ctx.args = (stride, padding, dilation, transposed, output_padding, groups)
-        ctx.has_bias = bias is not None
+        ctx.forward = forward
         ctx.set_materialize_grads(False)
-        return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
-                               prepare)
+        return forward.run(input, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
         if grad_output is None:
-            return (None,) * 10
+            return None, None, None, None
         input, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        mask = (needs[0], needs[1], ctx.has_bias and needs[2])
-        return (*library.convolution_grads(EAGER, grad_output, input, weight, ctx.args, mask), *(None,) * 7)
+        mask = (needs[0], needs[1], ctx.forward.has_bias and needs[2])
+        return (*library.convolution_grads(EAGER, grad_output, input, weight, ctx.forward.args, mask), None)
 
 
 class ConvolutionBackwardFunction(torch.autograd.Function):
@@ -77,7 +75,29 @@ class ConvolutionBackwardFunction(torch.autograd.Function):
         return (*grads, *(None,) * 8)
 
 
-EAGER = library.Calls(ConvolutionFunction.apply, ConvolutionBackwardFunction.apply)
+def _eager_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """convolution on the eager path: an autograd node only where a gradient is needed. When one
+    is, the backward's kernels are built with the forward's, in one ninja run."""
+    mask = (_needs(input), _needs(weight), _needs(bias))
+    if torch.is_grad_enabled() and any(mask):
+        forward = ops.forward(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                              mask)
+        return ConvolutionFunction.apply(input, weight, bias, forward)
+    return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def _eager_convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                output_padding, groups, output_mask):
+    """convolution_backward on the eager path, with the registered op's results (an empty tensor
+    where `output_mask` is off); an autograd node only where a gradient is needed."""
+    args = (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+            output_mask)
+    if torch.is_grad_enabled() and any(_needs(t) for t in (grad_output, input, weight)):
+        return ConvolutionBackwardFunction.apply(*args)
+    return tuple(library.masked_off(input) if r is None else r for r in ops.convolution_backward(*args))
+
+
+EAGER = library.Calls(_eager_convolution, _eager_convolution_backward)
 
 
 def _needs(t) -> bool:
@@ -137,12 +157,7 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     if library.traced(input, weight, bias):
         return _traced_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                    groups)
-    mask = (_needs(input), _needs(weight), _needs(bias))
-    if torch.is_grad_enabled() and any(mask):
-        # the backward's kernels are built with the forward's, in one ninja run
-        return ConvolutionFunction.apply(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                         groups, mask)
-    return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return _eager_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
@@ -153,11 +168,8 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
             output_mask)
     if library.traced(grad_output, input, weight):
         return _traced_convolution_backward(*args)
-    if torch.is_grad_enabled() and any(_needs(t) for t in (grad_output, input, weight)):
-        results = ConvolutionBackwardFunction.apply(*args)
-        return tuple(r if m else None for r, m in zip(results, output_mask))
-    return ops.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                                    output_padding, groups, output_mask)
+    results = _eager_convolution_backward(*args)
+    return tuple(r if m else None for r, m in zip(results, output_mask))
 
 
 def _batchify(input, weight, rank: int, fn: str):

@@ -8,6 +8,7 @@ the memory format torch's CPU convolution would give.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import torch
@@ -88,31 +89,76 @@ def _remember(signature: tuple, value: tuple) -> tuple:
     return value
 
 
+class Forward:
+    """The decisions of one forward call signature, made once: its problem, kernel, output and
+    conversions. `run(input, weight, bias)` computes the convolution of tensors of that signature;
+    `args` are the call's (stride, padding, dilation, transposed, output_padding, groups)."""
+
+    def __init__(self, input, weight, bias, args: tuple):
+        self.args = args
+        self.has_bias = bias is not None
+        self.problem = p = base_problem(input, weight, bias, *args)
+        self._entry = dispatch.kernel_for(p)
+        self._output = (p.output_shape, input.dtype, memory_format(p.output_layout, input.dim()))
+        self._threads = _threads(p, p.n)
+        # the signature fixes shapes and strides, so whether an operand needs converting does not change
+        self._formats = tuple(None if t is None or t.is_contiguous(memory_format=f) else f for t, f in
+                              ((input, memory_format(p.input_layout, input.dim())),
+                               (weight, memory_format(p.weight_layout, weight.dim())),
+                               (bias, torch.contiguous_format)))
+        kernel = self._entry.kernel
+        if kernel is None:
+            self._kernel = None
+        else:
+            live = [role for role, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None
+                    and t.numel()]
+            if math.prod(p.output_shape):
+                live.append("output")
+            self._kernel = kernel.bind(("input", "weight", "bias", "output"), live, p.n, self._threads)
+
+    def run(self, input, weight, bias) -> torch.Tensor:
+        shape, dtype, fmt = self._output
+        out = torch.empty(shape, dtype=dtype, memory_format=fmt)
+        f_input, f_weight, f_bias = self._formats
+        if f_input is not None:
+            input = input.contiguous(memory_format=f_input)
+        if f_weight is not None:
+            weight = weight.contiguous(memory_format=f_weight)
+        if f_bias is not None:
+            bias = bias.contiguous()
+        if self._kernel is not None:
+            self._kernel(input, weight, bias, out)
+        else:   # an 'empty' plan, or an entry whose kernel was loaded after this Forward was made
+            _run(self._entry, {"input": input, "weight": weight, "bias": bias, "output": out}, self.problem.n,
+                 self._threads)
+        return out
+
+
+def forward(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+            prepare=None) -> Forward:
+    """The Forward of a convolution call, memoized by the call's signature. With `prepare` (an
+    output_mask), the kernels of the backward with that mask are built too, in the same ninja
+    run as the forward's."""
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    signature = _signature((input, weight, bias), ("fwd", *args, prepare))
+    known = _calls.get(signature) if signature is not None else None
+    if known is not None:
+        bump("memory_hits")
+        return known
+    if prepare is not None:
+        dispatch.prepare(call_problems(input, weight, bias, *args, output_mask=prepare))
+    known = Forward(input, weight, bias, args)
+    if signature is not None:
+        _remember(signature, known)
+    return known
+
+
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, prepare=None):
     """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'.
     With `prepare` (an output_mask), the kernels of the backward with that mask are built as well,
     in the same ninja run as the forward's."""
-    signature = _signature((input, weight, bias), ("fwd", stride, padding, dilation, transposed, output_padding,
-                                                   groups))
-    if prepare is not None:
-        _prepare(signature, (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups),
-                 prepare)
-    known = _calls.get(signature) if signature is not None else None
-    if known is None:
-        p = base_problem(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-        # with what each later call of this signature needs, so that it computes nothing again
-        known = (p, dispatch.kernel_for(p), p.output_shape, memory_format(p.output_layout, input.dim()),
-                 _threads(p, p.n))
-        if signature is not None:
-            _remember(signature, known)
-    else:
-        bump("memory_hits")
-    p, entry, output_shape, output_format, threads = known
-    out = torch.empty(output_shape, dtype=input.dtype, memory_format=output_format)
-    tensors = {"input": dense(input, p.input_layout), "weight": dense(weight, p.weight_layout),
-               "bias": bias.contiguous() if bias is not None else None, "output": out}
-    _run(entry, tensors, p.n, threads)
-    return out
+    return forward(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                   prepare).run(input, weight, bias)
 
 
 def backward_problems(base: ConvProblem, grad_layout: Layout, output_mask: Sequence[bool]) -> dict[str, ConvProblem]:
@@ -214,18 +260,6 @@ def _run_backward(base, mask, problems, entries, grad_output, input, weight, bia
     elif "grad_bias" in problems:
         _run(entries["grad_bias"], {"grad_output": gy, "grad_bias": grad_bias}, base.n)
     return grad_input, grad_weight, grad_bias
-
-
-def _prepare(signature: tuple | None, call: tuple, output_mask) -> None:
-    """Build the kernels of a forward call (`call`: convolution's arguments, whose forward
-    signature is `signature`) and its backward with `output_mask` in one ninja run, once per
-    signature."""
-    key = None if signature is None else (signature, "prepare", *output_mask)
-    if key is not None and key in _calls:
-        return
-    dispatch.prepare(call_problems(*call, output_mask=output_mask))
-    if key is not None:
-        _remember(key, ())
 
 
 def call_problems(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
