@@ -83,6 +83,7 @@ class Tiling:
     shared: tuple[str, ...] = ()     # gemm: operands packed once per call, shared by every work item
     shared_bytes: int = 0    # gemm: the most memory a shared im2col buffer may take (else per-item packing)
     channel_major: bool = False   # lanes: work items walk all pixels of one channel block before the next
+    min_items: int = 0       # pointwise: work items an item's pixel count is lowered to give, at most
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,13 @@ PROBLEMS = [
     ("depthwise_1d", 2, 5, 5, (19,), (4,), (1,), ((1, 1),), (3,), 5, False, (0,)),
     ("wide_odd", 2, 5, 7, (3, 37), (3, 3), (1, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("pointwise", 2, 6, 10, (5, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
+    # the pointwise GEMM's corners: strides and padding (pixels that read zeros), groups, a
+    # transposed 1x1 (its forward is a data-gradient kernel, with bias), several chunks of the
+    # reduction and several channel blocks per item, 1-D
+    ("pointwise_s2_pad", 2, 6, 10, (7, 9), (1, 1), (2, 2), ((1, 1), (0, 0)), (1, 1), 2, False, (0, 0)),
+    ("pointwise_transposed_pad", 2, 8, 6, (5, 6), (1, 1), (1, 1), ((1, 1), (0, 0)), (1, 1), 2, True, (0, 0)),
+    ("pointwise_many", 1, 300, 300, (3, 5), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
+    ("pointwise_1d", 2, 5, 9, (13,), (1,), (1,), ((0, 0),), (1,), 1, False, (0,)),
     ("tiny_images", 3, 6, 9, (4, 5), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("conv1d_dilated", 3, 8, 16, (50,), (5,), (2,), ((2, 2),), (2,), 1, False, (0,)),
     ("conv3d", 2, 4, 6, (4, 5, 6), (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 0)), (1, 1, 2), 2, False, (0, 0, 0)),

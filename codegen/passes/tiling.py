@@ -4,6 +4,8 @@
   fit in half the L2 cache.
 - lanes: a register tile of NV vectors of channels x PB pixels (see lanes_tile); the reduction
   runs in chunks of channels whose weights stay in L1.
+- pointwise: a GEMM's register tile of MR channels x two vectors of pixels, panels packed for the
+  L1 and blocks for the L2 (see _pointwise).
 - blocked: a register tile of KB channels x NV vectors of columns. The choice scores every
   (KB, NV) that fits the register file by the fraction of lanes and channels doing useful work
   and by the FMA-to-load ratio of the micro-kernel; a work item covers as many columns as keep its
@@ -46,6 +48,10 @@ LANES_SPARE_REGISTERS = 5
 WGRAD_ROWS = 144
 # The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
 MIN_CHUNK_VECTORS = 8
+# Pointwise (1x1) GEMM: a register tile of MR channels x this many vectors of pixels, and at most
+# this many pixels per work item (the kernel takes fewer when the batch gives too few items).
+POINTWISE_VECTORS = 2
+POINTWISE_MAX_COLS = 128
 
 
 def _direct(plan: Plan, lanes: int) -> Plan:
@@ -199,6 +205,71 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
+def _pointwise_tile(t, lanes: int, acc_bytes: int) -> tuple[int, int, int]:
+    """(MR, NVP, KC) of the pointwise GEMMs: MR rows x NVP vectors of columns in registers (with
+    the B panel's vectors and one broadcast), and chunks of KC reduced values whose B panel
+    (KC x NVP vectors) takes half the L1 while the A panels stream from the L2."""
+    nvp = POINTWISE_VECTORS
+    mr = max(1, min(16, (t.vector_registers - nvp - 1) // nvp))
+    return mr, nvp, max(1, (t.l1_bytes // 2) // (nvp * lanes * acc_bytes))
+
+
+def _row_blocks(rows: int, mr: int, kc: int, t, acc_bytes: int) -> int:
+    """Rows (a multiple of MR) per work item: an item's A block (rows x KC) takes at most half the
+    L2, in blocks of equal size."""
+    panels = math.ceil(rows / mr)
+    blocks = math.ceil(panels / max(1, (t.l2_bytes // 2) // (kc * acc_bytes * mr)))
+    return math.ceil(panels / blocks) * mr
+
+
+def _pointwise(plan: Plan, lanes: int) -> Plan:
+    """1x1 forward or data gradient as a packed GEMM: out channels x pixels, reduced over channels."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    fwd = plan.kop is KOp.FWD
+    out_ch, reduced = (g.cout_g, g.cin_g) if fwd else (g.cin_g, g.cout_g)
+    mr, nvp, kc = _pointwise_tile(t, lanes, acc_bytes)
+    kc = min(reduced, kc)
+    mc = _row_blocks(out_ch, mr, kc, t, acc_bytes)
+    # an item's B block (KC x NC) within a quarter of the L2
+    nr = nvp * lanes
+    nc = max(nr, min(POINTWISE_MAX_COLS, (t.l2_bytes // 4) // (kc * acc_bytes)) // nr * nr)
+    tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, min_items=MIN_ITEMS,
+                    threads_hint=f"parallel over (group, run of pixels, block of {'output' if fwd else 'input'} "
+                                 f"channels), handed out as threads come free; runs shrink from {nc} pixels when "
+                                 f"the batch gives fewer than {MIN_ITEMS} items")
+    return plan.decide("tiling", f"register tile {mr} channels x {nvp} vectors of {lanes} pixels ({mr * nvp} of "
+                                 f"{t.vector_registers} registers accumulate); weights packed once per call in "
+                                 f"panels of {mr} channels; per item {mc} channels x up to {nc} pixels, whose "
+                                 f"values are packed in chunks of {kc} reduced channels (half the L1); "
+                                 f"{tiling.threads_hint}", tiling=tiling)
+
+
+def _pointwise_wgrad(plan: Plan, lanes: int) -> Plan:
+    """1x1 weight gradient as a packed GEMM: out channels x in channels, reduced over pixels."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    mr, nvp, kc = _pointwise_tile(t, lanes, acc_bytes)
+    mc = _row_blocks(g.cout_g, mr, kc, t, acc_bytes)
+    nr = nvp * lanes
+    nc = min(math.ceil(g.cin_g / nr) * nr, max(nr, min(POINTWISE_MAX_COLS, (t.l2_bytes // 4) // (kc * acc_bytes))
+                                                   // nr * nr))
+    items = g.groups * math.ceil(g.cout_g / mc) * math.ceil(g.cin_g / nc)
+    partial_bytes = g.groups * g.cout_g * g.cin_g * acc_bytes
+    splits = 1
+    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
+        splits *= 2
+    tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, splits=splits,
+                    threads_hint="parallel over (group, out-channel block, in-channel block, part of the "
+                                 "reduction); each item owns its sums and reduces in a fixed order, so results do "
+                                 "not depend on the thread count")
+    return plan.decide("tiling", f"register tile {mr} output channels x {nvp} vectors of {lanes} input channels; "
+                                 f"grad_output packed once per call in panels of {mr} channels; per item {mc} x "
+                                 f"{nc} channels, {items} items x {splits} parts of the reduction, input values "
+                                 f"packed in chunks of {kc} pixels (half the L1); {tiling.threads_hint}",
+                       tiling=tiling)
+
+
 def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     """Weight gradient with NV vectors of output channels x PB (input channel, tap) rows per tile."""
     g, t, p = plan.geometry, plan.target, plan.problem
@@ -337,6 +408,8 @@ def run(plan: Plan) -> Plan:
         return _lanes_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _lanes(plan, lanes)
     if plan.algorithm == "gemm":
         return _gemm_wgrad(plan, lanes)
+    if plan.algorithm == "pointwise":
+        return _pointwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _pointwise(plan, lanes)
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes)
     return _direct(plan, lanes)

@@ -8,7 +8,7 @@
 //   [validate] valid 2-D problem: output size [28, 28], 6422528 multiply-adds per image
 //   [canonicalise] forward of a normal convolution
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
-//   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided rows (tile scores blocked 0.78, lanes 0.96)); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
+//   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided rows (tile scores blocked 0.78, lanes 0.96)); candidates ['blocked', 'lanes', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 5 channels x 2 vectors of 8 output columns (10 of 16 registers accumulate; 0.78 useful); 32 columns per work item so its buffer (16896 B) stays within half the L2; parallel over (batch, group, output row, column tile)
