@@ -44,6 +44,9 @@ PROBLEMS = [
     ("conv1d_dilated", 3, 8, 16, (50,), (5,), (2,), ((2, 2),), (2,), 1, False, (0,)),
     ("conv3d", 2, 4, 6, (4, 5, 6), (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 0)), (1, 1, 2), 2, False, (0, 0, 0)),
     ("transposed_s2", 2, 8, 4, (5, 6), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1, True, (1, 1)),
+    # every stride phase takes the same taps (4x4, stride 2): the lanes data gradient's fixed tap count
+    ("k4_s2", 2, 6, 10, (9, 8), (4, 4), (2, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
+    ("transposed_k4_s2", 2, 10, 6, (5, 6), (4, 4), (2, 2), ((1, 1), (1, 1)), (1, 1), 2, True, (0, 0)),
     ("transposed_groups_op", 2, 4, 6, (5, 7), (3, 3), (3, 3), ((1, 1), (1, 1)), (2, 2), 2, True, (2, 1)),
     # weight gradients with several row and channel blocks, whose grad_output and im2col rows are
     # packed once and shared by all blocks: small images chunked across the batch, and larger

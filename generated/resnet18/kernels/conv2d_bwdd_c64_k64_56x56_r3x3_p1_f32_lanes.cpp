@@ -104,7 +104,7 @@ constexpr int64_t RB_SW = IN_PLACE ? Y_SW : 1, RB_SH = IN_PLACE ? Y_SH : EXW,
 constexpr int64_t OUT_SC = X_SC;
 
 // A part's phase per axis, and its pixels per axis and per image.
-static inline void phase(int64_t part, int64_t& ad, int64_t& ah, int64_t& aw) {
+static constexpr void phase(int64_t part, int64_t& ad, int64_t& ah, int64_t& aw) {
   ad = part / (SH * SW);
   ah = (part / SW) % SH;
   aw = part % SW;
@@ -136,19 +136,40 @@ static inline int64_t write_at(int64_t part, int64_t b, int64_t g, int64_t p) {
 static constexpr int64_t tap_off(int64_t kd, int64_t kh, int64_t kw) {
   return (PD - kd * DD) * RB_SD + (PH - kh * DH) * RB_SH + (PW - kw * DW) * RB_SW;
 }
-static inline int64_t part_taps(int64_t part, int64_t* toff) {
-  int64_t ad, ah, aw, nt = 0;
+// Whether tap t reaches part `part`, and then at which offset.
+static constexpr bool reaches(int64_t part, int64_t t, int64_t& off) {
+  int64_t ad = 0, ah = 0, aw = 0;
   phase(part, ad, ah, aw);
+  const int64_t kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
+  const int64_t ed = ad + PD - kd * DD, eh = ah + PH - kh * DH, ew = aw + PW - kw * DW;
+  if (ed - floordiv(ed, SD) * SD || eh - floordiv(eh, SH) * SH || ew - floordiv(ew, SW) * SW) return false;
+  off = floordiv(ed, SD) * RB_SD + floordiv(eh, SH) * RB_SH + floordiv(ew, SW) * RB_SW;
+  return true;
+}
+static inline int64_t part_taps(int64_t part, int64_t* toff) {
+  int64_t nt = 0;
   for (int64_t t = 0; t < TAPS; ++t) {
-    const int64_t kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-    const int64_t ed = ad + PD - kd * DD, eh = ah + PH - kh * DH, ew = aw + PW - kw * DW;
-    if (ed - floordiv(ed, SD) * SD || eh - floordiv(eh, SH) * SH || ew - floordiv(ew, SW) * SW) continue;
+    int64_t off = 0;
+    if (!reaches(part, t, off)) continue;
     toff[2 * nt] = t;
-    toff[2 * nt + 1] = floordiv(ed, SD) * RB_SD + floordiv(eh, SH) * RB_SH + floordiv(ew, SW) * RB_SW;
+    toff[2 * nt + 1] = off;
     ++nt;
   }
   return nt;
 }
+// The taps per part when every part takes the same number (as a kernel size divisible by the
+// stride gives), else 0: the tap loop then has a trip count known at compile time.
+static constexpr int64_t uniform_taps() {
+  int64_t common = -1;
+  for (int64_t part = 0; part < PARTS; ++part) {
+    int64_t nt = 0, off = 0;
+    for (int64_t t = 0; t < TAPS; ++t) nt += reaches(part, t, off) ? 1 : 0;
+    if (common >= 0 && nt != common) return 0;
+    common = nt;
+  }
+  return common > 0 ? common : 0;
+}
+constexpr int64_t TPP = uniform_taps();
 
 // Weights repacked once per call to [g][channel block][k][tap][NVV] in ACC, zero-padded.
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
@@ -225,6 +246,8 @@ constexpr int64_t TILES = (QB + PB - 1) / PB;
       const int64_t qend = qbeg + QB < pixels ? qbeg + QB : pixels, tiles = (qend - qbeg + PB - 1) / PB;
       int64_t* toff = ro + QB;
       const int64_t ntaps = part_taps(part, toff);
+      int64_t lt[2 * TPP + 2];   // this part's (tap, offset) pairs, as locals (TPP of them when uniform)
+      for (int64_t u = 0; u < 2 * TPP && u < 2 * ntaps; ++u) lt[u] = toff[u];
       for (int64_t i = 0; i < QB; ++i) {
         const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
         ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part));
@@ -252,6 +275,18 @@ constexpr int64_t TILES = (QB + PB - 1) / PB;
                   for (int64_t kw = 0; kw < KW; ++kw)
               {
                 const int64_t tap_ = (kd * KH + kh) * KW + kw, off_ = rc + tap_off(kd, kh, kw);
+                vec wv[NV];
+                for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
+                for (int64_t j = 0; j < PB; ++j) {
+                  const vec xv = vbroadcast(px[j][off_]);
+                  for (int64_t v = 0; v < NV; ++v) acc[v][j] += wv[v] * xv;
+                }
+              }
+
+            } else if constexpr (TPP > 0) {   // the same taps count in every part: a fixed trip count
+              for (int64_t u = 0; u < TPP; ++u)
+              {
+                const int64_t tap_ = lt[2 * u], off_ = rc + lt[2 * u + 1];
                 vec wv[NV];
                 for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
                 for (int64_t j = 0; j < PB; ++j) {

@@ -81,7 +81,7 @@ static inline ACC vsum(vec v) {   // fixed-order horizontal sum, so results do n
 constexpr int64_t NV = 2, PB = 4;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // output channels per tile
 constexpr int64_t OC = COUT_G, RC = CIN_G, OBLK = (OC + NVV - 1) / NVV;   // output / reduction channels, channel blocks
-constexpr int64_t TAPS = KD * KH * KW, PARTS = 1, PLANE = YD * YH * YW;
+constexpr int64_t TAPS = KD * KH * KW, PARTS = 1, TPP = TAPS, PLANE = YD * YH * YW;
 constexpr int64_t QB = 64;                                    // pixels per work item
 constexpr bool CHANNEL_MAJOR = false;   // items: channel block outermost
 // Input channels per chunk of the reduction: their weights fill a part of the L1, and the partial
@@ -196,6 +196,8 @@ constexpr int64_t TILES = (QB + PB - 1) / PB;
       const int64_t qend = qbeg + QB < pixels ? qbeg + QB : pixels, tiles = (qend - qbeg + PB - 1) / PB;
       int64_t* toff = ro + QB;
       const int64_t ntaps = part_taps(part, toff);
+      int64_t lt[2 * TPP + 2];   // this part's (tap, offset) pairs, as locals (TPP of them when uniform)
+      for (int64_t u = 0; u < 2 * TPP && u < 2 * ntaps; ++u) lt[u] = toff[u];
       for (int64_t i = 0; i < QB; ++i) {
         const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
         ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part));
@@ -223,6 +225,18 @@ constexpr int64_t TILES = (QB + PB - 1) / PB;
                   for (int64_t kw = 0; kw < KW; ++kw)
               {
                 const int64_t tap_ = (kd * KH + kh) * KW + kw, off_ = rc + tap_off(kd, kh, kw);
+                vec wv[NV];
+                for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
+                for (int64_t j = 0; j < PB; ++j) {
+                  const vec xv = vbroadcast(px[j][off_]);
+                  for (int64_t v = 0; v < NV; ++v) acc[v][j] += wv[v] * xv;
+                }
+              }
+
+            } else if constexpr (TPP > 0) {   // the same taps count in every part: a fixed trip count
+              for (int64_t u = 0; u < TPP; ++u)
+              {
+                const int64_t tap_ = lt[2 * u], off_ = rc + lt[2 * u + 1];
                 vec wv[NV];
                 for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
                 for (int64_t j = 0; j < PB; ++j) {
