@@ -72,15 +72,16 @@ def _pointwise_fits(plan: Plan) -> bool:
     return g.kernel == (1, 1, 1) and (plan.kop is not KOp.DGRAD or g.stride == (1, 1, 1))
 
 
-# The pointwise GEMM packs what it reduces over once per item and chunk, which pays off on long
-# reductions. Measured on Zen 3 (batch 8, NCHW, ms, pointwise against the better of lanes and
-# blocked): forward 2048->512 at 7x7 7.2 vs 8.1, 1024->256 at 14x14 7.0 vs 9.2, 256->64 at 56x56
-# 9.2 vs 10.2, but 128->512 at 28x28 10.2 vs 8.8 and 64->256 at 56x56 9.4 vs 9.3; data gradient
-# (reduced over the output channels) 512 channels 7.7 vs 8.4 and 8.0 vs 9.0, 256 channels 8.0
-# vs 9.5 and 7.7 vs 7.4, 128 channels 9.4 vs 8.1. Weight gradient (gW[k][c], reduced over
-# pixels, input values packed per item): 2048, 1024 and 512 input channels 8.4 vs 10.3, 8.8 vs
-# 12.9 and 10.4 vs 11.6; 256 and 128 tied; 144 input and 24 output channels 8.7 vs 2.7.
-POINTWISE_MIN_REDUCED = 256
+# The pointwise GEMM packs what it reduces over once per item and chunk, which pays off unless the
+# reduction is very short. Measured on Zen 3 (batch 8, NCHW, ms, pointwise against the better of
+# lanes and blocked; "C->K at size"): forward 2048->512 at 7 7.8 vs 9.5, 1024->256 at 14 7.2 vs
+# 9.5, 512->128 at 28 7.4 vs 8.7, 128->512 at 28 7.0 vs 9.2, 144->24 at 56 2.9 vs 3.2, 64->256 at
+# 56 9.0 vs 9.2, but 24->144 at 56 3.1 vs 2.4; data gradient (reduced over the K output
+# channels) 512->128 6.1 vs 8.6, 1024->256 6.3 vs 7.3, 256->64 8.1 vs 11.7, 64->256 7.7 vs 9.1.
+# Weight gradient (gW[k][c], reduced over pixels, input values packed per item): 2048, 1024 and
+# 512 input channels 8.4 vs 10.3, 8.8 vs 12.9 and 10.4 vs 11.6; 256 and 128 tied; 144 input and
+# 24 output channels 8.7 vs 2.7.
+POINTWISE_MIN_REDUCED = 64
 POINTWISE_WGRAD_MIN_IN = 512
 POINTWISE_WGRAD_MIN_OUT = 64
 
@@ -95,6 +96,10 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     if plan.kop is KOp.WGRAD:
         if g.cin_g >= POINTWISE_WGRAD_MIN_IN and g.cout_g >= POINTWISE_WGRAD_MIN_OUT:
             return "pointwise", f"{WHY['pointwise']}; {g.cin_g} input channels"
+        return choice, why
+    if g.stride != (1, 1, 1):
+        # a strided forward packs its pixels one at a time (1x1 stride 2, 256->512 at 56x56:
+        # 21.7 ms against blocked's 18.1; 64->128: 2.1 against 1.6)
         return choice, why
     reduced = g.cin_g if plan.kop is KOp.FWD else g.cout_g
     if reduced >= POINTWISE_MIN_REDUCED:
