@@ -222,6 +222,22 @@ def _row_blocks(rows: int, mr: int, kc: int, t, acc_bytes: int) -> int:
     return math.ceil(panels / blocks) * mr
 
 
+def _pointwise_cols(nr: int, kc: int, t, acc_bytes: int) -> int:
+    """Columns (a multiple of NR) per work item: the item's B block (KC x columns) within a quarter
+    of the L2, and at most POINTWISE_MAX_COLS."""
+    return max(nr, min(POINTWISE_MAX_COLS, (t.l2_bytes // 4) // (kc * acc_bytes)) // nr * nr)
+
+
+def _splits(items: int, partial_bytes: int) -> int:
+    """Fixed parts a weight-gradient reduction is cut into (their partial sums added in order):
+    doubled while the work items are too few for the threads, up to MAX_SPLITS and PARTIAL_BYTES
+    of partial sums."""
+    splits = 1
+    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
+        splits *= 2
+    return splits
+
+
 def _pointwise(plan: Plan, lanes: int) -> Plan:
     """1x1 forward or data gradient as a packed GEMM: out channels x pixels, reduced over channels."""
     g, t, p = plan.geometry, plan.target, plan.problem
@@ -231,9 +247,7 @@ def _pointwise(plan: Plan, lanes: int) -> Plan:
     mr, nvp, kc = _pointwise_tile(t, lanes, acc_bytes)
     kc = min(reduced, kc)
     mc = _row_blocks(out_ch, mr, kc, t, acc_bytes)
-    # an item's B block (KC x NC) within a quarter of the L2
-    nr = nvp * lanes
-    nc = max(nr, min(POINTWISE_MAX_COLS, (t.l2_bytes // 4) // (kc * acc_bytes)) // nr * nr)
+    nc = _pointwise_cols(nvp * lanes, kc, t, acc_bytes)
     tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, min_items=MIN_ITEMS,
                     threads_hint=f"parallel over (group, run of pixels, block of {'output' if fwd else 'input'} "
                                  f"channels), handed out as threads come free; runs shrink from {nc} pixels when "
@@ -252,13 +266,10 @@ def _pointwise_wgrad(plan: Plan, lanes: int) -> Plan:
     mr, nvp, kc = _pointwise_tile(t, lanes, acc_bytes)
     mc = _row_blocks(g.cout_g, mr, kc, t, acc_bytes)
     nr = nvp * lanes
-    nc = min(math.ceil(g.cin_g / nr) * nr, max(nr, min(POINTWISE_MAX_COLS, (t.l2_bytes // 4) // (kc * acc_bytes))
-                                                   // nr * nr))
+    nc = min(math.ceil(g.cin_g / nr) * nr, _pointwise_cols(nr, kc, t, acc_bytes))
     items = g.groups * math.ceil(g.cout_g / mc) * math.ceil(g.cin_g / nc)
     partial_bytes = g.groups * g.cout_g * g.cin_g * acc_bytes
-    splits = 1
-    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
-        splits *= 2
+    splits = _splits(items, partial_bytes)
     tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, splits=splits,
                     threads_hint="parallel over (group, out-channel block, in-channel block, part of the "
                                  "reduction); each item owns its sums and reduces in a fixed order, so results do "
@@ -285,9 +296,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     rb = min(math.ceil(rows / pb) * pb, math.ceil(max(1, WGRAD_ROWS // per_channel) * per_channel / pb) * pb)
     items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / rb)
     partial_bytes = g.groups * g.cout_g * rows * acc_bytes
-    splits = 1
-    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
-        splits *= 2
+    splits = _splits(items, partial_bytes)
     in_place = ("X",) if _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
@@ -341,10 +350,7 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     # reduction is cut into a fixed number of parts (combined in order) rather than the items shrunk.
     mk, mr = shrink(mk, mr, 1)
     partial_bytes = g.groups * g.cout_g * rows * acc_bytes
-    splits = 1
-    while (items(mk, mr) * splits < MIN_ITEMS and splits < MAX_SPLITS
-           and (splits * 2) * partial_bytes <= PARTIAL_BYTES):
-        splits *= 2
+    splits = _splits(items(mk, mr), partial_bytes)
     mk, mr = shrink(mk, mr, math.ceil(MIN_ITEMS / splits))
     ksb, rb = mk * kb, mr * cb
     # Pixels per chunk: the chunk's packed rows and one KB block of grad_output rows fill the L1.
