@@ -140,9 +140,12 @@ def torch_refuses(call: Call) -> bool:
 
 def cases_md_refuses(call: Call) -> bool:
     """CASES.md's rules that convgen applies whatever the batch, where ATen skips them for an empty
-    input (zero batch or channels): an empty spatial dimension, dilation <= 0, and for transposed
-    convolutions output_padding not smaller than stride or dilation, or an output size below 1."""
+    input (zero batch or channels): an empty spatial dimension, a zero-size kernel dimension,
+    dilation <= 0, and for transposed convolutions output_padding not smaller than stride or
+    dilation, or an output size below 1."""
     if min(call.input_shape[2:], default=1) == 0 or min(call.dilation, default=1) <= 0:
+        return True
+    if min(call.weight_shape[2:], default=1) == 0:
         return True
     if call.transposed:
         expand = lambda v: list(v) * call.rank if len(v) == 1 else list(v)
@@ -335,6 +338,16 @@ def test_3d_channels_last_result_format(transposed):
     native = fn(x, w, padding=1)
     assert native.is_contiguous()   # ATen's choice for this call
     assert_same_format(ours(x, w, padding=1), native, "forward")
+
+
+# Found by test_any_problem_is_refused_like_torch_or_matches_it: a zero-size kernel dimension with an
+# empty input. ATen returns an empty output; CASES.md asks for a clear error whatever the batch, as
+# convgen gives, but the test's list of such rules (cases_md_refuses) lacked this one.
+def test_zero_size_kernel_dimension_is_refused_even_for_an_empty_input():
+    x, w = torch.randn(0, 0, 2, dtype=torch.float64), torch.randn(1, 0, 0, dtype=torch.float64)
+    torch.ops.aten.convolution(x, w, None, [1], [0], [1], False, [0], 1)   # ATen accepts it
+    with pytest.raises(ConvSpecError, match=r"weight: kernel size \[0\] has a zero-size dimension"):
+        convgen.convolution(x, w, None, [1], [0], [1], False, [0], 1)
 
 
 # ------------------------------------------------------------------------------- the IR on garbage
