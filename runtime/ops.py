@@ -153,12 +153,10 @@ def forward(input, weight, bias, stride, padding, dilation, transposed, output_p
     return known
 
 
-def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, prepare=None):
-    """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'.
-    With `prepare` (an output_mask), the kernels of the backward with that mask are built as well,
-    in the same ninja run as the forward's."""
-    return forward(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
-                   prepare).run(input, weight, bias)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """torch.ops.aten.convolution computed by generated kernels. `padding` may also be 'same'/'valid'."""
+    return forward(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                   groups).run(input, weight, bias)
 
 
 def backward_problems(base: ConvProblem, grad_layout: Layout, output_mask: Sequence[bool]) -> dict[str, ConvProblem]:
