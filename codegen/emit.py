@@ -35,7 +35,6 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "lanes"): "cpu/lanes_wgrad.cpp.j2",
-    (TargetKind.CPU, KOp.WGRAD, "pointwise"): "cpu/pointwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "depthwise"): "cpu/depthwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
 }

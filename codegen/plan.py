@@ -69,19 +69,18 @@ class Operand:
 class Tiling:
     vector_lanes: int        # SIMD lanes of the accumulator type on the target
     threads_hint: str        # which loops the OpenMP parallel-for covers
-    rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once
+    rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once; blocked
+                             # data gradient: input-gradient rows per work item
     row_tiles: int = 1       # direct: tiles per plane
     kb: int = 0              # blocked: channels held in registers at once
     nv: int = 0              # blocked: vectors of columns held in registers at once
     cols: int = 0            # blocked: columns of one work item (a multiple of nv * vector_lanes)
     in_place: tuple[str, ...] = ()   # operands whose rows are read in place, not copied
-    ksb: int = 0             # gemm: output channels per work item (a multiple of kb)
-    rb: int = 0              # gemm: im2col rows per work item (a multiple of nv)
-    pc: int = 0              # gemm: pixels per chunk of the reduction (a multiple of vector_lanes)
-    across: bool = False     # gemm: chunks span images (for small images)
-    splits: int = 1          # gemm: fixed parts of the reduction, added in order
-    shared: tuple[str, ...] = ()     # gemm: operands packed once per call, shared by every work item
-    shared_bytes: int = 0    # gemm: the most memory a shared im2col buffer may take (else per-item packing)
+    ksb: int = 0             # pointwise, gemm: output channels per work item (a multiple of kb)
+    rb: int = 0              # pointwise, gemm: values per chunk of the reduction; lanes: channels per chunk
+                             # of the reduction, or (weight gradient) rows per work item
+    pc: int = 0              # lanes weight gradient: pixels per chunk of the reduction
+    splits: int = 1          # weight gradients: fixed parts of the reduction, added in order
     channel_major: bool = False   # lanes: work items walk all pixels of one channel block before the next
     min_items: int = 0       # pointwise: work items an item's pixel count is lowered to give, at most
 

@@ -172,8 +172,9 @@ def _aten_backward(problem, gy, x, w, mask):
 
 
 def test_gemm_tiling_search_ends_when_the_rows_fit_one_block():
-    """Once a hang: 5 output channels x 18 im2col rows, where the work-item search could only
-    halve an already single row block. Run in a child process so a hang fails instead of stalling."""
+    """Once a hang (of an earlier gemm tiling, whose work-item search could only halve an already
+    single row block): 5 output channels x 18 im2col rows. Run in a child process so a hang fails
+    instead of stalling."""
     import subprocess
     import sys
     code = ("from convgen.codegen.ir import ConvProblem, Op\nfrom convgen.codegen.pipeline import lower\n"

@@ -55,6 +55,8 @@ def run(plan: Plan) -> Plan:
         choice, why = _lanes_or_blocked(plan)
     if "pointwise" in candidates and plan.requested_algorithm is None:
         choice, why = _pointwise_over(plan, choice, why)
+    if plan.kop is KOp.WGRAD and plan.requested_algorithm is None and choice == "lanes":
+        choice, why = _gemm_over(plan, choice, why)
     if plan.requested_algorithm is not None:
         if plan.requested_algorithm not in candidates:
             raise ConvgenError(f"algorithm {plan.requested_algorithm!r} is not a candidate for a {plan.kop.value} "
@@ -66,35 +68,27 @@ def run(plan: Plan) -> Plan:
 
 
 def _pointwise_fits(plan: Plan) -> bool:
-    """Whether the pointwise GEMM computes this kernel op: a 1x1 kernel, and for the data gradient
-    unit strides (every input-gradient pixel then takes exactly one grad_output pixel, or none)."""
+    """Whether the pointwise GEMM computes this kernel op: a forward or data gradient with a 1x1
+    kernel, and for the data gradient unit strides (every input-gradient pixel then takes exactly
+    one grad_output pixel, or none). The weight gradient's GEMM is `gemm`, for any kernel."""
     g = plan.geometry
-    return g.kernel == (1, 1, 1) and (plan.kop is not KOp.DGRAD or g.stride == (1, 1, 1))
+    return plan.kop is not KOp.WGRAD and g.kernel == (1, 1, 1) and (plan.kop is KOp.FWD or g.stride == (1, 1, 1))
 
 
-# The pointwise GEMM packs what it reduces over once per item and chunk, which pays off unless the
-# reduction is very short. Measured on Zen 3 (batch 8, NCHW, ms, pointwise against the better of
-# lanes and blocked; "C->K at size"): forward 2048->512 at 7 7.8 vs 9.5, 1024->256 at 14 7.2 vs
+# The packed GEMMs (pointwise; gemm for weight gradients) pack what they reduce over once per item
+# and chunk, which pays off unless the reduction is very short. Measured on Zen 3 (batch 8, NCHW,
+# ms, pointwise against the better of lanes and blocked; "C->K at size"): forward 2048->512 at 7 7.8 vs 9.5, 1024->256 at 14 7.2 vs
 # 9.5, 512->128 at 28 7.4 vs 8.7, 128->512 at 28 7.0 vs 9.2, 144->24 at 56 2.9 vs 3.2, 64->256 at
 # 56 9.0 vs 9.2, but 24->144 at 56 3.1 vs 2.4; data gradient (reduced over the K output
 # channels) 512->128 6.1 vs 8.6, 1024->256 6.3 vs 7.3, 256->64 8.1 vs 11.7, 64->256 7.7 vs 9.1.
-# Weight gradient (gW[k][c], reduced over pixels, input values packed per item): 2048, 1024 and
-# 512 input channels 8.4 vs 10.3, 8.8 vs 12.9 and 10.4 vs 11.6; 256 and 128 tied; 144 input and
-# 24 output channels 8.7 vs 2.7.
 POINTWISE_MIN_REDUCED = 64
-POINTWISE_WGRAD_MIN_IN = 512
-POINTWISE_WGRAD_MIN_OUT = 64
 
 
 def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     """pointwise, where it measured faster than `choice`. With channels last as well (r50_1x1_2048_512,
-    ms, pointwise against lanes: forward 8.8 vs 13.0, data gradient 9.3 vs 9.8, weight gradient 8.4
-    vs 14.5; r50_1x1_64_256: 11.9 vs 11.8, 8.3 vs 11.1, 21.7 vs 22.2)."""
+    ms, pointwise against lanes: forward 8.8 vs 13.0, data gradient 9.3 vs 9.8; r50_1x1_64_256: 11.9
+    vs 11.8, 8.3 vs 11.1)."""
     g = plan.geometry
-    if plan.kop is KOp.WGRAD:
-        if g.cin_g >= POINTWISE_WGRAD_MIN_IN and g.cout_g >= POINTWISE_WGRAD_MIN_OUT:
-            return "pointwise", f"{WHY['pointwise']}; {g.cin_g} input channels"
-        return choice, why
     if g.stride != (1, 1, 1):
         # a strided forward packs its pixels one at a time (1x1 stride 2, 256->512 at 56x56:
         # 21.7 ms against blocked's 18.1; 64->128: 2.1 against 1.6)
@@ -102,6 +96,33 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     reduced = g.cin_g if plan.kop is KOp.FWD else g.cout_g
     if reduced >= POINTWISE_MIN_REDUCED:
         return "pointwise", f"{WHY['pointwise']}; {reduced} channels reduced"
+    return choice, why
+
+
+# The weight gradient's packed GEMM (gemm: gW[k][c, tap], reduced over pixels, input values packed
+# per item and chunk) against lanes, on Zen 3 (batch as in the suites, NCHW, ms, gemm vs lanes).
+# 1x1: 2048, 1024 and 512 input channels 8.4 vs 10.3, 8.8 vs 12.9 and 10.4 vs 11.6; 256 and 128
+# tied; 144 input and 24 output channels 8.7 vs 2.7 (channels last, r50_1x1_2048_512: 8.4 vs
+# 14.5). Larger kernels win where lanes reads its input sparsely (strides, dilation): wavenet_1d
+# 34-35 vs 39-56, deeplab_dil2 47 vs 56, r50_3x3_128_s2 18.6-19.2 vs 22.0, the stem 12-14 vs
+# 16; they lose with unit strides (r50_3x3_64 22-23 vs 17, r50_3x3_512 20-23 vs 16.5, unet3d 25-28
+# vs 21), with few pixels per image (dcgan_tconv's 16x16: 5.7-7.2 vs 6.1) and with few channels
+# per group (rnx_grouped 24 vs 10, odd_asym 0.72 vs 0.49).
+GEMM_WGRAD_MIN_IN = 512
+GEMM_WGRAD_MIN_OUT = 64
+GEMM_WGRAD_MIN_PLANE = 512
+
+
+def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
+    """gemm for a weight gradient, where it measured faster than lanes (`choice`)."""
+    g = plan.geometry
+    if g.cout_g < GEMM_WGRAD_MIN_OUT:
+        return choice, why
+    if g.kernel == (1, 1, 1) and g.cin_g >= GEMM_WGRAD_MIN_IN:
+        return "gemm", f"{WHY['gemm']}; {g.cin_g} input channels"
+    sparse = any(s > 1 for s in g.stride) or any(d > 1 for d in g.dilation)
+    if g.kernel != (1, 1, 1) and sparse and math.prod(g.y_size) >= GEMM_WGRAD_MIN_PLANE:
+        return "gemm", f"{WHY['gemm']}; strided or dilated windows, {math.prod(g.y_size)} output pixels per image"
     return choice, why
 
 
@@ -165,7 +186,8 @@ WHY = {
     "lanes": "channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no "
              "im2col): no lanes wasted on narrow rows",
     "direct": "per-thread accumulation planes, scalar taps",
-    "gemm": "a GEMM over packed im2col rows with register tiles, reduced over pixels in a fixed order",
+    "gemm": "a packed GEMM over output channels x (input channel, tap) columns, register tiles of 6 output "
+            "channels x 2 vectors of columns, reduced over pixels in a fixed order",
     "pointwise": "a packed GEMM over channels (1x1 kernel), register tiles of channels x pixels",
     "depthwise": "one channel per item, per-tap vector partial sums over rows read in place or copied once",
 }

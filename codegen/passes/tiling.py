@@ -4,8 +4,9 @@
   fit in half the L2 cache.
 - lanes: a register tile of NV vectors of channels x PB pixels (see lanes_tile); the reduction
   runs in chunks of channels whose weights stay in L1.
-- pointwise: a GEMM's register tile of MR channels x two vectors of pixels, panels packed for the
-  L1 and blocks for the L2 (see _pointwise).
+- pointwise (and the gemm weight gradient): a GEMM's register tile of MR channels x two vectors of
+  pixels (or of columns), panels packed for the L1 and blocks for the L2 (see _pointwise,
+  _gemm_wgrad).
 - blocked: a register tile of KB channels x NV vectors of columns. The choice scores every
   (KB, NV) that fits the register file by the fraction of lanes and channels doing useful work
   and by the FMA-to-load ratio of the micro-kernel; a work item covers as many columns as keep its
@@ -28,11 +29,6 @@ MIN_ITEMS = 16
 # most PARTIAL_BYTES) are added in a fixed order.
 MAX_SPLITS = 8
 PARTIAL_BYTES = 16 << 20
-# Images with fewer output pixels than this are reduced in chunks that span the batch.
-SMALL_PLANE = 64
-# A weight gradient's im2col rows are packed once per call into one shared buffer when it takes at
-# most this much memory (about what a shared last-level cache holds); otherwise per work item.
-SHARED_X_BYTES = 16 << 20
 # Register tiles leave this many vector registers free (addresses, broadcasts: no spills), and
 # count as FMA-bound from this ratio of FMAs to loads on (see register_tile).
 SPARE_REGISTERS = 3
@@ -42,12 +38,14 @@ VECTOR_LOAD_COST = 1.5   # an unaligned vector load, in broadcasts
 # a 2 x 4 tile ran r50_3x3_64 in 14.0 ms, 2 x 5 in 16.6 and 2 x 6 in 20.3 (GCC shuffles and
 # spills the fuller tiles), and 2 x 4 beat 3 x 3 and 1 x 8 by 15-30% on 7-, 33- and 4096-wide rows.
 LANES_SPARE_REGISTERS = 5
+# Input-gradient rows per work item of the blocked data gradient, at most: they share one copy of
+# the grad_output rows they reach (a 7x7 stride-2 kernel reaches 3-4 rows per input row; 8 rows
+# copy 7).
+BLOCKED_ROWS = 8
 # Rows (input channel, tap) per work item of the lanes weight gradient: on Zen 3, 144 rows with
 # 256-pixel chunks ran r50_3x3_512 in 16.3 ms against 21.6 with 36 rows and 128-pixel chunks
 # (r50_3x3_64 15.9 against 19.0; deeplab_dil2 within noise).
 WGRAD_ROWS = 144
-# The shortest chunk of the weight-gradient reduction, in vectors, that work items are sized for.
-MIN_CHUNK_VECTORS = 8
 # Pointwise (1x1) GEMM: a register tile of MR channels x this many vectors of pixels, and at most
 # this many pixels per work item (the kernel takes fewer when the batch gives too few items).
 POINTWISE_VECTORS = 2
@@ -74,7 +72,8 @@ def _direct(plan: Plan, lanes: int) -> Plan:
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
-def register_tile(channels: int, columns: int, lanes: int, registers: int) -> tuple[int, int, float]:
+def register_tile(channels: int, columns: int, lanes: int, registers: int,
+                  wide: bool = False) -> tuple[int, int, float]:
     """Best (KB, NV, score) for a KB x NV-vector accumulator tile, one broadcast and NV loads in flight.
 
     Measured on Zen 3 (AVX2, 16 registers; 2 loads and 2 FMAs per cycle): tiles of several
@@ -86,11 +85,15 @@ def register_tile(channels: int, columns: int, lanes: int, registers: int) -> tu
     where both waste as many lanes, and 1.3x slower than 3 x 2 on the stem's data gradient
     (30 against 23 ms; 0.67 against 0.74 ms the other way on odd_asym's). One channel of four
     vectors (depthwise) beat two and three vectors by 10-30%.
+
+    `wide` admits the three-vector tiles, for kernels that keep their totals in memory and only
+    the partial sums in registers (the blocked data gradient): there 3 x 3 ran the stem's data
+    gradient in 11.5 ms against 15.1 for 3 x 2.
     """
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for kb in range(1, 17):
-            if nv == 3 and kb > 1:
+            if nv == 3 and kb > 1 and not wide:
                 continue
             # a one-vector tile keeps its single vector load in a register: no spare needed
             if kb * nv + nv + 1 > registers - (0 if nv == 1 else SPARE_REGISTERS):
@@ -106,11 +109,14 @@ def register_tile(channels: int, columns: int, lanes: int, registers: int) -> tu
 
 def _blocked(plan: Plan, lanes: int) -> Plan:
     """Forward: KB output channels x NV vectors of output columns. Data gradient: KB input channels
-    x NV vectors of input-gradient columns of one stride phase."""
+    x NV vectors of input-gradient columns of one stride phase, for RB input-gradient rows per
+    work item that share one copy of the grad_output rows they reach."""
     g, t = plan.geometry, plan.target
     acc_bytes = plan.problem.dtype.accumulator.itemsize
     kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
     rows = g.kernel[0] * g.kernel[1]
+    budget = t.l2_bytes // 2
+    rb, span = 1, rows
     if plan.kop is KOp.FWD:
         channels, columns = g.cout_g, g.y_size[2]
         halo = ((kw - 1) * dw) // sw + 1
@@ -119,18 +125,31 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     else:
         channels, columns = g.cin_g, math.ceil(g.x_size[2] / sw)
         halo = (sw - 1 + pw) // sw - (pw - (kw - 1) * dw) // sw
-        per_col = g.cout_g * rows * acc_bytes              # grad_output buffer bytes per column
+        kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
+        def span_of(r: int) -> int:            # grad_output rows that r consecutive rows reach
+            return (r - 1 + (kh - 1) * dh) // sh + 1
+        per_row = g.cout_g * g.kernel[0] * acc_bytes       # buffer bytes per grad_output column and row
+        full = math.ceil(columns / lanes) * lanes + halo
+        # rows per item: as many as keep the buffer within the budget at full width, up to
+        # BLOCKED_ROWS, with at least four row blocks per plane for the threads to share
+        rb = max([r for r in range(1, BLOCKED_ROWS + 1)
+                  if r <= max(1, g.x_size[1] // 4) and full * per_row * span_of(r) <= budget] or [1])
+        span = span_of(rb)
+        per_col = per_row * span                           # grad_output buffer bytes per column
         what = "input-gradient (per stride phase)"
-    kb, nv, score = register_tile(channels, columns, lanes, t.vector_registers)
+    kb, nv, score = register_tile(channels, columns, lanes, t.vector_registers, wide=plan.kop is not KOp.FWD)
     owb = nv * lanes
-    fit = max(owb, ((t.l2_bytes // 2) // max(per_col, 1) - halo) // owb * owb)
+    fit = max(owb, (budget // max(per_col, 1) - halo) // owb * owb)
     cols = min(math.ceil(columns / owb) * owb, fit)
-    tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, group, {what.split()[0]} row, column tile)",
-                    kb=kb, nv=nv, cols=cols)
+    tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, group, {what.split()[0]} row"
+                                                     f"{' block' if rb > 1 else ''}, column tile)",
+                    kb=kb, nv=nv, cols=cols, rows_per_tile=rb if plan.kop is not KOp.FWD else 0)
+    rows_note = (f"{rb} input-gradient rows per work item share one copy of the {span} grad_output rows "
+                 f"they reach; " if plan.kop is not KOp.FWD else "")
     return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} {what} columns "
                                  f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
-                                 f"{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) stays "
-                                 f"within half the L2; {tiling.threads_hint}", tiling=tiling)
+                                 f"{rows_note}{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) "
+                                 f"stays within half the L2; {tiling.threads_hint}", tiling=tiling)
 
 
 def lanes_tile(channels: int, lanes: int, registers: int) -> tuple[int, int, float]:
@@ -259,25 +278,35 @@ def _pointwise(plan: Plan, lanes: int) -> Plan:
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
-def _pointwise_wgrad(plan: Plan, lanes: int) -> Plan:
-    """1x1 weight gradient as a packed GEMM: out channels x in channels, reduced over pixels."""
+def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
+    """Weight gradient as a packed GEMM: out channels x columns (input channels; for kernels larger
+    than 1x1, im2col rows: input channel x tap), reduced over pixels."""
     g, t, p = plan.geometry, plan.target, plan.problem
     acc_bytes = p.dtype.accumulator.itemsize
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    columns = g.cin_g * taps
     mr, nvp, kc = _pointwise_tile(t, lanes, acc_bytes)
     mc = _row_blocks(g.cout_g, mr, kc, t, acc_bytes)
     nr = nvp * lanes
-    nc = min(math.ceil(g.cin_g / nr) * nr, _pointwise_cols(nr, kc, t, acc_bytes))
-    items = g.groups * math.ceil(g.cout_g / mc) * math.ceil(g.cin_g / nc)
-    partial_bytes = g.groups * g.cout_g * g.cin_g * acc_bytes
+    # column blocks of equal size, each within _pointwise_cols
+    strips = math.ceil(columns / nr)
+    blocks = math.ceil(strips / (_pointwise_cols(nr, kc, t, acc_bytes) // nr))
+    nc = math.ceil(strips / blocks) * nr
+    items = g.groups * math.ceil(g.cout_g / mc) * math.ceil(columns / nc)
+    partial_bytes = g.groups * g.cout_g * columns * acc_bytes
     splits = _splits(items, partial_bytes)
-    tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, splits=splits,
-                    threads_hint="parallel over (group, out-channel block, in-channel block, part of the "
+    im2col = taps > 1
+    in_place = ("X",) if im2col and _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
+    tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, splits=splits, in_place=in_place,
+                    threads_hint="parallel over (group, out-channel block, column block, part of the "
                                  "reduction); each item owns its sums and reduces in a fixed order, so results do "
                                  "not depend on the thread count")
-    return plan.decide("tiling", f"register tile {mr} output channels x {nvp} vectors of {lanes} input channels; "
+    what = "im2col rows (input channel, tap)" if im2col else "input channels"
+    source = (f"; input {'read in place' if in_place else 'copied once, zero-padded'}" if im2col else "")
+    return plan.decide("tiling", f"register tile {mr} output channels x {nvp} vectors of {lanes} {what}; "
                                  f"grad_output packed once per call in panels of {mr} channels; per item {mc} x "
-                                 f"{nc} channels, {items} items x {splits} parts of the reduction, input values "
-                                 f"packed in chunks of {kc} pixels (half the L1); {tiling.threads_hint}",
+                                 f"{nc} columns, {items} items x {splits} parts of the reduction, input values "
+                                 f"packed in chunks of {kc} pixels (half the L1){source}; {tiling.threads_hint}",
                        tiling=tiling)
 
 
@@ -307,81 +336,6 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"items x {splits} parts of the reduction, chunks of {pc} pixels; grad_output "
                                  f"packed pixel-major once per call; input "
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
-                                 f"{tiling.threads_hint}", tiling=tiling)
-
-
-def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
-    """Weight gradient as a GEMM over (out channel) x (in channel, tap), reduced over pixels."""
-    g, t, p = plan.geometry, plan.target, plan.problem
-    acc_bytes = p.dtype.accumulator.itemsize
-    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
-    rows = g.cin_g * taps
-    plane = g.y_size[0] * g.y_size[1] * g.y_size[2]
-    best = (1, 1, -1.0)
-    for kb in range(1, 9):
-        for cb in range(1, 9):
-            # accumulators, the smaller side's vectors held in registers, one temporary for the
-            # other side's vector (each loaded once and used by every FMA of its column)
-            if kb * cb + min(kb, cb) + 1 > t.vector_registers:
-                continue
-            eff = (g.cout_g / (math.ceil(g.cout_g / kb) * kb)) * (rows / (math.ceil(rows / cb) * cb))
-            score = eff * min(1.0, kb * cb / (kb + cb)) + 1e-3 * kb * cb
-            if score > best[2]:
-                best = (kb, cb, score)
-    kb, cb, score = best
-    # Work per item. The inner loop streams CB packed rows and KB grad_output rows of a chunk, and
-    # the chunk's packed rows (RB of them) are swept once per KB block, so they must stay in L1:
-    # RB is capped for chunks of at least MIN_CHUNK_VECTORS vectors to fit. Then start from whole
-    # groups and halve the larger side while there are too few items for the threads or the
-    # accumulators outgrow a quarter of the L2.
-    min_chunk = MIN_CHUNK_VECTORS * lanes
-    rb_cap = max(cb, (t.l1_bytes // (min_chunk * acc_bytes) - kb) // cb * cb)
-    mk, mr = math.ceil(g.cout_g / kb), min(math.ceil(rows / cb), rb_cap // cb)
-    def items(mk, mr):
-        return g.groups * math.ceil(math.ceil(g.cout_g / kb) / mk) * math.ceil(math.ceil(rows / cb) / mr)
-    def shrink(mk, mr, enough):
-        while (mk > 1 or mr > 1) and (items(mk, mr) < enough or mk * kb * mr * cb * t.vector_bytes > t.l2_bytes // 4):
-            if mr == 1 or (mk > 1 and mk * kb >= mr * cb):
-                mk = math.ceil(mk / 2)
-            else:
-                mr = math.ceil(mr / 2)
-        return mk, mr
-    # Large items stream the operands fewer times; when they are too few for the threads, the
-    # reduction is cut into a fixed number of parts (combined in order) rather than the items shrunk.
-    mk, mr = shrink(mk, mr, 1)
-    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
-    splits = _splits(items(mk, mr), partial_bytes)
-    mk, mr = shrink(mk, mr, math.ceil(MIN_ITEMS / splits))
-    ksb, rb = mk * kb, mr * cb
-    # Pixels per chunk: the chunk's packed rows and one KB block of grad_output rows fill the L1.
-    # Small images are chunked across the batch, so that each register tile sweeps a long run.
-    across = plane < SMALL_PLANE
-    fit = max(lanes, t.l1_bytes // ((rb + kb) * acc_bytes) // lanes * lanes)
-    pc = min(fit, 4096) if across else min(math.ceil(plane / lanes) * lanes, fit)
-    unit = p.dtype.accumulator is p.dtype
-    rows_whole = unit and not across and plane % lanes == 0
-    in_place = tuple(k for k in ("Y", "X") if rows_whole and dict(plan.layouts)[k] is Layout.CONTIGUOUS
-                     and (k == "Y" or (taps == 1 and g.stride == (1, 1, 1) and g.pad_lo == (0, 0, 0))))
-    # grad_output rows that must be packed are packed once per call, chunk by chunk, into a buffer
-    # that every row block reads, rather than once per row block (exact: the buffer's chunks end
-    # in zeros). Not when chunks of several parts of the reduction would share a buffer chunk.
-    # Likewise the im2col rows, when several out-channel blocks read them, if the whole im2col
-    # (known only at run time, with the batch) fits SHARED_X_BYTES; else each item packs its own.
-    row_blocks, channel_blocks = math.ceil(rows / rb), math.ceil(g.cout_g / ksb)
-    one_part = not across or splits == 1
-    shared = tuple(k for k, needed in (("Y", "Y" not in in_place and row_blocks > 1),
-                                       ("X", "X" not in in_place and channel_blocks > 1)) if needed and one_part)
-    tiling = Tiling(vector_lanes=lanes, kb=kb, nv=cb, ksb=ksb, rb=rb, pc=pc, across=across, splits=splits,
-                    in_place=in_place, shared=shared, shared_bytes=SHARED_X_BYTES if "X" in shared else 0,
-                    threads_hint="parallel over (group, out-channel block, im2col row block); each item owns its "
-                                 "weight gradients and reduces in a fixed order, so results do not depend on the "
-                                 "thread count")
-    return plan.decide("tiling", f"GEMM {g.cout_g} x {rows} per group, reduced over {plane} pixels per image: "
-                                 f"register tile {kb} x {cb} ({score:.2f} useful), {ksb} x {rb} per work item "
-                                 f"({items(mk, mr)} items x {splits} parts of the reduction), chunks of {pc} pixels "
-                                 f"{'across images' if across else 'within an image'}; grad_output "
-                                 f"{'read in place' if 'Y' in in_place else 'packed once, shared by the ' + str(row_blocks) + ' row blocks' if shared else 'packed'}, im2col rows "
-                                 f"{'read in place (pointwise)' if 'X' in in_place else 'packed once, shared by the ' + str(channel_blocks) + ' channel blocks (if the im2col fits ' + str(SHARED_X_BYTES >> 20) + ' MB)' if 'X' in shared else 'packed'}; "
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
@@ -415,7 +369,7 @@ def run(plan: Plan) -> Plan:
     if plan.algorithm == "gemm":
         return _gemm_wgrad(plan, lanes)
     if plan.algorithm == "pointwise":
-        return _pointwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _pointwise(plan, lanes)
+        return _pointwise(plan, lanes)
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes)
     return _direct(plan, lanes)
