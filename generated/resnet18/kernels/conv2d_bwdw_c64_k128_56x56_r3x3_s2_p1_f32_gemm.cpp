@@ -218,16 +218,18 @@ int64_t n, int nthreads) {
         const int64_t kc = u1 - q0 < KC ? u1 - q0 : KC;
         for (int64_t r = 0; r < kc; ++r) at[r] = read_at((q0 + r) / PLANE, (q0 + r) % PLANE);
         // this chunk's B: [strip][pixel][NR], zeros for padding and past the last column
+        // (one pixel's NR values at a time: whole cache lines of the panel are written at once)
         for (int64_t s = 0; s < strips; ++s) {
           ACC* panel = bp + s * KC * NR;
           const int64_t valid = nc - s * NR < NR ? nc - s * NR : NR;
-          for (int64_t j = 0; j < NR; ++j) {
-            if (j >= valid) {
-              for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = 0;
-              continue;
-            }
-            const ACC* xs = xs0 + column_at(g, c0 + s * NR + j);
-            for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = xs[at[r]];
+          int64_t col[NR];
+          for (int64_t j = 0; j < NR; ++j) col[j] = j < valid ? column_at(g, c0 + s * NR + j) : -1;
+          if (valid == NR) {
+            for (int64_t r = 0; r < kc; ++r)
+              for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = xs0[col[j] + at[r]];
+          } else {
+            for (int64_t r = 0; r < kc; ++r)
+              for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = col[j] >= 0 ? xs0[col[j] + at[r]] : (ACC)0;
           }
         }
         for (int64_t s = 0; s < strips; ++s)
