@@ -126,21 +126,12 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     return choice, why
 
 
-def _uniform_phase_taps(g) -> int:
-    """The taps that reach each stride phase of a data gradient when every phase takes the same
-    number (a kernel extent divisible by the stride, say), else 0."""
-    total = 1
-    for k, s, pad, d in zip(g.kernel, g.stride, g.pad_lo, g.dilation):
-        counts = {sum(1 for t in range(k) if (a + pad - t * d) % s == 0) for a in range(s)}
-        if len(counts) != 1:
-            return 0
-        total *= counts.pop()
-    return total
-
-
 # "lanes" is chosen over "blocked" when blocked's register tile scores below this fraction of
 # lanes' (measured on Zen 3: lanes ran 1.2-1.4x faster on 33-, 28- and 7-wide rows, about as fast
 # on 56-, 14- and 32-wide ones with 32-64 channels, and 1.5x slower on 32-wide rows with 256).
+# Strided data gradients whose phases all take the same taps (a 4x4 kernel, stride 2) follow the
+# scores too since blocked's row blocks: dcgan_tconv's forward, 16-wide phases, blocked 5.8-6.2
+# ms against lanes' 6.9-7.0; 8-wide phases with 128 channels, lanes 5.7 against 6.7.
 LANES_OVER_BLOCKED = 0.85
 
 
@@ -152,7 +143,7 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         channels, columns = g.cout_g, g.y_size[2]
     else:
         channels, columns = g.cin_g, math.ceil(g.x_size[2] / g.stride[2])
-    *_, blocked = tiling.register_tile(channels, columns, lanes, t.vector_registers)
+    *_, blocked = tiling.register_tile(channels, columns, lanes, t.vector_registers, wide=plan.kop is KOp.DGRAD)
     *_, by_channels = tiling.lanes_tile(channels, lanes, t.vector_registers)
     scores = f"tile scores blocked {blocked:.2f}, lanes {by_channels:.2f}"
     written = next(op for op in plan.operands if op.writes)
@@ -161,11 +152,6 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # and scatter one element per channel stride (forward 0.44x -> 0.61x torch on
         # r50_1x1_64_256; with strides lanes was slower: 0.76x -> 0.60x on r50_3x3_128_s2)
         return "lanes", f"{WHY['lanes']}; channels-last {written.role} ({scores})"
-    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and _uniform_phase_taps(g) >= 2:
-        # every stride phase takes the same taps, so the lanes tap loop has a fixed trip count
-        # (dcgan_tconv's forward, 4x4 stride 2: 6.6-7.0 ms against blocked's 7.6-7.9; 4x4 stride 2
-        # with 256 channels at 8x8: 5.7 against 13.6)
-        return "lanes", f"{WHY['lanes']}; the same taps in every stride phase ({scores})"
     if plan.kop is KOp.FWD and g.stride[2] > 1:
         # lanes would broadcast from every SW-th input column of a padded copy (measured 1.1-1.2x
         # slower on r50_3x3_128_s2 and the stem); blocked splits the columns into phases
