@@ -152,6 +152,13 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # and scatter one element per channel stride (forward 0.44x -> 0.61x torch on
         # r50_1x1_64_256; with strides lanes was slower: 0.76x -> 0.60x on r50_3x3_128_s2)
         return "lanes", f"{WHY['lanes']}; channels-last {written.role} ({scores})"
+    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and columns > lanes:
+        # blocked specialises its tap loop per stride phase at compile time, where lanes tests
+        # every tap (data gradients, ms, blocked against lanes: r50_3x3_128_s2, 28-wide phases,
+        # 26.2 against 39.6; 3x3 s2 256->256 at 28x28, 14-wide, 23.9 against 31.6; 1x1 s2
+        # 128->64 at 56x56 1.7 against 7.1); phases of one vector or less follow the scores
+        # (8-wide, 4x4 s2, 128 channels: lanes 5.7 against 6.7)
+        return "blocked", f"{WHY['blocked']}; strided data gradient, {columns}-wide phases ({scores})"
     if plan.kop is KOp.FWD and g.stride[2] > 1:
         # lanes would broadcast from every SW-th input column of a padded copy (measured 1.1-1.2x
         # slower on r50_3x3_128_s2 and the stem); blocked splits the columns into phases
