@@ -69,8 +69,8 @@ class Operand:
 class Tiling:
     vector_lanes: int        # SIMD lanes of the accumulator type on the target
     threads_hint: str        # which loops the OpenMP parallel-for covers
-    rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once; blocked
-                             # data gradient: input-gradient rows per work item
+    rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once; blocked:
+                             # output (data gradient: input-gradient) rows per work item
     row_tiles: int = 1       # direct: tiles per plane
     kb: int = 0              # blocked: channels held in registers at once
     nv: int = 0              # blocked: vectors of columns held in registers at once

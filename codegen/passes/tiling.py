@@ -38,9 +38,9 @@ VECTOR_LOAD_COST = 1.5   # an unaligned vector load, in broadcasts
 # a 2 x 4 tile ran r50_3x3_64 in 14.0 ms, 2 x 5 in 16.6 and 2 x 6 in 20.3 (GCC shuffles and
 # spills the fuller tiles), and 2 x 4 beat 3 x 3 and 1 x 8 by 15-30% on 7-, 33- and 4096-wide rows.
 LANES_SPARE_REGISTERS = 5
-# Input-gradient rows per work item of the blocked data gradient, at most: they share one copy of
-# the grad_output rows they reach (a 7x7 stride-2 kernel reaches 3-4 rows per input row; 8 rows
-# copy 7).
+# Rows per work item of the blocked kernels, at most: they share one copy of the rows they read
+# (the data gradient of a 7x7 stride-2 kernel reaches 3-4 grad_output rows per input row, 8 rows
+# copy 7; a 3x3 forward reads 3 input rows per output row, 8 rows copy 10).
 BLOCKED_ROWS = 8
 # Rows (input channel, tap) per work item of the lanes weight gradient: on Zen 3, 144 rows with
 # 256-pixel chunks ran r50_3x3_512 in 16.3 ms against 21.6 with 36 rows and 128-pixel chunks
@@ -109,8 +109,8 @@ def register_tile(channels: int, columns: int, lanes: int, registers: int,
 
 def _blocked(plan: Plan, lanes: int) -> Plan:
     """Forward: KB output channels x NV vectors of output columns. Data gradient: KB input channels
-    x NV vectors of input-gradient columns of one stride phase, for RB input-gradient rows per
-    work item that share one copy of the grad_output rows they reach."""
+    x NV vectors of input-gradient columns of one stride phase. Either way for RB rows per work
+    item, which share one copy of the rows they read."""
     g, t = plan.geometry, plan.target
     acc_bytes = plan.problem.dtype.accumulator.itemsize
     kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
@@ -120,7 +120,18 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     if plan.kop is KOp.FWD:
         channels, columns = g.cout_g, g.y_size[2]
         halo = ((kw - 1) * dw) // sw + 1
-        per_col = g.cin_g * rows * sw * acc_bytes          # input buffer bytes per output column
+        kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
+        def span_of(r: int) -> int:            # input rows that r consecutive output rows read
+            return (r - 1) * sh + (kh - 1) * dh + 1
+        per_row = g.cin_g * g.kernel[0] * sw * acc_bytes   # buffer bytes per output column and input row
+        full = math.ceil(columns / lanes) * lanes + halo
+        # rows per item: as many as keep the buffer within a quarter of the L2 at full width (the
+        # weights stream through the L2 as well: r50_3x3_128_s2 ran 19.5 ms with 3 rows in half
+        # the L2, 17.0 with one row), up to BLOCKED_ROWS, four row blocks per plane at least
+        rb = max([r for r in range(1, BLOCKED_ROWS + 1)
+                  if r <= max(1, g.y_size[1] // 4) and full * per_row * span_of(r) <= budget // 2] or [1])
+        span = span_of(rb)
+        per_col = per_row * span                           # input buffer bytes per output column
         what = "output"
     else:
         channels, columns = g.cin_g, math.ceil(g.x_size[2] / sw)
@@ -143,9 +154,11 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     cols = min(math.ceil(columns / owb) * owb, fit)
     tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, group, {what.split()[0]} row"
                                                      f"{' block' if rb > 1 else ''}, column tile)",
-                    kb=kb, nv=nv, cols=cols, rows_per_tile=rb if plan.kop is not KOp.FWD else 0)
-    rows_note = (f"{rb} input-gradient rows per work item share one copy of the {span} grad_output rows "
-                 f"they reach; " if plan.kop is not KOp.FWD else "")
+                    kb=kb, nv=nv, cols=cols, rows_per_tile=rb)
+    rows_note = (f"{rb} output rows per work item share one copy of the {span} input rows they read; "
+                 if plan.kop is KOp.FWD else
+                 f"{rb} input-gradient rows per work item share one copy of the {span} grad_output rows "
+                 f"they reach; ")
     return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} {what} columns "
                                  f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
                                  f"{rows_note}{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) "
