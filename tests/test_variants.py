@@ -31,6 +31,8 @@ PROBLEMS = [
     ("depthwise_mult2", 2, 4, 8, (6, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 4, False, (0, 0)),
     ("depthwise_s2_dil", 2, 6, 6, (9, 11), (3, 3), (2, 2), ((2, 2), (1, 1)), (2, 1), 6, False, (0, 0)),
     ("depthwise_1d", 2, 5, 5, (19,), (4,), (1,), ((1, 1),), (3,), 5, False, (0,)),
+    # rows wide enough for the depthwise weight gradient to split stride-2 input rows by shuffles
+    ("depthwise_s2_wide", 2, 3, 3, (5, 45), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 3, False, (0, 0)),
     ("wide_odd", 2, 5, 7, (3, 37), (3, 3), (1, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("pointwise", 2, 6, 10, (5, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
     # the pointwise GEMM's corners: strides and padding (pixels that read zeros), groups, a
@@ -48,9 +50,8 @@ PROBLEMS = [
     ("k4_s2", 2, 6, 10, (9, 8), (4, 4), (2, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("transposed_k4_s2", 2, 10, 6, (5, 6), (4, 4), (2, 2), ((1, 1), (1, 1)), (1, 1), 2, True, (0, 0)),
     ("transposed_groups_op", 2, 4, 6, (5, 7), (3, 3), (3, 3), ((1, 1), (1, 1)), (2, 2), 2, True, (2, 1)),
-    # weight gradients with several row and channel blocks, whose grad_output and im2col rows are
-    # packed once and shared by all blocks: small images chunked across the batch, and larger
-    # ones whose reduction is cut into parts (grad_output alone, then both)
+    # weight gradients with several row and channel blocks (lanes) or column blocks (gemm), and
+    # reductions cut into parts, on small images and larger ones
     ("many_channels_across", 2, 16, 256, (5, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("many_rows_parts", 2, 12, 10, (9, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("many_channels_parts", 2, 16, 160, (9, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),

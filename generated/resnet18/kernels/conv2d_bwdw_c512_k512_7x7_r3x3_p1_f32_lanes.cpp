@@ -81,6 +81,12 @@ static inline ACC vsum(vec v) {   // fixed-order horizontal sum, so results do n
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The even and odd elements of the 2V values at p: a stride-2 run split into its two phases.
+static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
+  const vec a = vload(p), b = vload(p + V);
+  even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+  odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+}
 
 constexpr int64_t NV = 2, PB = 4;     // register tile: NV vectors of out channels x PB rows
 constexpr int64_t NVV = NV * V, KBLK = (COUT_G + NVV - 1) / NVV;

@@ -12,10 +12,10 @@
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 5 channels x 2 vectors of 8 output columns (10 of 16 registers accumulate; 0.78 useful); 3 output rows per work item share one copy of the 7 input rows they read; 16 columns per work item so its buffer (129024 B) stays within half the L2; parallel over (batch, group, output row block, column tile)
-// Register-blocked forward convolution. Each work item is RB consecutive output row segments
-// (batch b, group g, output depth, row block, column tile). The input rows they read are first
-// copied once into a zero-padded buffer, split into SW phases, so that every kernel tap reads a
-// contiguous run of columns whatever the padding, stride and dilation. The micro-kernel then holds KB output channels x NV vectors of
+// Register-blocked forward convolution. Each work item is one output row segment (batch b,
+// group g, output row, column tile). Its input rows are first copied into a zero-padded buffer,
+// split into SW phases, so that every kernel tap reads a contiguous run of columns whatever the
+// padding, stride and dilation. The micro-kernel then holds KB output channels x NV vectors of
 // output columns in registers and streams input channels and taps through them.
 #include <cstdint>
 #include <cstdlib>
@@ -77,14 +77,18 @@ static inline ACC vsum(vec v) {   // fixed-order horizontal sum, so results do n
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The even and odd elements of the 2V values at p: a stride-2 run split into its two phases.
+static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
+  const vec a = vload(p), b = vload(p + V);
+  even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+  odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+}
 
 constexpr int64_t KB = 5, NV = 2;                 // register tile: KB channels x NV vectors
 constexpr int64_t KBLK = (COUT_G + KB - 1) / KB;                          // channel blocks per group
 constexpr int64_t COLS = 16, NCT = (YW + COLS - 1) / COLS;    // output columns per item, tiles per row
 constexpr int64_t OWB = V * NV;                                            // columns per register tile (COLS % OWB == 0)
 constexpr int64_t M = COLS + ((KW - 1) * DW) / SW + 1;                     // buffered columns per phase
-constexpr int64_t RB = 3, NRB = (YH + RB - 1) / RB;  // output rows per item, row blocks
-constexpr int64_t SPAN = (RB - 1) * SH + (KH - 1) * DH + 1;                // input rows they read
 constexpr int64_t TAPS = KD * KH * KW;
 constexpr int64_t SUMCH = TAPS >= 256 ? 1 : 256 / TAPS;                    // input channels per partial sum
 
@@ -111,37 +115,37 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __r
   ACC* wp = (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * CIN_G * TAPS * KB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   if (!wp) return 1;
   repack_weights(w, wp, nthreads);
-  const int64_t items = n * G * YD * NRB * NCT;
+  const int64_t items = n * G * YD * YH * NCT;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
-    // input buffer: [ci][kd][input row - first row][phase][M]
-    ACC* xb = scratch(CIN_G * KD * SPAN * SW * M);
+    // input buffer: [ci][kd][kh][phase][M]
+    ACC* xb = scratch(CIN_G * KD * KH * SW * M);
     if (!xb) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       if (!xb) continue;
       int64_t rest = item;
       const int64_t ct = rest % NCT; rest /= NCT;
-      const int64_t rb = rest % NRB; rest /= NRB;
+      const int64_t oh = rest % YH; rest /= YH;
       const int64_t od = rest % YD; rest /= YD;
       const int64_t g = rest % G;
       const int64_t b = rest / G;
-      const int64_t col0 = ct * COLS, oh0 = rb * RB, oh1 = oh0 + RB < YH ? oh0 + RB : YH;
-      const int64_t ih0 = oh0 * SH - PH;                          // the buffer's first input row
-      // 1. gather the input rows the segments read, zero-padded and split into SW phases
-      bool depth_valid[KD];
-      for (int64_t kd = 0; kd < KD; ++kd) {
-        const int64_t id = od * SD - PD + kd * DD;
-        depth_valid[kd] = id >= 0 && id < XD;
-      }
+      const int64_t col0 = ct * COLS;
+      // 1. gather the input rows this segment reads, zero-padded and split into SW phases
+      bool row_valid[KD * KH];
+      for (int64_t kd = 0; kd < KD; ++kd)
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const int64_t id = od * SD - PD + kd * DD, ih = oh * SH - PH + kh * DH;
+          row_valid[kd * KH + kh] = id >= 0 && id < XD && ih >= 0 && ih < XH;
+        }
       for (int64_t ci = 0; ci < CIN_G; ++ci) {
         const T* xc = x + b * X_SN + (g * CIN_G + ci) * X_SC;
         for (int64_t kd = 0; kd < KD; ++kd)
-          for (int64_t s = 0; s < SPAN; ++s) {
-            if (!depth_valid[kd] || ih0 + s < 0 || ih0 + s >= XH) continue;   // never read
-            const T* xrow = xc + (od * SD - PD + kd * DD) * X_SD + (ih0 + s) * X_SH;
-            ACC* dst = xb + ((ci * KD + kd) * SPAN + s) * SW * M;
+          for (int64_t kh = 0; kh < KH; ++kh) {
+            if (!row_valid[kd * KH + kh]) continue;
+            const T* xrow = xc + (od * SD - PD + kd * DD) * X_SD + (oh * SH - PH + kh * DH) * X_SH;
+            ACC* dst = xb + ((ci * KD + kd) * KH + kh) * SW * M;
             for (int64_t ph = 0; ph < SW; ++ph) {
               // m reads column (col0 + m) * SW + ph - PW: zeros, then a strided copy, then zeros
               const int64_t lo = clamp64(ceildiv(PW - ph, SW) - col0, 0, M);
@@ -154,14 +158,7 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __r
             }
           }
       }
-      // 2. register-blocked accumulation, one output row at a time
-      for (int64_t oh = oh0; oh < oh1; ++oh) {
-      bool row_valid[KD * KH];
-      for (int64_t kd = 0; kd < KD; ++kd)
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const int64_t ih = oh * SH - PH + kh * DH;
-          row_valid[kd * KH + kh] = depth_valid[kd] && ih >= 0 && ih < XH;
-        }
+      // 2. register-blocked accumulation
       const int64_t ncols = YW - col0 < COLS ? YW - col0 : COLS;
       for (int64_t kblk = 0; kblk < KBLK; ++kblk) {
         const ACC* wk = wp + (g * KBLK + kblk) * CIN_G * TAPS * KB;
@@ -181,7 +178,7 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __r
             for (int64_t kd = 0; kd < KD; ++kd)
               for (int64_t kh = 0; kh < KH; ++kh) {
                 if (!row_valid[kd * KH + kh]) continue;
-                const ACC* xr = xb + ((ci * KD + kd) * SPAN + (oh - oh0) * SH + kh * DH) * SW * M + ow0;
+                const ACC* xr = xb + ((ci * KD + kd) * KH + kh) * SW * M + ow0;
                 const ACC* wt = wk + ((ci * KD + kd) * KH + kh) * KW * KB;
                 for (int64_t kw = 0; kw < KW; ++kw) {
                   const ACC* xs = xr + ((kw * DW) % SW) * M + (kw * DW) / SW;
@@ -207,7 +204,6 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __r
             for (int64_t l = 0; l < cnt; ++l) yrow[l * Y_SW] = from_acc(lanes[l]);
           }
         }
-      }
       }
     }
     std::free(xb);
