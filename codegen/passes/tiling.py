@@ -114,40 +114,33 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     g, t = plan.geometry, plan.target
     acc_bytes = plan.problem.dtype.accumulator.itemsize
     kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
-    rows = g.kernel[0] * g.kernel[1]
+    kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
     budget = t.l2_bytes // 2
-    rb, span = 1, rows
     if plan.kop is KOp.FWD:
-        channels, columns = g.cout_g, g.y_size[2]
+        channels, columns, height = g.cout_g, g.y_size[2], g.y_size[1]
         halo = ((kw - 1) * dw) // sw + 1
-        kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
         def span_of(r: int) -> int:            # input rows that r consecutive output rows read
             return (r - 1) * sh + (kh - 1) * dh + 1
         per_row = g.cin_g * g.kernel[0] * sw * acc_bytes   # buffer bytes per output column and input row
-        full = math.ceil(columns / lanes) * lanes + halo
-        # rows per item: as many as keep the buffer within a quarter of the L2 at full width (the
-        # weights stream through the L2 as well: r50_3x3_128_s2 ran 19.5 ms with 3 rows in half
-        # the L2, 17.0 with one row), up to BLOCKED_ROWS, four row blocks per plane at least
-        rb = max([r for r in range(1, BLOCKED_ROWS + 1)
-                  if r <= max(1, g.y_size[1] // 4) and full * per_row * span_of(r) <= budget // 2] or [1])
-        span = span_of(rb)
-        per_col = per_row * span                           # input buffer bytes per output column
+        # the row blocks' buffer within a quarter of the L2: the weights stream through it as well
+        # (r50_3x3_128_s2 ran 19.5 ms with 3 rows in half the L2, 17.0 with one row)
+        limit = budget // 2
         what = "output"
     else:
-        channels, columns = g.cin_g, math.ceil(g.x_size[2] / sw)
+        channels, columns, height = g.cin_g, math.ceil(g.x_size[2] / sw), g.x_size[1]
         halo = (sw - 1 + pw) // sw - (pw - (kw - 1) * dw) // sw
-        kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
         def span_of(r: int) -> int:            # grad_output rows that r consecutive rows reach
             return (r - 1 + (kh - 1) * dh) // sh + 1
         per_row = g.cout_g * g.kernel[0] * acc_bytes       # buffer bytes per grad_output column and row
-        full = math.ceil(columns / lanes) * lanes + halo
-        # rows per item: as many as keep the buffer within the budget at full width, up to
-        # BLOCKED_ROWS, with at least four row blocks per plane for the threads to share
-        rb = max([r for r in range(1, BLOCKED_ROWS + 1)
-                  if r <= max(1, g.x_size[1] // 4) and full * per_row * span_of(r) <= budget] or [1])
-        span = span_of(rb)
-        per_col = per_row * span                           # grad_output buffer bytes per column
+        limit = budget
         what = "input-gradient (per stride phase)"
+    # rows per item: as many as keep the buffer within `limit` at full width, up to BLOCKED_ROWS,
+    # with at least four row blocks per plane for the threads to share
+    full = math.ceil(columns / lanes) * lanes + halo
+    rb = max([r for r in range(1, BLOCKED_ROWS + 1)
+              if r <= max(1, height // 4) and full * per_row * span_of(r) <= limit] or [1])
+    span = span_of(rb)
+    per_col = per_row * span                               # buffer bytes per column
     kb, nv, score = register_tile(channels, columns, lanes, t.vector_registers, wide=plan.kop is not KOp.FWD)
     owb = nv * lanes
     fit = max(owb, (budget // max(per_col, 1) - halo) // owb * owb)
