@@ -75,9 +75,9 @@ def _pointwise_fits(plan: Plan) -> bool:
     return plan.kop is not KOp.WGRAD and g.kernel == (1, 1, 1) and (plan.kop is KOp.FWD or g.stride == (1, 1, 1))
 
 
-# The packed GEMMs (pointwise; gemm for weight gradients) pack what they reduce over once per item
-# and chunk, which pays off unless the reduction is very short. Measured on Zen 3 (batch 8, NCHW,
-# ms, pointwise against the better of lanes and blocked; "C->K at size"): forward 2048->512 at 7 7.8 vs 9.5, 1024->256 at 14 7.2 vs
+# The pointwise GEMM packs what it reduces over once per item and chunk, which pays off unless the
+# reduction is very short. Measured on Zen 3 (batch 8, NCHW, ms, pointwise against the better of
+# lanes and blocked; "C->K at size"): forward 2048->512 at 7 7.8 vs 9.5, 1024->256 at 14 7.2 vs
 # 9.5, 512->128 at 28 7.4 vs 8.7, 128->512 at 28 7.0 vs 9.2, 144->24 at 56 2.9 vs 3.2, 64->256 at
 # 56 9.0 vs 9.2, but 24->144 at 56 3.1 vs 2.4; data gradient (reduced over the K output
 # channels) 512->128 6.1 vs 8.6, 1024->256 6.3 vs 7.3, 256->64 8.1 vs 11.7, 64->256 7.7 vs 9.1.
