@@ -158,3 +158,10 @@ def emit_bundle_module(name: str, module: str, sources: list[KernelSource], kern
     context = BundleContext(name=name, module=module, version=generator_version(), target=target,
                             kernel_set=kernel_set, kernels=kernels)
     return environment().get_template("bundle/module.cpp.j2").render(b=context)
+
+
+def emit_launcher(module: str, torch_version: str) -> str:
+    """The source of the eager launcher (runtime/eager.py), the Python extension module `module`
+    for torch `torch_version`."""
+    return environment().get_template("eager/launcher.cpp.j2").render(
+        version=generator_version(), module=module, torch_version=torch_version)

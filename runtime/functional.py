@@ -75,6 +75,16 @@ class ConvolutionBackwardFunction(torch.autograd.Function):
         return (*grads, *(None,) * 8)
 
 
+def _apply(function: type[torch.autograd.Function], *args):
+    """`function.apply(*args)` on the eager path. Function.apply first walks its arguments as a
+    pytree to unwrap dead functorch wrappers, which costs about half a tiny convolution; eager
+    calls have no functorch-wrapped tensors (traced() sends those to the registered ops), so
+    unless a functorch transform is active this goes straight to autograd's own apply."""
+    if torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(*args)
+
+
 def _eager_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """convolution on the eager path: an autograd node only where a gradient is needed. When one
     is, the backward's kernels are built with the forward's, in one ninja run."""
@@ -82,7 +92,10 @@ def _eager_convolution(input, weight, bias, stride, padding, dilation, transpose
     if torch.is_grad_enabled() and any(mask):
         forward = ops.forward(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
                               mask)
-        return ConvolutionFunction.apply(input, weight, bias, forward)
+        output = forward.record(input, weight, bias)
+        if output is NotImplemented:
+            output = _apply(ConvolutionFunction, input, weight, bias, forward)
+        return output
     return ops.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
@@ -93,7 +106,7 @@ def _eager_convolution_backward(grad_output, input, weight, bias_sizes, stride, 
     args = (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
             output_mask)
     if torch.is_grad_enabled() and any(_needs(t) for t in (grad_output, input, weight)):
-        return ConvolutionBackwardFunction.apply(*args)
+        return _apply(ConvolutionBackwardFunction, *args)
     return tuple(library.masked_off(input) if r is None else r for r in ops.convolution_backward(*args))
 
 

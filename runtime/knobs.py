@@ -13,6 +13,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_VERBOSE        | verbose()          | off                                       |
 | CONVGEN_TUNE           | tune()             | off                                       |
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
+| CONVGEN_LAUNCHER       | launcher()         | on                                        |
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ def verbose() -> bool:
 def tune() -> bool:
     """Whether a new problem times its candidate kernels and records the fastest (CONVGEN_TUNE)."""
     return _flag("CONVGEN_TUNE")
+
+
+def launcher() -> bool:
+    """Whether eager calls may use the compiled eager launcher (runtime/eager.py) when it is
+    built (CONVGEN_LAUNCHER, default on; 0 keeps them on the Python path)."""
+    return os.environ.get("CONVGEN_LAUNCHER", "").strip() == "" or _flag("CONVGEN_LAUNCHER")
 
 
 def bundles_env() -> str:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from . import dispatch
+from . import dispatch, eager
 from .stats import bump
 from .codegen.errors import ConvSpecError
 from .codegen.ir import ConvProblem, Layout, Op
@@ -59,18 +59,13 @@ _SEQUENCES = (list, tuple, torch.Size)
 def _signature(tensors, args) -> tuple | None:
     """Everything about a call that its problems depend on, cheap to compute and hashable; None
     for a call too odd to memoize (it takes the full path, which reports what is wrong).
-    Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None."""
+    Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None.
+    A tensor counts by type, dtype, whether it is on the CPU, layout, shape and strides: a call
+    on any other device or layout is refused before it could be remembered."""
     try:
-        parts = [torch.get_num_threads()]
-        for t in tensors:
-            if t is None:
-                parts.append(None)
-            elif t.layout != torch.strided:
-                return None
-            else:
-                parts.append((type(t), t.dtype, t.device, t.shape, t.stride()))
-        parts += [tuple(a) if type(a) in _SEQUENCES else a for a in args]
-        signature = tuple(parts)
+        signature = (torch.get_num_threads(), *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
+                     *[None if t is None else (type(t), t.dtype, t.is_cpu, t.layout, t.shape, t.stride())
+                       for t in tensors])
         hash(signature)
         return signature
     except (TypeError, AttributeError, RuntimeError):
@@ -80,6 +75,12 @@ def _signature(tensors, args) -> tuple | None:
 # Calls seen before, by signature: their validated problems and dispatch entries. Bounded.
 _calls: dict[tuple, tuple] = {}
 MAX_CALLS = 4096
+
+
+def forget_calls() -> None:
+    """Forget the remembered calls, so the next of each decides again (after CONVGEN_LAUNCHER
+    changes, or a launcher is built, in the same process)."""
+    _calls.clear()
 
 
 def _remember(signature: tuple, value: tuple) -> tuple:
@@ -107,16 +108,30 @@ class Forward:
                                (weight, memory_format(p.weight_layout, weight.dim())),
                                (bias, torch.contiguous_format)))
         kernel = self._entry.kernel
+        self._launcher = self._call = None
         if kernel is None:
             self._kernel = None
         else:
+            roles = ("input", "weight", "bias", "output")
             live = [role for role, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None
                     and t.numel()]
             if math.prod(p.output_shape):
                 live.append("output")
-            self._kernel = kernel.bind(("input", "weight", "bias", "output"), live, p.n, self._threads)
+            self._kernel = kernel.bind(roles, live, p.n, self._threads)
+            bound = eager.bind(self, kernel, roles, live, *self._output, self._formats)
+            if bound is not None:
+                self._launcher, self._call = bound
+
+    def record(self, input, weight, bias):
+        """The convolution with its autograd node recorded by the eager launcher (runtime/eager.py);
+        NotImplemented without the launcher, or where the Python autograd Function must decide."""
+        if self._call is None:
+            return NotImplemented
+        return self._launcher.run(self._call, input, weight, bias, True)
 
     def run(self, input, weight, bias) -> torch.Tensor:
+        if self._call is not None:
+            return self._launcher.run(self._call, input, weight, bias, False)
         shape, dtype, fmt = self._output
         out = torch.empty(shape, dtype=dtype, memory_format=fmt)
         f_input, f_weight, f_bias = self._formats
