@@ -12,11 +12,12 @@
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 5 channels x 2 vectors of 8 output columns (10 of 16 registers accumulate; 0.78 useful); 3 output rows per work item share one copy of the 5 input rows they read; 16 columns per work item so its buffer (87040 B) stays within half the L2; parallel over (batch, group, output row block, column tile)
-// Register-blocked forward convolution. Each work item is one output row segment (batch b,
-// group g, output row, column tile). Its input rows are first copied into a zero-padded buffer,
-// split into SW phases, so that every kernel tap reads a contiguous run of columns whatever the
-// padding, stride and dilation. The micro-kernel then holds KB output channels x NV vectors of
-// output columns in registers and streams input channels and taps through them.
+// Register-blocked forward convolution. Each work item is RB consecutive output row segments
+// (batch b, group g, output depth, row block, column tile). The input rows they read are first
+// copied once into a zero-padded buffer, split into SW phases, so that every kernel tap reads a
+// contiguous run of columns whatever the padding, stride and dilation. The micro-kernel then
+// holds KB output channels x NV vectors of output columns in registers and streams input
+// channels and taps through them, one output row at a time.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -89,6 +90,9 @@ constexpr int64_t KBLK = (COUT_G + KB - 1) / KB;                          // cha
 constexpr int64_t COLS = 16, NCT = (YW + COLS - 1) / COLS;    // output columns per item, tiles per row
 constexpr int64_t OWB = V * NV;                                            // columns per register tile (COLS % OWB == 0)
 constexpr int64_t M = COLS + ((KW - 1) * DW) / SW + 1;                     // buffered columns per phase
+constexpr int64_t RB = 3, NRB = (YH + RB - 1) / RB; // output rows per item, row blocks
+// The input rows that RB consecutive output rows read span at most SPAN rows.
+constexpr int64_t SPAN = (RB - 1) * SH + (KH - 1) * DH + 1;
 constexpr int64_t TAPS = KD * KH * KW;
 constexpr int64_t SUMCH = TAPS >= 256 ? 1 : 256 / TAPS;                    // input channels per partial sum
 
@@ -115,37 +119,38 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r1x1_s2_f32_blocked(const T* __rest
   ACC* wp = (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * CIN_G * TAPS * KB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   if (!wp) return 1;
   repack_weights(w, wp, nthreads);
-  const int64_t items = n * G * YD * YH * NCT;
+  const int64_t items = n * G * YD * NRB * NCT;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
-    // input buffer: [ci][kd][kh][phase][M]
-    ACC* xb = scratch(CIN_G * KD * KH * SW * M);
+    // input buffer: [ci][kd][span row][phase][M]
+    ACC* xb = scratch(CIN_G * KD * SPAN * SW * M);
     if (!xb) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       if (!xb) continue;
       int64_t rest = item;
       const int64_t ct = rest % NCT; rest /= NCT;
-      const int64_t oh = rest % YH; rest /= YH;
+      const int64_t rb = rest % NRB; rest /= NRB;
       const int64_t od = rest % YD; rest /= YD;
       const int64_t g = rest % G;
       const int64_t b = rest / G;
-      const int64_t col0 = ct * COLS;
-      // 1. gather the input rows this segment reads, zero-padded and split into SW phases
-      bool row_valid[KD * KH];
+      const int64_t col0 = ct * COLS, oh0 = rb * RB, oh1 = oh0 + RB < YH ? oh0 + RB : YH;
+      const int64_t ih0 = oh0 * SH - PH, ih1 = (oh1 - 1) * SH - PH + (KH - 1) * DH;   // span row 0, last row read
+      // 1. gather the input rows the item's rows read, zero-padded and split into SW phases
+      bool row_valid[KD * SPAN];
       for (int64_t kd = 0; kd < KD; ++kd)
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const int64_t id = od * SD - PD + kd * DD, ih = oh * SH - PH + kh * DH;
-          row_valid[kd * KH + kh] = id >= 0 && id < XD && ih >= 0 && ih < XH;
+        for (int64_t s = 0; s < SPAN; ++s) {
+          const int64_t id = od * SD - PD + kd * DD, ih = ih0 + s;
+          row_valid[kd * SPAN + s] = id >= 0 && id < XD && ih >= 0 && ih < XH && ih <= ih1;
         }
       for (int64_t ci = 0; ci < CIN_G; ++ci) {
         const T* xc = x + b * X_SN + (g * CIN_G + ci) * X_SC;
         for (int64_t kd = 0; kd < KD; ++kd)
-          for (int64_t kh = 0; kh < KH; ++kh) {
-            if (!row_valid[kd * KH + kh]) continue;
-            const T* xrow = xc + (od * SD - PD + kd * DD) * X_SD + (oh * SH - PH + kh * DH) * X_SH;
-            ACC* dst = xb + ((ci * KD + kd) * KH + kh) * SW * M;
+          for (int64_t s = 0; s < SPAN; ++s) {
+            if (!row_valid[kd * SPAN + s]) continue;
+            const T* xrow = xc + (od * SD - PD + kd * DD) * X_SD + (ih0 + s) * X_SH;
+            ACC* dst = xb + ((ci * KD + kd) * SPAN + s) * SW * M;
             for (int64_t ph = 0; ph < SW; ++ph) {
               // m reads column (col0 + m) * SW + ph - PW: zeros, then a strided copy, then zeros
               const int64_t lo = clamp64(ceildiv(PW - ph, SW) - col0, 0, M);
@@ -158,50 +163,53 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r1x1_s2_f32_blocked(const T* __rest
             }
           }
       }
-      // 2. register-blocked accumulation
+      // 2. register-blocked accumulation, one output row at a time
       const int64_t ncols = YW - col0 < COLS ? YW - col0 : COLS;
-      for (int64_t kblk = 0; kblk < KBLK; ++kblk) {
-        const ACC* wk = wp + (g * KBLK + kblk) * CIN_G * TAPS * KB;
-        for (int64_t ow0 = 0; ow0 < ncols; ow0 += OWB) {
-          vec total[KB][NV], acc[KB][NV];
-          for (int64_t j = 0; j < KB; ++j) {
-            const int64_t ko = kblk * KB + j;
-            const ACC init = bias && ko < COUT_G ? to_acc(bias[g * COUT_G + ko]) : (ACC)0;
-            for (int64_t v = 0; v < NV; ++v) total[j][v] = vbroadcast(init);
-          }
-          // partial sums over SUMCH input channels at a time, added to the total: two-level
-          // summation keeps the rounding error of long reductions near that of short ones
-          for (int64_t ci0 = 0; ci0 < CIN_G; ci0 += SUMCH) {
-          for (int64_t j = 0; j < KB; ++j)
-            for (int64_t v = 0; v < NV; ++v) acc[j][v] = vbroadcast(0);
-          for (int64_t ci = ci0; ci < (ci0 + SUMCH < CIN_G ? ci0 + SUMCH : CIN_G); ++ci)
-            for (int64_t kd = 0; kd < KD; ++kd)
-              for (int64_t kh = 0; kh < KH; ++kh) {
-                if (!row_valid[kd * KH + kh]) continue;
-                const ACC* xr = xb + ((ci * KD + kd) * KH + kh) * SW * M + ow0;
-                const ACC* wt = wk + ((ci * KD + kd) * KH + kh) * KW * KB;
-                for (int64_t kw = 0; kw < KW; ++kw) {
-                  const ACC* xs = xr + ((kw * DW) % SW) * M + (kw * DW) / SW;
-                  vec xv[NV];
-                  for (int64_t v = 0; v < NV; ++v) xv[v] = vload(xs + v * V);
-                  for (int64_t j = 0; j < KB; ++j) {
-                    const vec wv = vbroadcast(wt[kw * KB + j]);
-                    for (int64_t v = 0; v < NV; ++v) acc[j][v] += wv * xv[v];
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        const int64_t s0 = (oh - oh0) * SH;   // the span row of tap kh = 0
+        for (int64_t kblk = 0; kblk < KBLK; ++kblk) {
+          const ACC* wk = wp + (g * KBLK + kblk) * CIN_G * TAPS * KB;
+          for (int64_t ow0 = 0; ow0 < ncols; ow0 += OWB) {
+            vec total[KB][NV], acc[KB][NV];
+            for (int64_t j = 0; j < KB; ++j) {
+              const int64_t ko = kblk * KB + j;
+              const ACC init = bias && ko < COUT_G ? to_acc(bias[g * COUT_G + ko]) : (ACC)0;
+              for (int64_t v = 0; v < NV; ++v) total[j][v] = vbroadcast(init);
+            }
+            // partial sums over SUMCH input channels at a time, added to the total: two-level
+            // summation keeps the rounding error of long reductions near that of short ones
+            for (int64_t ci0 = 0; ci0 < CIN_G; ci0 += SUMCH) {
+            for (int64_t j = 0; j < KB; ++j)
+              for (int64_t v = 0; v < NV; ++v) acc[j][v] = vbroadcast(0);
+            for (int64_t ci = ci0; ci < (ci0 + SUMCH < CIN_G ? ci0 + SUMCH : CIN_G); ++ci)
+              for (int64_t kd = 0; kd < KD; ++kd)
+                for (int64_t kh = 0; kh < KH; ++kh) {
+                  if (!row_valid[kd * SPAN + s0 + kh * DH]) continue;
+                  const ACC* xr = xb + ((ci * KD + kd) * SPAN + s0 + kh * DH) * SW * M + ow0;
+                  const ACC* wt = wk + ((ci * KD + kd) * KH + kh) * KW * KB;
+                  for (int64_t kw = 0; kw < KW; ++kw) {
+                    const ACC* xs = xr + ((kw * DW) % SW) * M + (kw * DW) / SW;
+                    vec xv[NV];
+                    for (int64_t v = 0; v < NV; ++v) xv[v] = vload(xs + v * V);
+                    for (int64_t j = 0; j < KB; ++j) {
+                      const vec wv = vbroadcast(wt[kw * KB + j]);
+                      for (int64_t v = 0; v < NV; ++v) acc[j][v] += wv * xv[v];
+                    }
                   }
                 }
-              }
-          for (int64_t j = 0; j < KB; ++j)
-            for (int64_t v = 0; v < NV; ++v) total[j][v] += acc[j][v];
-          }
-          // 3. store the valid channels and columns
-          for (int64_t j = 0; j < KB; ++j) {
-            const int64_t ko = kblk * KB + j;
-            if (ko >= COUT_G) break;
-            T* yrow = y + b * Y_SN + (g * COUT_G + ko) * Y_SC + od * Y_SD + oh * Y_SH + (col0 + ow0) * Y_SW;
-            ACC lanes[NV * V];
-            for (int64_t v = 0; v < NV; ++v) vstore(lanes + v * V, total[j][v]);
-            const int64_t cnt = ncols - ow0 < OWB ? ncols - ow0 : OWB;
-            for (int64_t l = 0; l < cnt; ++l) yrow[l * Y_SW] = from_acc(lanes[l]);
+            for (int64_t j = 0; j < KB; ++j)
+              for (int64_t v = 0; v < NV; ++v) total[j][v] += acc[j][v];
+            }
+            // 3. store the valid channels and columns
+            for (int64_t j = 0; j < KB; ++j) {
+              const int64_t ko = kblk * KB + j;
+              if (ko >= COUT_G) break;
+              T* yrow = y + b * Y_SN + (g * COUT_G + ko) * Y_SC + od * Y_SD + oh * Y_SH + (col0 + ow0) * Y_SW;
+              ACC lanes[NV * V];
+              for (int64_t v = 0; v < NV; ++v) vstore(lanes + v * V, total[j][v]);
+              const int64_t cnt = ncols - ow0 < OWB ? ncols - ow0 : OWB;
+              for (int64_t l = 0; l < cnt; ++l) yrow[l * Y_SW] = from_acc(lanes[l]);
+            }
           }
         }
       }
