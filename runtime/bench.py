@@ -342,6 +342,12 @@ def run(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, ou
         report["summary"] = summarize([r for suite in report["suites"] for r in suite["rows"]])
         if out is not None:
             print("\n" + summary_line(report["summary"], "all suites: geomean torch/convgen"), file=out)
+    above = sorted({f"{r['name']} {lib}" for suite in report["suites"] for r in suite["rows"] if "results" in r
+                    for res in r["results"].values() for lib in ("torch", "convgen") if res[f"{lib}_pct_peak"] > 100})
+    if above:
+        warn(f"the peak probe read {probe.gflops:.1f} GFLOP/s, below what {', '.join(above)} reached: the machine "
+             f"was busier during the probe than during those timings, so '% peak' reads high (the ratios are "
+             f"unaffected)")
     report["call"] = call_cost()
     if out is not None:
         print("\n" + call_line(report["call"]), file=out, flush=True)
