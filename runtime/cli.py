@@ -325,7 +325,7 @@ def parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=cmd_bench)
     aot_cli.add_parser(sub)
     setup = sub.add_parser(
-        "setup", help="build the eager launcher for this torch and Python (once; about 20 s)",
+        "setup", help="build the eager launcher for this torch and Python (once; about 20-30 s)",
         description="Builds, into the kernel cache, the compiled module that runs eager forward calls and records "
                     "their autograd nodes in C++ (runtime/eager.py). Without it eager calls take the Python path "
                     "(same results, a few µs more per call). Does nothing when a valid one is cached.")

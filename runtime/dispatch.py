@@ -54,6 +54,11 @@ class Kernel:
         fn.restype = ctypes.c_int
         self._fn = fn
 
+    @property
+    def address(self) -> int:
+        """The entry point's address (for the eager launcher, which calls it from C++)."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
+
     def __call__(self, tensors: Mapping[str, torch.Tensor | None], n: int, nthreads: int) -> None:
         roles = [name for kind, name in self.source.signature if kind == "ptr"]
         live = [name for name in roles if tensors.get(name) is not None and tensors[name].numel()]

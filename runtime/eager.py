@@ -7,7 +7,7 @@ the output, the kernel, the autograd node) in one C call of a few µs. Its node'
 back into Python for the gradients (the same formulas and kernels as the Function's), so only
 the forward call gets faster, and results are bit for bit the same on either path.
 
-It includes torch's headers, which take about 20 s to compile, so it is never built during a
+It includes torch's headers, which take about 20-30 s to compile, so it is never built during a
 call: `convgen setup` (or `setup()`) builds it once per machine, compiler, Python and torch into
 the kernel cache. A call loads it from there when it is present; otherwise, or with
 CONVGEN_LAUNCHER=0, eager calls take the Python path (ctypes and an autograd.Function), which
@@ -16,7 +16,6 @@ computes the same results. `status()` says which.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.machinery
 import importlib.util
 import shlex
@@ -186,8 +185,7 @@ def bind(forward, kernel, roles: tuple[str, ...], live: list[str], sizes, dtype,
     if [kind for kind, _ in signature] != ["ptr"] * 4 + ["i64", "i32"] or [r for _, r in signature[4:]] != ["n", "nthreads"]:
         return None
     slots = tuple(roles.index(role) if role in live else -1 for _, role in signature[:4])
-    address = ctypes.cast(kernel._fn, ctypes.c_void_p).value
-    return launcher, launcher.bind(address, slots, forward.problem.n, forward._threads, tuple(sizes), dtype,
+    return launcher, launcher.bind(kernel.address, slots, forward.problem.n, forward._threads, tuple(sizes), dtype,
                                    _FORMATS[output_format], tuple(-1 if f is None else _FORMATS[f] for f in formats),
                                    forward)
 
