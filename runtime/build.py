@@ -32,7 +32,7 @@ from . import cache, knobs
 from .stats import bump
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,199}")
-_OUTPUT_LINES = 60  # compiler output lines quoted in an error (the full log is kept on disk)
+OUTPUT_LINES = 60  # compiler output lines quoted in an error (the full log is kept on disk)
 
 _memo_lock = threading.Lock()
 _memory: dict[tuple[str, str], Path] = {}  # (cache dir, key) -> artifact
@@ -362,9 +362,9 @@ def _build_error(failures: list[dict]) -> BuildError:
     parts = [f"{len(failures)} kernel(s) failed to build (nothing was cached for them):"]
     for f in failures:
         lines = f["output"].splitlines()
-        quoted = lines[:_OUTPUT_LINES]
-        if len(lines) > _OUTPUT_LINES:
-            quoted.append(f"... ({len(lines) - _OUTPUT_LINES} more lines in {f['log_path']})")
+        quoted = lines[:OUTPUT_LINES]
+        if len(lines) > OUTPUT_LINES:
+            quoted.append(f"... ({len(lines) - OUTPUT_LINES} more lines in {f['log_path']})")
         parts += [
             "",
             f"kernel {f['name']} (key {f['key'][:16]})",

@@ -114,9 +114,9 @@ def _failure(proc: subprocess.CompletedProcess, src: Path, argv: list[str]) -> B
     output = (proc.stdout + proc.stderr).strip().replace(str(src), str(kept))
     shutil.copyfile(src, kept)
     log.write_text(output + "\n", encoding="utf-8")
-    lines = output.splitlines()
-    quoted = "\n".join("    " + line for line in lines[:60])
-    more = f"\n    ... ({len(lines) - 60} more lines in {log})" if len(lines) > 60 else ""
+    lines, shown = output.splitlines(), builder.OUTPUT_LINES
+    quoted = "\n".join("    " + line for line in lines[:shown])
+    more = f"\n    ... ({len(lines) - shown} more lines in {log})" if len(lines) > shown else ""
     repro = shlex.join(compile_command(str(kept), str(failed / f"{MODULE}.so"), argv))
     bump("build_failures")
     return BuildError(f"the eager launcher failed to build (exit status {proc.returncode}; nothing was cached; "
@@ -167,12 +167,11 @@ def _load():
     return loaded
 
 
-def _grads(forward, grad_output, input, weight, mask):
+def _grads(forward, grad_output, input, weight, needs):
     """A launcher node's gradients: what the Python autograd Function's backward computes."""
-    from . import functional, library
+    from . import functional   # functional imports ops, which imports this module
 
-    mask = (mask[0], mask[1], forward.has_bias and mask[2])
-    return tuple(library.convolution_grads(functional.EAGER, grad_output, input, weight, forward.args, mask))
+    return tuple(functional.forward_grads(forward, grad_output, input, weight, needs))
 
 
 def bind(forward, kernel, roles: tuple[str, ...], live: list[str], sizes, dtype, output_format, formats):

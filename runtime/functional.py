@@ -45,9 +45,15 @@ class ConvolutionFunction(torch.autograd.Function):
         if grad_output is None:
             return None, None, None, None
         input, weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        mask = (needs[0], needs[1], ctx.forward.has_bias and needs[2])
-        return (*library.convolution_grads(EAGER, grad_output, input, weight, ctx.forward.args, mask), None)
+        return (*forward_grads(ctx.forward, grad_output, input, weight, ctx.needs_input_grad[:3]), None)
+
+
+def forward_grads(forward, grad_output, input, weight, needs):
+    """The gradients of an eager forward call (its ops.Forward) that autograd needs (`needs`: of
+    input, weight, bias), None for the others: the registered op's formula, for this module's
+    autograd Function and the eager launcher's node (runtime/eager.py) alike."""
+    mask = (needs[0], needs[1], forward.has_bias and needs[2])
+    return library.convolution_grads(EAGER, grad_output, input, weight, forward.args, mask)
 
 
 class ConvolutionBackwardFunction(torch.autograd.Function):

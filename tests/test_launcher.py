@@ -15,8 +15,8 @@ It is built once, here into this session's cache (about 20-30 s). Then:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import os
 import shutil
 import stat
 import warnings
@@ -50,8 +50,6 @@ def launcher():
 @pytest.fixture
 def python_path(monkeypatch):
     """Calls made inside `with python_path():` take the Python path."""
-    import contextlib
-
     @contextlib.contextmanager
     def use():
         ops.forget_calls()
@@ -156,18 +154,12 @@ def test_forward_mode_ad_takes_the_python_path(launcher, python_path):
     x, w, b = functional_operands(FUNCTIONALS[2], True)
     errors = []
     for path in ("launcher", "python"):
-        with fwAD.dual_level(), (python_path() if path == "python" else _nothing()):
+        with fwAD.dual_level(), (python_path() if path == "python" else contextlib.nullcontext()):
             dual = fwAD.make_dual(x.detach(), torch.ones_like(x))
             with pytest.raises(Exception) as info:
                 call(FUNCTIONALS[2], dual, w, b)
             errors.append((type(info.value), str(info.value)))
     assert errors[0] == errors[1]
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def test_no_node_without_a_gradient(launcher):
