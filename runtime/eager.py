@@ -181,7 +181,8 @@ def bind(forward, kernel, roles: tuple[str, ...], live: list[str], sizes, dtype,
     if launcher is None:
         return None
     signature = kernel.source.signature
-    if [kind for kind, _ in signature] != ["ptr"] * 4 + ["i64", "i32"] or [r for _, r in signature[4:]] != ["n", "nthreads"]:
+    if [kind for kind, _ in signature] != ["ptr"] * 4 + ["i64", "i32"] or \
+            [role for _, role in signature[4:]] != ["n", "nthreads"]:
         return None
     slots = tuple(roles.index(role) if role in live else -1 for _, role in signature[:4])
     return launcher, launcher.bind(kernel.address, slots, forward.problem.n, forward._threads, tuple(sizes), dtype,
