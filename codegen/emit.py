@@ -36,6 +36,9 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "lanes"): "cpu/lanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "depthwise"): "cpu/depthwise_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.FWD, "grouplanes"): "cpu/grouplanes_fwd.cpp.j2",
+    (TargetKind.CPU, KOp.DGRAD, "grouplanes"): "cpu/grouplanes_dgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "grouplanes"): "cpu/grouplanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
 }
 

@@ -33,6 +33,16 @@ PROBLEMS = [
     ("depthwise_1d", 2, 5, 5, (19,), (4,), (1,), ((1, 1),), (3,), 5, False, (0,)),
     # rows wide enough for the depthwise weight gradient to split stride-2 input rows by shuffles
     ("depthwise_s2_wide", 2, 3, 3, (5, 45), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 3, False, (0, 0)),
+    # depthwise in channels last (grouplanes: the groups in the lanes): whole tiles of channel
+    # vectors, single vectors and a tail of fewer lanes; strides 3 and 2 with dilation; padding
+    # past the kernel's reach (columns no tap reaches: the bias alone); 3-D; transposed
+    ("depthwise_cl_tail", 2, 20, 20, (7, 13), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 20, False, (0, 0)),
+    ("depthwise_wide_rows", 1, 40, 40, (3, 30), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 40, False, (0, 0)),
+    ("depthwise_s3_dil_pad", 2, 17, 17, (11, 16), (5, 3), (3, 2), ((4, 4), (3, 3)), (1, 2), 17, False, (0, 0)),
+    ("depthwise_pad_past_reach", 1, 8, 8, (4, 5), (3, 3), (1, 1), ((3, 3), (3, 3)), (1, 1), 8, False, (0, 0)),
+    ("depthwise_3d", 2, 9, 9, (4, 5, 7), (3, 3, 3), (2, 1, 2), ((1, 1), (1, 1), (2, 2)), (1, 1, 1), 9, False,
+     (0, 0, 0)),
+    ("depthwise_transposed", 2, 12, 12, (5, 9), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 12, True, (1, 1)),
     ("wide_odd", 2, 5, 7, (3, 37), (3, 3), (1, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("pointwise", 2, 6, 10, (5, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
     # the pointwise GEMM's corners: strides and padding (pixels that read zeros), groups, a
@@ -73,8 +83,11 @@ def variants():
     target = host_cpu()
     for spec in PROBLEMS:
         for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
-            for dtype, layout in ((DType.F32, Layout.CONTIGUOUS), (DType.F32, Layout.CHANNELS_LAST),
-                                  (DType.F64, Layout.CONTIGUOUS), (DType.BF16, Layout.CHANNELS_LAST)):
+            combos = [(DType.F32, Layout.CONTIGUOUS), (DType.F32, Layout.CHANNELS_LAST),
+                      (DType.F64, Layout.CONTIGUOUS), (DType.BF16, Layout.CHANNELS_LAST)]
+            if spec[0].startswith("depthwise"):   # grouplanes with the lanes of another width
+                combos.append((DType.F64, Layout.CHANNELS_LAST))
+            for dtype, layout in combos:
                 p = problem_for(spec, op, dtype, layout)
                 if layout is Layout.CHANNELS_LAST and p.rank == 1:
                     continue

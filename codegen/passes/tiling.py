@@ -11,6 +11,9 @@
   (KB, NV) that fits the register file by the fraction of lanes and channels doing useful work
   and by the FMA-to-load ratio of the micro-kernel; a work item covers as many columns as keep its
   input buffer within half the L2 cache.
+- grouplanes (depthwise in channels last): a register tile of NB vectors of channels (the groups)
+  x PB pixels for the forward and data gradient; the weight gradient cut into MIN_ITEMS fixed
+  parts of the output rows.
 A function of problem and target only.
 """
 
@@ -50,6 +53,10 @@ WGRAD_ROWS = 144
 # this many pixels per work item (the kernel takes fewer when the batch gives too few items).
 POINTWISE_VECTORS = 2
 POINTWISE_MAX_COLS = 128
+# Grouplanes (depthwise, channels last) register tile: at most this many vectors of channels x
+# this many pixels.
+GROUPLANES_VECTORS = 2
+GROUPLANES_PIXELS = 4
 
 
 def _direct(plan: Plan, lanes: int) -> Plan:
@@ -364,6 +371,41 @@ def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
+def grouplanes_tile(vectors: int, registers: int) -> tuple[int, int]:
+    """(NB, PB) of the grouplanes forward and data gradient: NB vectors of channels x PB pixels,
+    with NB weight vectors and one input vector in registers, SPARE_REGISTERS left free."""
+    nb = max(1, min(GROUPLANES_VECTORS, vectors))
+    pb = max(1, min(GROUPLANES_PIXELS, (registers - SPARE_REGISTERS - nb - 1) // nb))
+    return nb, pb
+
+
+def _grouplanes(plan: Plan, lanes: int) -> Plan:
+    """Depthwise in channels last: the groups in the vector lanes."""
+    g, t = plan.geometry, plan.target
+    vectors = math.ceil(g.groups / lanes)
+    if plan.kop is KOp.WGRAD:
+        splits = MIN_ITEMS
+        tiling = Tiling(vector_lanes=lanes, splits=splits,
+                        threads_hint=f"parallel over {splits} fixed parts of the output rows; each part keeps its "
+                                     f"own sums, added in order at the end, so results do not depend on the thread "
+                                     f"count")
+        return plan.decide("tiling", f"{vectors} vectors of {lanes} channels; per output row, channel vector and "
+                                     f"input row, {g.kernel[2]} vectors of partial sums (one per kernel column) in "
+                                     f"registers; {tiling.threads_hint}", tiling=tiling)
+    nb, pb = grouplanes_tile(vectors, t.vector_registers)
+    rows = math.prod(g.y_size[:2]) if plan.kop is KOp.FWD else math.prod(g.x_size[:2])
+    # rows of one image x channel chunks: at least MIN_ITEMS items per image when the channels allow
+    chunks = max(1, min(math.ceil(vectors / nb), math.ceil(MIN_ITEMS / rows)))
+    cch = math.ceil(math.ceil(vectors / chunks) / nb) * nb
+    what = "output" if plan.kop is KOp.FWD else "input-gradient"
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nb, ksb=cch,
+                    threads_hint=f"parallel over (batch, {what} row, chunk of {cch} channel vectors)")
+    return plan.decide("tiling", f"register tile {nb} vectors of {lanes} channels x {pb} "
+                                 f"{'output pixels' if plan.kop is KOp.FWD else 'input-gradient columns of one stride phase'} "
+                                 f"({nb * pb} of {t.vector_registers} registers accumulate); input and output read "
+                                 f"and written in place; {tiling.threads_hint}", tiling=tiling)
+
+
 def run(plan: Plan) -> Plan:
     if plan.algorithm in ("empty", "reduce"):
         return plan.decide("tiling", "no tiling", tiling=None)
@@ -378,6 +420,8 @@ def run(plan: Plan) -> Plan:
         return _pointwise(plan, lanes)
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes)
+    if plan.algorithm == "grouplanes":
+        return _grouplanes(plan, lanes)
     return _direct(plan, lanes)
 
 
