@@ -72,11 +72,12 @@ class Tiling:
     rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once; blocked:
                              # output (data gradient: input-gradient) rows per work item
     row_tiles: int = 1       # direct: tiles per plane
-    kb: int = 0              # blocked: channels held in registers at once
-    nv: int = 0              # blocked: vectors of columns held in registers at once
+    kb: int = 0              # blocked: channels held in registers at once (grouplanes: pixels per tile)
+    nv: int = 0              # blocked: vectors of columns held in registers at once (grouplanes: of channels)
     cols: int = 0            # blocked: columns of one work item (a multiple of nv * vector_lanes)
     in_place: tuple[str, ...] = ()   # operands whose rows are read in place, not copied
-    ksb: int = 0             # pointwise, gemm: output channels per work item (a multiple of kb)
+    ksb: int = 0             # pointwise, gemm: output channels per work item (a multiple of kb); grouplanes:
+                             # channel vectors per work item (a multiple of nv)
     rb: int = 0              # pointwise, gemm: values per chunk of the reduction; lanes: channels per chunk
                              # of the reduction, or (weight gradient) rows per work item
     pc: int = 0              # lanes weight gradient: pixels per chunk of the reduction

@@ -391,7 +391,8 @@ def _grouplanes(plan: Plan, lanes: int) -> Plan:
                                      f"count")
         return plan.decide("tiling", f"{vectors} vectors of {lanes} channels; per output row, channel vector and "
                                      f"input row, {g.kernel[2]} vectors of partial sums (one per kernel column) in "
-                                     f"registers; {tiling.threads_hint}", tiling=tiling)
+                                     f"registers, added to the part's sums in double; {tiling.threads_hint}",
+                           tiling=tiling)
     nb, pb = grouplanes_tile(vectors, t.vector_registers)
     rows = math.prod(g.y_size[:2]) if plan.kop is KOp.FWD else math.prod(g.x_size[:2])
     # rows of one image x channel chunks: at least MIN_ITEMS items per image when the channels allow
