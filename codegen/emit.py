@@ -79,6 +79,7 @@ class KernelContext:
     bias_from: str | None
     bias_channels: int
     bias_size: tuple[int, int, int]
+    fma_asm: str              # "ps" / "pd": register tiles step in x86 FMA3 assembly; "": in portable C
 
 
 def _context(plan: Plan, entry: str) -> KernelContext:
@@ -105,7 +106,16 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place),
                          x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
-                         layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size)
+                         layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
+                         fma_asm=fma_suffix(plan))
+
+
+def fma_suffix(plan: Plan) -> str:
+    """The FMA3 instructions' suffix for the plan's accumulator where its target steps register tiles
+    in assembly (see templates/cpu/fma_tile.j2), else ""."""
+    if not plan.target.fma_asm:
+        return ""
+    return {4: "ps", 8: "pd"}.get(plan.problem.dtype.accumulator.itemsize, "")
 
 
 def entry_signature(plan: Plan) -> tuple[tuple[str, str], ...]:

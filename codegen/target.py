@@ -40,6 +40,12 @@ class Target:
     def key(self) -> str:
         return canonical_key(self)
 
+    @property
+    def fma_asm(self) -> bool:
+        """Whether register tiles step in x86 FMA3 assembly, which holds a 16-register tile exactly
+        where GCC's vector code spills (AVX2 only: the AVX-512 path is not measured)."""
+        return self.kind is TargetKind.CPU and self.isa == "avx2"
+
     def name(self) -> str:
         return f"{self.kind.value}-{self.isa}"
 

@@ -17,7 +17,7 @@ import torch
 from convgen import dispatch
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
-from convgen.codegen.target import host_cpu
+from convgen.codegen.target import Target, TargetKind, host_cpu
 from convgen.problem import TORCH_DTYPES, memory_format
 
 from reference import rel_err, tolerance
@@ -99,14 +99,37 @@ def variants():
 
 VARIANTS = variants()
 
+# The portable target (SSE vectors, no assembly register tiles; see templates/cpu/fma_tile.j2),
+# which runs on any x86-64 host: its register tiles step in C vector code instead.
+PORTABLE = Target(TargetKind.CPU, "generic", 16)
+PORTABLE_PROBLEMS = ("wide_odd", "conv3d", "k4_s2", "pointwise_many", "many_channels_across", "depthwise_cl_tail")
+
+
+def portable_variants():
+    out = []
+    for spec in PROBLEMS:
+        if spec[0] not in PORTABLE_PROBLEMS:
+            continue
+        for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
+            for dtype, layout in ((DType.F32, Layout.CONTIGUOUS), (DType.F64, Layout.CHANNELS_LAST)):
+                p = problem_for(spec, op, dtype, layout)
+                for algorithm in lower(p, PORTABLE).candidates:
+                    out.append(pytest.param(p, algorithm, id=f"{spec[0]}-{op.value}-{dtype.value}-"
+                                                             f"{layout.value}-{algorithm}-portable"))
+    return out
+
+
+PORTABLE_VARIANTS = portable_variants()
+
 
 @pytest.fixture(scope="module")
 def kernels():
-    """Every variant's kernel, built in one ninja run."""
+    """Every variant's kernel, for the host and for the portable target, built in one ninja run."""
     target = host_cpu()
-    plans = [lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS]
+    plans = ([lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS] +
+             [lower(p.values[0], PORTABLE, algorithm=p.values[1]) for p in PORTABLE_VARIANTS])
     loaded = dispatch.load_plans(plans)
-    return {(plan.problem, plan.algorithm): (plan, kernel) for plan, kernel in zip(plans, loaded)}
+    return {(plan.problem, plan.algorithm, plan.target): (plan, kernel) for plan, kernel in zip(plans, loaded)}
 
 
 def _tensor(shape, dtype, layout: Layout, gen) -> torch.Tensor:
@@ -120,8 +143,17 @@ def _poisoned(shape, dtype, layout: Layout) -> torch.Tensor:
 
 @pytest.mark.parametrize("problem, algorithm", VARIANTS)
 def test_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
-    plan, kernel = kernels[(problem, algorithm)]
-    assert plan.algorithm == algorithm
+    _check(kernels, problem, algorithm, host_cpu())
+
+
+@pytest.mark.parametrize("problem, algorithm", PORTABLE_VARIANTS)
+def test_portable_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    _check(kernels, problem, algorithm, PORTABLE)
+
+
+def _check(kernels, problem: ConvProblem, algorithm: str, target: Target):
+    plan, kernel = kernels[(problem, algorithm, target)]
+    assert plan.algorithm == algorithm and plan.target == target
     dtype = TORCH_DTYPES[problem.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{problem.name()}-{algorithm}".encode()))
     x = _tensor(problem.input_shape, dtype, problem.input_layout, gen)
@@ -206,7 +238,7 @@ WGRAD_VARIANTS = [p for p in VARIANTS if p.values[0].op is Op.BWD_WEIGHT]
 def test_weight_gradient_is_the_same_bit_for_bit_for_any_thread_count(kernels, problem: ConvProblem, algorithm: str):
     """Weight and bias gradients reduce in a fixed order: 1, 2 and 3 threads (and a second run)
     give the same bits."""
-    plan, kernel = kernels[(problem, algorithm)]
+    plan, kernel = kernels[(problem, algorithm, host_cpu())]
     dtype = TORCH_DTYPES[problem.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"threads-{problem.name()}-{algorithm}".encode()))
     x = _tensor(problem.input_shape, dtype, problem.input_layout, gen)

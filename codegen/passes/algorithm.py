@@ -161,7 +161,7 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
     else:
         channels, columns = g.cin_g, math.ceil(g.x_size[2] / g.stride[2])
     *_, blocked = tiling.register_tile(channels, columns, lanes, t.vector_registers, wide=plan.kop is KOp.DGRAD)
-    *_, by_channels = tiling.lanes_tile(channels, lanes, t.vector_registers)
+    *_, by_channels = tiling.lanes_tile(channels, lanes, t.vector_registers, asm=t.fma_asm)
     scores = f"tile scores blocked {blocked:.2f}, lanes {by_channels:.2f}"
     written = next(op for op in plan.operands if op.writes)
     if written.layout is Layout.CHANNELS_LAST and by_channels >= 0.5 and g.stride == (1, 1, 1):

@@ -2,8 +2,9 @@
 
 - direct: each thread accumulates a block of rows of one plane; the block is as many rows as
   fit in half the L2 cache.
-- lanes: a register tile of NV vectors of channels x PB pixels (see lanes_tile); the reduction
-  runs in chunks of channels whose weights stay in L1.
+- lanes: a register tile of NV vectors of channels x PB pixels (see lanes_tile; on targets that
+  step tiles in assembly it may take every register); the reduction runs in chunks of channels
+  whose weights stay in L1.
 - pointwise (and the gemm weight gradient): a GEMM's register tile of MR channels x two vectors of
   pixels (or of columns), panels packed for the L1 and blocks for the L2 (see _pointwise,
   _gemm_wgrad).
@@ -41,6 +42,8 @@ VECTOR_LOAD_COST = 1.5   # an unaligned vector load, in broadcasts
 # a 2 x 4 tile ran r50_3x3_64 in 14.0 ms, 2 x 5 in 16.6 and 2 x 6 in 20.3 (GCC shuffles and
 # spills the fuller tiles), and 2 x 4 beat 3 x 3 and 1 x 8 by 15-30% on 7-, 33- and 4096-wide rows.
 LANES_SPARE_REGISTERS = 5
+# FMAs per load from which a tile stepped in assembly counts as FMA-bound (see lanes_tile).
+ASM_FMA_PER_LOAD = 12 / 7
 # Rows per work item of the blocked kernels, at most: they share one copy of the rows they read
 # (the data gradient of a 7x7 stride-2 kernel reaches 3-4 grad_output rows per input row, 8 rows
 # copy 7; a 3x3 forward reads 3 input rows per output row, 8 rows copy 10).
@@ -165,18 +168,25 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
                                  f"stays within half the L2; {tiling.threads_hint}", tiling=tiling)
 
 
-def lanes_tile(channels: int, lanes: int, registers: int) -> tuple[int, int, float]:
+def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False) -> tuple[int, int, float]:
     """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
     NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
     does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
-    lanes times that intensity."""
+    lanes times that intensity.
+
+    `asm`: the tile steps in assembly (templates/cpu/fma_tile.j2), which holds the smaller side and
+    one register for the other, and spills nothing at all 16 registers: there 4 x 3 ran unet3d's
+    forward in 13.0-13.5 ms against 2 x 4's 14.4-15.7 and 2 x 6's 15.1 (r50_3x3_64 13.0 against
+    14.4 and 14.9; r50_3x3_256 12.4 against 14.5 and 18.1; deeplab_dil2 34.8 against 45.0 and
+    46.0), so tiles count as FMA-bound only from 12 FMAs per 7 loads."""
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for pb in range(1, 15):
-            if nv * pb + nv + 1 > registers - LANES_SPARE_REGISTERS:
+            used = nv * pb + min(nv, pb) + 1 if asm else nv * pb + nv + 1 + LANES_SPARE_REGISTERS
+            if used > registers:
                 continue
             ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
-            intensity = min(1.0, nv * pb / (nv + pb) / FMA_PER_LOAD)
+            intensity = min(1.0, nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD))
             score = ch_eff * intensity + 1e-3 * nv * pb
             if score > best[2]:
                 best = (nv, pb, score)
@@ -198,7 +208,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     fwd = plan.kop is KOp.FWD
     channels, reduced = (g.cout_g, g.cin_g) if fwd else (g.cin_g, g.cout_g)
-    nv, pb, score = lanes_tile(channels, lanes, t.vector_registers)
+    nv, pb, score = lanes_tile(channels, lanes, t.vector_registers, asm=t.fma_asm)
     # Items of a few tiles. When all the weights fit half the L2, consecutive items take the
     # channel blocks of one run of pixels (whose input stays cached); otherwise they take all the
     # pixels of one channel block (whose weights stay cached).

@@ -8,7 +8,7 @@
 //   [validate] valid 2-D problem: output size [14, 14], 6422528 multiply-adds per image
 //   [canonicalise] data gradient of a normal convolution (a transposed convolution of grad_output)
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
-//   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided data gradient, 14-wide phases (tile scores blocked 0.78, lanes 0.96)); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
+//   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided data gradient, 14-wide phases (tile scores blocked 0.78, lanes 1.01)); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 5 channels x 2 vectors of 8 input-gradient (per stride phase) columns (10 of 16 registers accumulate; 0.78 useful); 7 input-gradient rows per work item share one copy of the 4 grad_output rows they reach; 16 columns per work item so its buffer (65536 B) stays within half the L2; parallel over (batch, group, input-gradient row block, column tile)
@@ -141,7 +141,6 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
     for (int64_t jj = 0; jj < jend; jj += JB) {
       // The totals stay in memory: only the partial sums `acc` take registers in the tap loop.
       alignas(64) ACC total[CB][JB];
-      vec acc[CB][NV];
       for (int64_t q = 0; q < CB; ++q) {
         const int64_t ci = cblk * CB + q;
         const ACC init = bias && ci < CIN_G ? to_acc(bias[g * CIN_G + ci]) : (ACC)0;
@@ -150,8 +149,9 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
       // partial sums over SUMCH output channels at a time, added to the total (two-level
       // summation keeps the rounding error of long reductions near that of short ones)
       for (int64_t k0 = 0; k0 < COUT_G; k0 += SUMCH) {
-        for (int64_t q = 0; q < CB; ++q)
-          for (int64_t v = 0; v < NV; ++v) acc[q][v] = vbroadcast(0);
+        // the partial sums: acc{v}_{q} for column vector v and channel q
+        vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0), acc0_3 = vbroadcast(0), acc0_4 = vbroadcast(0);
+        vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0), acc1_3 = vbroadcast(0), acc1_4 = vbroadcast(0);
         for (int64_t r = 0; r < nr; ++r)
           for (int64_t ko = k0; ko < (k0 + SUMCH < COUT_G ? k0 + SUMCH : COUT_G); ++ko) {
             const ACC* yr = yb + ko * RS + rows[2 * r] + jj - OMIN;
@@ -161,16 +161,63 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
               const int64_t num = I0 + PW - kw * DW;
               if (num - floordiv(num, SW) * SW != 0) continue;      // this tap skips the phase
               const ACC* ys = yr + floordiv(num, SW);
-              vec yv[NV];
-              for (int64_t v = 0; v < NV; ++v) yv[v] = vload(ys + v * V);
-              for (int64_t q = 0; q < CB; ++q) {
-                const vec wv = vbroadcast(wt[kw * CB + q]);
-                for (int64_t v = 0; v < NV; ++v) acc[q][v] += wv * yv[v];
+              {
+                const vec h0_ = vload(ys + 0 * V);
+                const vec h1_ = vload(ys + 1 * V);
+                {
+                  vec s_;
+                  asm("vbroadcastss %[b], %[s]\n\t"
+                      "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                      "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                      : [a0] "+x"(acc0_0), [a1] "+x"(acc1_0), [s] "=&x"(s_)
+                      : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * CB + 0)));
+                }
+                {
+                  vec s_;
+                  asm("vbroadcastss %[b], %[s]\n\t"
+                      "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                      "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                      : [a0] "+x"(acc0_1), [a1] "+x"(acc1_1), [s] "=&x"(s_)
+                      : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * CB + 1)));
+                }
+                {
+                  vec s_;
+                  asm("vbroadcastss %[b], %[s]\n\t"
+                      "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                      "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                      : [a0] "+x"(acc0_2), [a1] "+x"(acc1_2), [s] "=&x"(s_)
+                      : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * CB + 2)));
+                }
+                {
+                  vec s_;
+                  asm("vbroadcastss %[b], %[s]\n\t"
+                      "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                      "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                      : [a0] "+x"(acc0_3), [a1] "+x"(acc1_3), [s] "=&x"(s_)
+                      : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * CB + 3)));
+                }
+                {
+                  vec s_;
+                  asm("vbroadcastss %[b], %[s]\n\t"
+                      "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                      "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                      : [a0] "+x"(acc0_4), [a1] "+x"(acc1_4), [s] "=&x"(s_)
+                      : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * CB + 4)));
+                }
               }
+
             }
           }
-        for (int64_t q = 0; q < CB; ++q)
-          for (int64_t v = 0; v < NV; ++v) vstore(total[q] + v * V, vload(total[q] + v * V) + acc[q][v]);
+        vstore(total[0] + 0 * V, vload(total[0] + 0 * V) + acc0_0);
+        vstore(total[0] + 1 * V, vload(total[0] + 1 * V) + acc1_0);
+        vstore(total[1] + 0 * V, vload(total[1] + 0 * V) + acc0_1);
+        vstore(total[1] + 1 * V, vload(total[1] + 1 * V) + acc1_1);
+        vstore(total[2] + 0 * V, vload(total[2] + 0 * V) + acc0_2);
+        vstore(total[2] + 1 * V, vload(total[2] + 1 * V) + acc1_2);
+        vstore(total[3] + 0 * V, vload(total[3] + 0 * V) + acc0_3);
+        vstore(total[3] + 1 * V, vload(total[3] + 1 * V) + acc1_3);
+        vstore(total[4] + 0 * V, vload(total[4] + 0 * V) + acc0_4);
+        vstore(total[4] + 1 * V, vload(total[4] + 1 * V) + acc1_4);
       }
       // store the valid channels and columns i = SW * (j0 + jj + l) + I0
       const int64_t cnt = jend - jj < JB ? jend - jj : JB;

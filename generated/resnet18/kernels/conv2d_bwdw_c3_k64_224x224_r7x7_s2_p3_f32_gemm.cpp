@@ -166,27 +166,78 @@ static void pack_a(const T* __restrict gy, ACC* __restrict ap, double* __restric
   }
 }
 
-// One register tile: acc = A panel (kc x MR) times B panel (kc x NR).
-static inline void tile(const ACC* __restrict a, const ACC* __restrict b, int64_t kc, vec (&acc)[MR][NVP]) {
-  for (int64_t i = 0; i < MR; ++i)
-    for (int64_t v = 0; v < NVP; ++v) acc[i][v] = vbroadcast(0);
+// One chunk's register tile, A panel (kc x MR) times B panel (kc x NR), added to the item's totals
+// (rows of NC, from `tot`): the chunk's sums first, then the totals, so every total is a sum of
+// chunk sums in chunk order.
+static inline void add_tile(const ACC* __restrict a, const ACC* __restrict b, int64_t kc, ACC* __restrict tot) {
+  // the chunk's sums: acc{v}_{i} for column vector v and row i
+  vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0), acc0_3 = vbroadcast(0), acc0_4 = vbroadcast(0), acc0_5 = vbroadcast(0);
+  vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0), acc1_3 = vbroadcast(0), acc1_4 = vbroadcast(0), acc1_5 = vbroadcast(0);
   for (int64_t r = 0; r < kc; ++r) {
-    vec bv[NVP];
-    for (int64_t v = 0; v < NVP; ++v) bv[v] = vload(b + r * NR + v * V);
-    for (int64_t i = 0; i < MR; ++i) {
-      const vec av = vbroadcast(a[r * MR + i]);
-      for (int64_t v = 0; v < NVP; ++v) acc[i][v] += av * bv[v];
+    const vec h0_ = vload(b + r * NR + 0 * V);
+    const vec h1_ = vload(b + r * NR + 1 * V);
+    {
+      vec s_;
+      asm("vbroadcastss %[b], %[s]\n\t"
+          "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+          "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+          : [a0] "+x"(acc0_0), [a1] "+x"(acc1_0), [s] "=&x"(s_)
+          : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(a + r * MR + 0)));
+    }
+    {
+      vec s_;
+      asm("vbroadcastss %[b], %[s]\n\t"
+          "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+          "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+          : [a0] "+x"(acc0_1), [a1] "+x"(acc1_1), [s] "=&x"(s_)
+          : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(a + r * MR + 1)));
+    }
+    {
+      vec s_;
+      asm("vbroadcastss %[b], %[s]\n\t"
+          "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+          "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+          : [a0] "+x"(acc0_2), [a1] "+x"(acc1_2), [s] "=&x"(s_)
+          : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(a + r * MR + 2)));
+    }
+    {
+      vec s_;
+      asm("vbroadcastss %[b], %[s]\n\t"
+          "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+          "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+          : [a0] "+x"(acc0_3), [a1] "+x"(acc1_3), [s] "=&x"(s_)
+          : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(a + r * MR + 3)));
+    }
+    {
+      vec s_;
+      asm("vbroadcastss %[b], %[s]\n\t"
+          "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+          "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+          : [a0] "+x"(acc0_4), [a1] "+x"(acc1_4), [s] "=&x"(s_)
+          : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(a + r * MR + 4)));
+    }
+    {
+      vec s_;
+      asm("vbroadcastss %[b], %[s]\n\t"
+          "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+          "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+          : [a0] "+x"(acc0_5), [a1] "+x"(acc1_5), [s] "=&x"(s_)
+          : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(a + r * MR + 5)));
     }
   }
-}
 
-// One chunk's tile added to the item's totals (rows of NC, from `tot`): the chunk's sums first, then
-// the totals, so every total is a sum of chunk sums in chunk order.
-static inline void add_tile(const ACC* __restrict a, const ACC* __restrict b, int64_t kc, ACC* __restrict tot) {
-  vec acc[MR][NVP];
-  tile(a, b, kc, acc);
-  for (int64_t i = 0; i < MR; ++i)
-    for (int64_t v = 0; v < NVP; ++v) vstore(tot + i * NC + v * V, vload(tot + i * NC + v * V) + acc[i][v]);
+  vstore(tot + 0 * NC + 0 * V, vload(tot + 0 * NC + 0 * V) + acc0_0);
+  vstore(tot + 0 * NC + 1 * V, vload(tot + 0 * NC + 1 * V) + acc1_0);
+  vstore(tot + 1 * NC + 0 * V, vload(tot + 1 * NC + 0 * V) + acc0_1);
+  vstore(tot + 1 * NC + 1 * V, vload(tot + 1 * NC + 1 * V) + acc1_1);
+  vstore(tot + 2 * NC + 0 * V, vload(tot + 2 * NC + 0 * V) + acc0_2);
+  vstore(tot + 2 * NC + 1 * V, vload(tot + 2 * NC + 1 * V) + acc1_2);
+  vstore(tot + 3 * NC + 0 * V, vload(tot + 3 * NC + 0 * V) + acc0_3);
+  vstore(tot + 3 * NC + 1 * V, vload(tot + 3 * NC + 1 * V) + acc1_3);
+  vstore(tot + 4 * NC + 0 * V, vload(tot + 4 * NC + 0 * V) + acc0_4);
+  vstore(tot + 4 * NC + 1 * V, vload(tot + 4 * NC + 1 * V) + acc1_4);
+  vstore(tot + 5 * NC + 0 * V, vload(tot + 5 * NC + 0 * V) + acc0_5);
+  vstore(tot + 5 * NC + 1 * V, vload(tot + 5 * NC + 1 * V) + acc1_5);
 }
 
 extern "C" int cg_conv2d_bwdw_c3_k64_224x224_r7x7_s2_p3_f32_gemm(const T* __restrict gy, const T* __restrict x, T* __restrict gw,

@@ -8,7 +8,7 @@
 //   [validate] valid 2-D problem: output size [14, 14], 6422528 multiply-adds per image
 //   [canonicalise] forward of a normal convolution
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
-//   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided rows (tile scores blocked 0.78, lanes 0.96)); candidates ['blocked', 'lanes', 'direct', 'pointwise']; every size a compile-time constant except the batch
+//   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided rows (tile scores blocked 0.78, lanes 1.01)); candidates ['blocked', 'lanes', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 5 channels x 2 vectors of 8 output columns (10 of 16 registers accumulate; 0.78 useful); 3 output rows per work item share one copy of the 5 input rows they read; 16 columns per work item so its buffer (87040 B) stays within half the L2; parallel over (batch, group, output row block, column tile)
@@ -170,7 +170,7 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r1x1_s2_f32_blocked(const T* __rest
         for (int64_t kblk = 0; kblk < KBLK; ++kblk) {
           const ACC* wk = wp + (g * KBLK + kblk) * CIN_G * TAPS * KB;
           for (int64_t ow0 = 0; ow0 < ncols; ow0 += OWB) {
-            vec total[KB][NV], acc[KB][NV];
+            vec total[KB][NV];
             for (int64_t j = 0; j < KB; ++j) {
               const int64_t ko = kblk * KB + j;
               const ACC init = bias && ko < COUT_G ? to_acc(bias[g * COUT_G + ko]) : (ACC)0;
@@ -179,8 +179,9 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r1x1_s2_f32_blocked(const T* __rest
             // partial sums over SUMCH input channels at a time, added to the total: two-level
             // summation keeps the rounding error of long reductions near that of short ones
             for (int64_t ci0 = 0; ci0 < CIN_G; ci0 += SUMCH) {
-            for (int64_t j = 0; j < KB; ++j)
-              for (int64_t v = 0; v < NV; ++v) acc[j][v] = vbroadcast(0);
+            // the partial sums: acc{v}_{j} for column vector v and channel j
+            vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0), acc0_3 = vbroadcast(0), acc0_4 = vbroadcast(0);
+            vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0), acc1_3 = vbroadcast(0), acc1_4 = vbroadcast(0);
             for (int64_t ci = ci0; ci < (ci0 + SUMCH < CIN_G ? ci0 + SUMCH : CIN_G); ++ci)
               for (int64_t kd = 0; kd < KD; ++kd)
                 for (int64_t kh = 0; kh < KH; ++kh) {
@@ -189,16 +190,63 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r1x1_s2_f32_blocked(const T* __rest
                   const ACC* wt = wk + ((ci * KD + kd) * KH + kh) * KW * KB;
                   for (int64_t kw = 0; kw < KW; ++kw) {
                     const ACC* xs = xr + ((kw * DW) % SW) * M + (kw * DW) / SW;
-                    vec xv[NV];
-                    for (int64_t v = 0; v < NV; ++v) xv[v] = vload(xs + v * V);
-                    for (int64_t j = 0; j < KB; ++j) {
-                      const vec wv = vbroadcast(wt[kw * KB + j]);
-                      for (int64_t v = 0; v < NV; ++v) acc[j][v] += wv * xv[v];
+                    {
+                      const vec h0_ = vload(xs + 0 * V);
+                      const vec h1_ = vload(xs + 1 * V);
+                      {
+                        vec s_;
+                        asm("vbroadcastss %[b], %[s]\n\t"
+                            "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                            "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                            : [a0] "+x"(acc0_0), [a1] "+x"(acc1_0), [s] "=&x"(s_)
+                            : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * KB + 0)));
+                      }
+                      {
+                        vec s_;
+                        asm("vbroadcastss %[b], %[s]\n\t"
+                            "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                            "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                            : [a0] "+x"(acc0_1), [a1] "+x"(acc1_1), [s] "=&x"(s_)
+                            : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * KB + 1)));
+                      }
+                      {
+                        vec s_;
+                        asm("vbroadcastss %[b], %[s]\n\t"
+                            "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                            "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                            : [a0] "+x"(acc0_2), [a1] "+x"(acc1_2), [s] "=&x"(s_)
+                            : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * KB + 2)));
+                      }
+                      {
+                        vec s_;
+                        asm("vbroadcastss %[b], %[s]\n\t"
+                            "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                            "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                            : [a0] "+x"(acc0_3), [a1] "+x"(acc1_3), [s] "=&x"(s_)
+                            : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * KB + 3)));
+                      }
+                      {
+                        vec s_;
+                        asm("vbroadcastss %[b], %[s]\n\t"
+                            "vfmadd231ps %[h0], %[s], %[a0]\n\t"
+                            "vfmadd231ps %[h1], %[s], %[a1]\n\t"
+                            : [a0] "+x"(acc0_4), [a1] "+x"(acc1_4), [s] "=&x"(s_)
+                            : [h0] "x"(h0_), [h1] "x"(h1_), [b] "m"(*(wt + kw * KB + 4)));
+                      }
                     }
+
                   }
                 }
-            for (int64_t j = 0; j < KB; ++j)
-              for (int64_t v = 0; v < NV; ++v) total[j][v] += acc[j][v];
+            total[0][0] += acc0_0;
+            total[1][0] += acc0_1;
+            total[2][0] += acc0_2;
+            total[3][0] += acc0_3;
+            total[4][0] += acc0_4;
+            total[0][1] += acc1_0;
+            total[1][1] += acc1_1;
+            total[2][1] += acc1_2;
+            total[3][1] += acc1_3;
+            total[4][1] += acc1_4;
             }
             // 3. store the valid channels and columns
             for (int64_t j = 0; j < KB; ++j) {

@@ -8,10 +8,10 @@
 //   [validate] valid 2-D problem: output size [7, 7], 115605504 multiply-adds per image
 //   [canonicalise] forward of a normal convolution
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
-//   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; tile scores blocked 0.57, lanes 0.96); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
+//   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; tile scores blocked 0.57, lanes 1.01); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 2 vectors of 8 output channels x 4 pixels (8 of 16 registers accumulate; 0.96 useful); 64 pixels per work item, reduced in chunks of 15 channels whose weights stay in L1, channel block outermost (the weights, 9437184 B per group, do not fit half the L2); input copied once, zero-padded; parallel over (group, output-channel block, run of pixels)
+//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 10 channels whose weights stay in L1, channel block outermost (the weights, 9437184 B per group, do not fit half the L2); input copied once, zero-padded; parallel over (group, output-channel block, run of pixels)
 // Forward convolution with output channels in the vector lanes. A register tile holds NV vectors
 // of output channels (NV x V channels) x PB output pixels; per input channel and tap it loads NV
 // weight vectors and broadcasts one input value per pixel. Pixels are numbered across rows (and
@@ -84,15 +84,15 @@ static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
   odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
-constexpr int64_t NV = 2, PB = 4;                  // register tile: NV vectors of channels x PB pixels
+constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // output channels per tile
 constexpr int64_t OC = COUT_G, RC = CIN_G, OBLK = (OC + NVV - 1) / NVV;   // output / reduction channels, channel blocks
 constexpr int64_t TAPS = KD * KH * KW, PARTS = 1, TPP = TAPS, PLANE = YD * YH * YW;
-constexpr int64_t QB = 64;                                    // pixels per work item
+constexpr int64_t QB = 48;                                    // pixels per work item
 constexpr bool CHANNEL_MAJOR = true;   // items: channel block outermost
 // Input channels per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
-constexpr int64_t CC = 15;
+constexpr int64_t CC = 10;
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
 // copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
@@ -179,7 +179,7 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
   if (!IN_PLACE) pad_input(x, xp, n, nthreads);
   const ACC* rs = IN_PLACE ? (const ACC*)x : xp;
   T* out = y;
-constexpr int64_t TILES = (QB + PB - 1) / PB;
+  constexpr int64_t TILES = (QB + PB - 1) / PB;
   int64_t most = 0;                                 // pixels of the largest part, per image
   for (int64_t part = 0; part < PARTS; ++part) most = part_pixels(part) > most ? part_pixels(part) : most;
   const int64_t qblocks = (n * most + QB - 1) / QB;
@@ -219,9 +219,11 @@ constexpr int64_t TILES = (QB + PB - 1) / PB;
         for (int64_t t = 0; t < tiles; ++t) {
           const ACC* px[PB];
           for (int64_t j = 0; j < PB; ++j) px[j] = rs + ro[t * PB + j];
-          vec acc[NV][PB];
-          for (int64_t v = 0; v < NV; ++v)
-            for (int64_t j = 0; j < PB; ++j) acc[v][j] = vbroadcast(0);
+          // the partial sums: acc{v}_{j} for channel vector v and pixel j
+          vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0);
+          vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0);
+          vec acc2_0 = vbroadcast(0), acc2_1 = vbroadcast(0), acc2_2 = vbroadcast(0);
+          vec acc3_0 = vbroadcast(0), acc3_1 = vbroadcast(0), acc3_2 = vbroadcast(0);
           for (int64_t c = c0; c < c1; ++c) {
             const ACC* wc = wk + c * TAPS * NVV;
             const int64_t rc = c * RB_SC;
@@ -231,43 +233,161 @@ constexpr int64_t TILES = (QB + PB - 1) / PB;
                   for (int64_t kw = 0; kw < KW; ++kw)
               {
                 const int64_t tap_ = (kd * KH + kh) * KW + kw, off_ = rc + tap_off(kd, kh, kw);
-                vec wv[NV];
-                for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
-                for (int64_t j = 0; j < PB; ++j) {
-                  const vec xv = vbroadcast(px[j][off_]);
-                  for (int64_t v = 0; v < NV; ++v) acc[v][j] += wv[v] * xv;
+                {
+                  const vec h0_ = vbroadcast(*(px[0] + off_));
+                  const vec h1_ = vbroadcast(*(px[1] + off_));
+                  const vec h2_ = vbroadcast(*(px[2] + off_));
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 0 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 1 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 2 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 3 * V)));
+                  }
                 }
+
               }
 
             } else if constexpr (TPP > 0) {   // the same taps count in every part: a fixed trip count
               for (int64_t u = 0; u < TPP; ++u)
               {
                 const int64_t tap_ = lt[2 * u], off_ = rc + lt[2 * u + 1];
-                vec wv[NV];
-                for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
-                for (int64_t j = 0; j < PB; ++j) {
-                  const vec xv = vbroadcast(px[j][off_]);
-                  for (int64_t v = 0; v < NV; ++v) acc[v][j] += wv[v] * xv;
+                {
+                  const vec h0_ = vbroadcast(*(px[0] + off_));
+                  const vec h1_ = vbroadcast(*(px[1] + off_));
+                  const vec h2_ = vbroadcast(*(px[2] + off_));
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 0 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 1 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 2 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 3 * V)));
+                  }
                 }
+
               }
 
             } else {
               for (int64_t u = 0; u < ntaps; ++u)
               {
                 const int64_t tap_ = toff[2 * u], off_ = rc + toff[2 * u + 1];
-                vec wv[NV];
-                for (int64_t v = 0; v < NV; ++v) wv[v] = vload(wc + tap_ * NVV + v * V);
-                for (int64_t j = 0; j < PB; ++j) {
-                  const vec xv = vbroadcast(px[j][off_]);
-                  for (int64_t v = 0; v < NV; ++v) acc[v][j] += wv[v] * xv;
+                {
+                  const vec h0_ = vbroadcast(*(px[0] + off_));
+                  const vec h1_ = vbroadcast(*(px[1] + off_));
+                  const vec h2_ = vbroadcast(*(px[2] + off_));
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 0 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 1 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 2 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 3 * V)));
+                  }
                 }
+
               }
 
             }
           }
           vec* tt = tot + t * NV * PB;
-          for (int64_t v = 0; v < NV; ++v)
-            for (int64_t j = 0; j < PB; ++j) tt[v * PB + j] += acc[v][j];
+          tt[0] += acc0_0;
+          tt[1] += acc0_1;
+          tt[2] += acc0_2;
+          tt[3] += acc1_0;
+          tt[4] += acc1_1;
+          tt[5] += acc1_2;
+          tt[6] += acc2_0;
+          tt[7] += acc2_1;
+          tt[8] += acc2_2;
+          tt[9] += acc3_0;
+          tt[10] += acc3_1;
+          tt[11] += acc3_2;
         }
       }
       // store the valid channels of the valid pixels
