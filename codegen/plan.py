@@ -72,7 +72,8 @@ class Tiling:
     rows_per_tile: int = 0   # direct: output (or input) rows a thread accumulates at once; blocked:
                              # output (data gradient: input-gradient) rows per work item
     row_tiles: int = 1       # direct: tiles per plane
-    kb: int = 0              # blocked: channels held in registers at once (grouplanes: pixels per tile)
+    kb: int = 0              # blocked: channels held in registers at once (grouplanes: pixels per tile;
+                             # depthwise weight gradient over planes: taps per pass)
     nv: int = 0              # blocked: vectors of columns held in registers at once (grouplanes: of channels)
     cols: int = 0            # blocked: columns of one work item (a multiple of nv * vector_lanes)
     in_place: tuple[str, ...] = ()   # operands whose rows are read in place, not copied
@@ -84,6 +85,7 @@ class Tiling:
     splits: int = 1          # weight gradients: fixed parts of the reduction, added in order
     channel_major: bool = False   # lanes: work items walk all pixels of one channel block before the next
     min_items: int = 0       # pointwise: work items an item's pixel count is lowered to give, at most
+    planes: bool = False     # depthwise weight gradient: whole zero-padded planes as one flat run per tap
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,10 @@ PROBLEMS = [
     ("depthwise_mult2", 2, 4, 8, (6, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 4, False, (0, 0)),
     ("depthwise_s2_dil", 2, 6, 6, (9, 11), (3, 3), (2, 2), ((2, 2), (1, 1)), (2, 1), 6, False, (0, 0)),
     ("depthwise_1d", 2, 5, 5, (19,), (4,), (1,), ((1, 1),), (3,), 5, False, (0,)),
+    # the depthwise weight gradient's flat planes (rows narrower than 32; several passes of taps,
+    # dilation, uneven padding) and, at unit stride, its rows (wider rows)
+    ("depthwise_planes_5x5", 2, 4, 4, (6, 9), (5, 5), (1, 1), ((2, 2), (1, 3)), (1, 2), 4, False, (0, 0)),
+    ("depthwise_rows_unit", 1, 3, 6, (3, 40), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 3, False, (0, 0)),
     # rows wide enough for the depthwise weight gradient to split stride-2 input rows by shuffles
     ("depthwise_s2_wide", 2, 3, 3, (5, 45), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 3, False, (0, 0)),
     # depthwise in channels last (grouplanes: the groups in the lanes): whole tiles of channel
