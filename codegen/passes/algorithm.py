@@ -117,17 +117,29 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
 
 
 # The weight gradient's packed GEMM (gemm: gW[k][c, tap], reduced over pixels, input values packed
-# per item and chunk) against lanes, on Zen 3 (batch as in the suites, NCHW, ms, gemm vs lanes).
-# 1x1: 2048, 1024 and 512 input channels 8.4 vs 10.3, 8.8 vs 12.9 and 10.4 vs 11.6; 256 and 128
-# tied; 144 input and 24 output channels 8.7 vs 2.7 (channels last, r50_1x1_2048_512: 8.4 vs
-# 14.5). Larger kernels win where lanes reads its input sparsely (strides, dilation): wavenet_1d
-# 34-35 vs 39-56, deeplab_dil2 47 vs 56, r50_3x3_128_s2 18.6-19.2 vs 22.0, the stem 12-14 vs
-# 16; they lose with unit strides (r50_3x3_64 22-23 vs 17, r50_3x3_512 20-23 vs 16.5, unet3d 25-28
-# vs 21), with few pixels per image (dcgan_tconv's 16x16: 5.7-7.2 vs 6.1) and with few channels
-# per group (rnx_grouped 24 vs 10, odd_asym 0.72 vs 0.49).
-GEMM_WGRAD_MIN_IN = 512
+# per item and chunk) against lanes (with its register tile stepped in assembly), on Zen 3 (NCHW
+# f32, 2 threads, ms, gemm vs lanes; batch 8 unless noted):
+# - 1x1 with 256 or more input channels: 256->64 at 56x56 9.4 vs 11.0, 512->128 at 28 7.3 vs 9.9,
+#   1024->256 at 14 10.1 vs 11.7, 256->1024 at 14 7.9 vs 8.8, 2048->512 at 7 8.7 vs 11.5, stride 2
+#   256->512 at 56 16.3 vs 28.8; but 128->512 9.1 vs 9.1, 64->256 9.9 vs 10.3 and stride 2
+#   64->128 2.0 vs 1.7.
+# - 1-D: 64->64 k5 at 1024 (batch 16) 8.9 vs 13.6, 256->256 k1 11.1 vs 15.5, stride 2 19.3 vs
+#   31.8, transposed 6.3 vs 12.1, wavenet_1d (dilation 4) 29.4 vs 66.4.
+# - Strided windows over large images: r50_3x3_128_s2 18.6 vs 18.0 and 64->128 s2 10.1 vs 10.5,
+#   transposed 2x2 s2 (unet) 15.8 vs 17.4, 4x4 s2 to 3 channels 3.4 vs 7.1; but 3x3x3 s2 at
+#   16x56x56 (64 out) 14.7 vs 12.6.
+# - Dilation alone leaves lanes reading whole rows: deeplab_dil2 (256 channels) 40.9 vs 43.7, but
+#   64 channels at 45x45, dilation 3, 8.8 vs 5.1.
+# - Few rows (input channel, tap) leave lanes' per-pixel addressing unamortised: 3->64 3x3 at
+#   224x224 (batch 2) 10.1 vs 20.4.
+# Lanes wins with unit strides and many rows (r50_3x3_64 18.1 vs 13.3, unet3d 22.9 vs 17.5,
+# r50_3x3_128 18.1 vs 13.8), few pixels per image, few output channels per group (rnx_grouped 16.9
+# vs 11.4, 24 output channels 2.3 vs 1.8).
 GEMM_WGRAD_MIN_OUT = 64
-GEMM_WGRAD_MIN_PLANE = 512
+GEMM_WGRAD_MIN_IN = 256          # 1x1: input channels
+GEMM_WGRAD_MIN_PLANE = 512       # strided: output pixels per image
+GEMM_WGRAD_MIN_DILATED_OUT = 256
+GEMM_WGRAD_MAX_FEW_ROWS = 32     # below this many (input channel, tap) rows
 
 
 def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
@@ -135,11 +147,19 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     g = plan.geometry
     if g.cout_g < GEMM_WGRAD_MIN_OUT:
         return choice, why
+    rows = g.cin_g * math.prod(g.kernel)
     if g.kernel == (1, 1, 1) and g.cin_g >= GEMM_WGRAD_MIN_IN:
-        return "gemm", f"{WHY['gemm']}; {g.cin_g} input channels"
-    sparse = any(s > 1 for s in g.stride) or any(d > 1 for d in g.dilation)
-    if g.kernel != (1, 1, 1) and sparse and math.prod(g.y_size) >= GEMM_WGRAD_MIN_PLANE:
-        return "gemm", f"{WHY['gemm']}; strided or dilated windows, {math.prod(g.y_size)} output pixels per image"
+        return "gemm", f"{WHY['gemm']}; 1x1 with {g.cin_g} input channels"
+    if g.kernel == (1, 1, 1):   # (a 1x1 with unit strides is flattened to 1-D rows: not the 1-D case below)
+        return choice, why
+    if plan.problem.rank == 1:
+        return "gemm", f"{WHY['gemm']}; 1-D"
+    if rows < GEMM_WGRAD_MAX_FEW_ROWS:
+        return "gemm", f"{WHY['gemm']}; only {rows} (input channel, tap) rows"
+    if any(s > 1 for s in g.stride) and math.prod(g.y_size) >= GEMM_WGRAD_MIN_PLANE:
+        return "gemm", f"{WHY['gemm']}; strided windows, {math.prod(g.y_size)} output pixels per image"
+    if any(d > 1 for d in g.dilation) and g.cout_g >= GEMM_WGRAD_MIN_DILATED_OUT:
+        return "gemm", f"{WHY['gemm']}; dilated windows, {g.cout_g} output channels"
     return choice, why
 
 

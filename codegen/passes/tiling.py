@@ -339,7 +339,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     acc_bytes = p.dtype.accumulator.itemsize
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     rows = g.cin_g * taps
-    nv, pb, score = lanes_tile(g.cout_g, lanes, t.vector_registers)
+    nv, pb, score = lanes_tile(g.cout_g, lanes, t.vector_registers, asm=t.fma_asm)
     # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
     # input lines.

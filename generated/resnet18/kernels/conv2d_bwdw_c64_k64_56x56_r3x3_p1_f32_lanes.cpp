@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows); candidates ['lanes', 'gemm', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 2 vectors of 8 output channels x 4 (input channel, tap) rows (0.96 useful); 144 of the 576 rows per work item, 16 items x 1 parts of the reduction, chunks of 256 pixels; grad_output packed pixel-major once per call; input copied once, zero-padded; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
+//   [tiling] register tile 4 vectors of 8 output channels x 3 (input channel, tap) rows (1.01 useful); 144 of the 576 rows per work item, 8 items x 2 parts of the reduction, chunks of 128 pixels; grad_output packed pixel-major once per call; input copied once, zero-padded; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient with output channels in the vector lanes: gW[k][(c, tap)] = sum over pixels p of
 // gY[k][p] * X[c][window(p) + tap]. grad_output is first packed pixel-major per block of NV x V
 // channels, so each pixel's channels are one aligned run. A register tile holds NV vectors of
@@ -88,12 +88,12 @@ static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
   odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
-constexpr int64_t NV = 2, PB = 4;     // register tile: NV vectors of out channels x PB rows
+constexpr int64_t NV = 4, PB = 3;     // register tile: NV vectors of out channels x PB rows
 constexpr int64_t NVV = NV * V, KBLK = (COUT_G + NVV - 1) / NVV;
 constexpr int64_t TAPS = KD * KH * KW, CT = CIN_G * TAPS;    // (input channel, tap) rows per group
 constexpr int64_t RB = 144, RBLK = (CT + RB - 1) / RB;   // rows per work item (a multiple of PB)
-constexpr int64_t PC = 256;                         // pixels per chunk of the reduction
-constexpr int64_t SPLITS = 1;                 // the reduction is cut into this many fixed parts
+constexpr int64_t PC = 128;                         // pixels per chunk of the reduction
+constexpr int64_t SPLITS = 2;                 // the reduction is cut into this many fixed parts
 constexpr int64_t PLANE = YD * YH * YW;
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
 // copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
@@ -194,21 +194,71 @@ int64_t n, int nthreads) {
         for (int64_t rt = 0; rt < RB; rt += PB) {
           const ACC* px[PB];
           for (int64_t j = 0; j < PB; ++j) px[j] = xs + ro[rt + j];
-          vec acc[NV][PB];   // this chunk's partial sums, added to the totals after (two-level summation)
-          for (int64_t v = 0; v < NV; ++v)
-            for (int64_t j = 0; j < PB; ++j) acc[v][j] = vbroadcast(0);
+          // this chunk's partial sums acc{v}_{j} (channel vector v, row j), added to the totals
+          // after (two-level summation)
+          vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0);
+          vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0);
+          vec acc2_0 = vbroadcast(0), acc2_1 = vbroadcast(0), acc2_2 = vbroadcast(0);
+          vec acc3_0 = vbroadcast(0), acc3_1 = vbroadcast(0), acc3_2 = vbroadcast(0);
           for (int64_t i = 0; i < nq; ++i) {
+            const ACC* gi = gq + i * NVV;
             const int64_t a = at[i];
-            vec gv[NV];
-            for (int64_t v = 0; v < NV; ++v) gv[v] = vload(gq + i * NVV + v * V);
-            for (int64_t j = 0; j < PB; ++j) {
-              const vec xv = vbroadcast(px[j][a]);
-              for (int64_t v = 0; v < NV; ++v) acc[v][j] += gv[v] * xv;
+            {
+              const vec h0_ = vbroadcast(*(px[0] + a));
+              const vec h1_ = vbroadcast(*(px[1] + a));
+              const vec h2_ = vbroadcast(*(px[2] + a));
+              {
+                vec s_;
+                asm("vmovups %[v], %[s]\n\t"
+                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                    : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
+                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 0 * V)));
+              }
+              {
+                vec s_;
+                asm("vmovups %[v], %[s]\n\t"
+                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                    : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
+                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 1 * V)));
+              }
+              {
+                vec s_;
+                asm("vmovups %[v], %[s]\n\t"
+                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                    : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
+                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 2 * V)));
+              }
+              {
+                vec s_;
+                asm("vmovups %[v], %[s]\n\t"
+                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                    : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
+                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 3 * V)));
+              }
             }
+
           }
           vec* tt = tot + rt * NV;
-          for (int64_t v = 0; v < NV; ++v)
-            for (int64_t j = 0; j < PB; ++j) tt[v * PB + j] += acc[v][j];
+          tt[0] += acc0_0;
+          tt[1] += acc0_1;
+          tt[2] += acc0_2;
+          tt[3] += acc1_0;
+          tt[4] += acc1_1;
+          tt[5] += acc1_2;
+          tt[6] += acc2_0;
+          tt[7] += acc2_1;
+          tt[8] += acc2_2;
+          tt[9] += acc3_0;
+          tt[10] += acc3_1;
+          tt[11] += acc3_2;
         }
       }
       for (int64_t r = 0; r < rn; ++r) {
