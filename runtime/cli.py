@@ -260,7 +260,7 @@ def cmd_bench(args) -> int:
         dtype, layout = DType(args.dtype), LAYOUTS[args.layout]
     else:
         if args.input is None or args.weight is None:
-            raise ConvSpecError("bench: give --suite standard|weak|all|smoke, or one problem with --input and "
+            raise ConvSpecError("bench: give --suite standard|weak|all|more|smoke, or one problem with --input and "
                                 "--weight (and the other problem flags)")
         problem = problem_from_args(args)
         chosen = [("problem", [suites.BenchShape.from_problem(problem)])]
@@ -317,7 +317,8 @@ def parser() -> argparse.ArgumentParser:
                     "GFLOP/s, % of the machine's FMA peak and the ratio torch/convgen (above 1: convgen is "
                     "faster), with its geometric mean per suite. See BENCHMARKS.md.")
     bench.add_argument("--suite", choices=suites.CHOICES,
-                       help="a problem set of runtime/suites.py (all = standard + weak; smoke: tiny, for tests)")
+                       help="a problem set of runtime/suites.py (all = standard + weak; more: other networks' layers; "
+                            "smoke: tiny, for tests)")
     bench.add_argument("--repeat", type=int, default=7, help="timed samples per pass and library (default 7)")
     bench.add_argument("--threads", type=int, help="torch.set_num_threads for both, restored after (default: torch's)")
     bench.add_argument("--min-time", type=float, default=0.05, help="seconds per sample, at least (default 0.05)")
