@@ -34,6 +34,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.DGRAD, "pointwise"): "cpu/pointwise.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "direct"): "cpu/direct_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "gemm"): "cpu/gemm_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "pointwise"): "cpu/pointwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "lanes"): "cpu/lanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "depthwise"): "cpu/depthwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "grouplanes"): "cpu/grouplanes_fwd.cpp.j2",

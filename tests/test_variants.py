@@ -56,6 +56,10 @@ PROBLEMS = [
     ("pointwise_transposed_pad", 2, 8, 6, (5, 6), (1, 1), (1, 1), ((1, 1), (0, 0)), (1, 1), 2, True, (0, 0)),
     ("pointwise_many", 1, 300, 300, (3, 5), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
     ("pointwise_1d", 2, 5, 9, (13,), (1,), (1,), ((0, 0),), (1,), 1, False, (0,)),
+    # the pointwise weight gradient's chunks of pixels: several per image and across images, as
+    # whole planes and (strided, padded) as output rows
+    ("pointwise_chunks", 3, 5, 7, (45, 61), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
+    ("pointwise_s2_chunks", 4, 4, 13, (81, 95), (1, 1), (2, 3), ((1, 1), (2, 2)), (1, 1), 1, False, (0, 0)),
     ("tiny_images", 3, 6, 9, (4, 5), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("conv1d_dilated", 3, 8, 16, (50,), (5,), (2,), ((2, 2),), (2,), 1, False, (0,)),
     ("conv3d", 2, 4, 6, (4, 5, 6), (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 0)), (1, 1, 2), 2, False, (0, 0, 0)),

@@ -56,6 +56,8 @@ WGRAD_ROWS = 144
 # this many pixels per work item (the kernel takes fewer when the batch gives too few items).
 POINTWISE_VECTORS = 2
 POINTWISE_MAX_COLS = 128
+# Pixels per chunk of the pointwise weight gradient, at most.
+DOTS_MAX_CHUNK = 512
 # Grouplanes (depthwise, channels last) register tile: at most this many vectors of channels x
 # this many pixels.
 GROUPLANES_VECTORS = 2
@@ -333,6 +335,65 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
                        tiling=tiling)
 
 
+def dots_tile(rows: int, cols: int, registers: int) -> tuple[int, int, float]:
+    """(KR, CR, score) of a tile of dot products: KR grad_output rows x CR input rows accumulate
+    in KR * CR registers, the smaller set is held and the other streamed through one more (see
+    fma_tile's dots). The score is the fraction of FMAs on real rows (rows are padded to the tile)
+    times the FMA-to-load ratio up to ASM_FMA_PER_LOAD; ties go to the larger tile."""
+    best = (1, 1, -1.0)
+    for kr in range(1, registers):
+        for cr in range(1, registers):
+            if kr * cr + min(kr, cr) + 1 > registers:
+                continue
+            useful = rows / (math.ceil(rows / kr) * kr) * cols / (math.ceil(cols / cr) * cr)
+            score = useful * min(1.0, kr * cr / (kr + cr) / ASM_FMA_PER_LOAD)
+            if (score, kr * cr) > (best[2], best[0] * best[1]):
+                best = (kr, cr, score)
+    return best
+
+
+def _equal_blocks(total: int, most: int, multiple: int) -> int:
+    """Rows per block (a multiple of `multiple`, at most about `most`) cutting `total` rows into
+    blocks of equal size."""
+    most = max(multiple, most // multiple * multiple)
+    blocks = math.ceil(total / most)
+    return math.ceil(math.ceil(total / blocks) / multiple) * multiple
+
+
+def _pointwise_wgrad(plan: Plan, lanes: int) -> Plan:
+    """1x1 weight gradient as dot products over pixels: a KR x CR tile of grad_output rows x input
+    rows, per work item KC x CC rows whose vector totals take a quarter of the L2, chunks of PC
+    pixels whose rows take another quarter."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    rows, cols = g.cout_g, g.cin_g
+    kr, cr, score = dots_tile(rows, cols, t.vector_registers)
+    pairs = max(kr * cr, (t.l2_bytes // 4) // (lanes * acc_bytes))    # (k, c) totals per item, at most
+    # Each item reads its rows of both operands over all pixels: the block shape that reads the
+    # least, rows x (column blocks) + columns x (row blocks), among the shapes within `pairs`.
+    best = None
+    for cblocks in range(1, math.ceil(cols / cr) + 1):
+        cc = math.ceil(math.ceil(cols / cblocks) / cr) * cr
+        if cc * kr > pairs:
+            continue
+        kc = _equal_blocks(rows, pairs // cc, kr)
+        cost = rows * math.ceil(cols / cc) + cols * math.ceil(rows / kc)
+        if best is None or cost < best[0]:
+            best = (cost, kc, cc)
+    _, kc, cc = best or (0, kr, cr)
+    pc = max(lanes, min(DOTS_MAX_CHUNK, (t.l2_bytes // 4) // ((kc + cc) * acc_bytes)) // lanes * lanes)
+    items = g.groups * math.ceil(rows / kc) * math.ceil(cols / cc)
+    splits = _splits(items, g.groups * rows * cols * acc_bytes)
+    tiling = Tiling(vector_lanes=lanes, kb=kr, nv=cr, ksb=kc, cols=cc, pc=pc, splits=splits,
+                    threads_hint="parallel over (group, out-channel block, in-channel block, part of the "
+                                 "reduction); each item owns its sums and reduces in a fixed order, so results do "
+                                 "not depend on the thread count")
+    return plan.decide("tiling", f"register tile {kr} grad_output rows x {cr} input rows of {lanes} pixels "
+                                 f"({score:.2f} useful); per item {kc} x {cc} rows, {items} items x {splits} parts "
+                                 f"of the reduction, both operands copied in chunks of {pc} pixels (a quarter of "
+                                 f"the L2); {tiling.threads_hint}", tiling=tiling)
+
+
 def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     """Weight gradient with NV vectors of output channels x PB (input channel, tap) rows per tile."""
     g, t, p = plan.geometry, plan.target, plan.problem
@@ -450,7 +511,7 @@ def run(plan: Plan) -> Plan:
     if plan.algorithm == "gemm":
         return _gemm_wgrad(plan, lanes)
     if plan.algorithm == "pointwise":
-        return _pointwise(plan, lanes)
+        return _pointwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _pointwise(plan, lanes)
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes)
     if plan.algorithm == "grouplanes":

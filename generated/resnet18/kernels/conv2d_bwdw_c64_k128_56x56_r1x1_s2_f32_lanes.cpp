@@ -8,7 +8,7 @@
 //   [validate] valid 2-D problem: output size [28, 28], 6422528 multiply-adds per image
 //   [canonicalise] weight gradient: reduction of grad_output ⊗ input over batch and pixels
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
-//   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows); candidates ['lanes', 'gemm', 'direct']; every size a compile-time constant except the batch
+//   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows); candidates ['lanes', 'gemm', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 4 vectors of 8 output channels x 3 (input channel, tap) rows (1.01 useful); 66 of the 64 rows per work item, 4 items x 4 parts of the reduction, chunks of 128 pixels; grad_output packed pixel-major once per call; input read in place; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
