@@ -87,12 +87,11 @@ def _grouplanes_fits(plan: Plan) -> bool:
 
 
 def _pointwise_fits(plan: Plan) -> bool:
-    """Whether the pointwise kernels compute this kernel op: a 1x1 kernel, and for the data gradient
-    unit strides (every input-gradient pixel then takes exactly one grad_output pixel, or none). The
-    forward and data gradient are a packed GEMM reduced over channels, the weight gradient dot
-    products over pixels (any strides and padding: the input is read where each output pixel reads it)."""
-    g = plan.geometry
-    return g.kernel == (1, 1, 1) and (plan.kop is not KOp.DGRAD or g.stride == (1, 1, 1))
+    """Whether the pointwise kernels compute this kernel op: a 1x1 kernel, with any strides and
+    padding. The forward and data gradient are a packed GEMM reduced over channels (a strided data
+    gradient's columns are the grad_output pixels, each written where it reaches, the rest zeroed),
+    the weight gradient dot products over pixels."""
+    return plan.geometry.kernel == (1, 1, 1)
 
 
 # The pointwise GEMM packs what it reduces over once per item and chunk, which pays off unless the
@@ -102,6 +101,14 @@ def _pointwise_fits(plan: Plan) -> bool:
 # 56 9.0 vs 9.2, but 24->144 at 56 3.1 vs 2.4; data gradient (reduced over the K output
 # channels) 512->128 6.1 vs 8.6, 1024->256 6.3 vs 7.3, 256->64 8.1 vs 11.7, 64->256 7.7 vs 9.1.
 POINTWISE_MIN_REDUCED = 64
+# Strided 1x1 kernels (ResNet's shortcuts), on Zen 3 (NCHW f32, 2 threads, batch 8, ms, pointwise
+# against blocked, or lanes where it was the default): forward 64->128 at 56x56 stride 2 1.0 vs
+# 1.8, 128->256 at 28 1.0 vs 1.2, 256->512 at 56 13.7 vs 18.4, 256->1024 at 28 7.4 vs 9.6,
+# 512->1024 at 28 12.5 vs 15.1, 1024->2048 at 14 15.2 vs 21.3 (its strips read every other
+# input value, its chunks are halved: see tiling._pointwise); data gradient (the columns are the
+# grad_output pixels, the rest of the input gradient zeroed) 2048->1024 16.5 vs lanes' 45.8,
+# 1024->512 15.3 vs 17.5, 512->256 16.1 vs 20.2, but 256->128 2.0 vs 1.6 and 128->64 2.6 vs 1.8.
+POINTWISE_MIN_STRIDED_DGRAD = 512
 
 
 def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
@@ -109,11 +116,9 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     ms, pointwise against lanes: forward 8.8 vs 13.0, data gradient 9.3 vs 9.8; r50_1x1_64_256: 11.9
     vs 11.8, 8.3 vs 11.1)."""
     g = plan.geometry
-    if g.stride != (1, 1, 1):
-        # a strided forward packs its pixels one at a time (1x1 stride 2, 256->512 at 56x56:
-        # 21.7 ms against blocked's 18.1; 64->128: 2.1 against 1.6)
-        return choice, why
     reduced = g.cin_g if plan.kop is KOp.FWD else g.cout_g
+    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and reduced < POINTWISE_MIN_STRIDED_DGRAD:
+        return choice, why
     if reduced >= POINTWISE_MIN_REDUCED:
         return "pointwise", f"{WHY['pointwise']}; {reduced} channels reduced"
     return choice, why
