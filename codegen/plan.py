@@ -74,7 +74,8 @@ class Tiling:
     row_tiles: int = 1       # direct: tiles per plane
     kb: int = 0              # blocked: channels held in registers at once (grouplanes: pixels per tile;
                              # depthwise weight gradient over planes: taps per pass)
-    nv: int = 0              # blocked: vectors of columns held in registers at once (grouplanes: of channels)
+    nv: int = 0              # blocked: vectors of columns held in registers at once (grouplanes: of channels;
+                             # depthwise planes: 1 when the taps step in assembly)
     cols: int = 0            # blocked: columns of one work item (a multiple of nv * vector_lanes)
     in_place: tuple[str, ...] = ()   # operands whose rows are read in place, not copied
     ksb: int = 0             # pointwise, gemm: output channels per work item (a multiple of kb); grouplanes:

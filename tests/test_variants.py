@@ -35,6 +35,9 @@ PROBLEMS = [
     # dilation, uneven padding) and, at unit stride, its rows (wider rows)
     ("depthwise_planes_5x5", 2, 4, 4, (6, 9), (5, 5), (1, 1), ((2, 2), (1, 3)), (1, 2), 4, False, (0, 0)),
     ("depthwise_rows_unit", 1, 3, 6, (3, 40), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 3, False, (0, 0)),
+    # the depthwise planes forward and data gradient with taps stepped in assembly (a 2-D kernel of
+    # more than 9 taps on a plane of at least 64 vectors), with uneven padding
+    ("depthwise_planes_asm", 2, 3, 3, (20, 30), (5, 5), (1, 1), ((2, 2), (1, 3)), (1, 1), 3, False, (0, 0)),
     # rows wide enough for the depthwise weight gradient to split stride-2 input rows by shuffles
     ("depthwise_s2_wide", 2, 3, 3, (5, 45), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 3, False, (0, 0)),
     # depthwise in channels last (grouplanes: the groups in the lanes): whole tiles of channel

@@ -505,6 +505,34 @@ def _grouplanes(plan: Plan, lanes: int) -> Plan:
                                  f"and written in place; {tiling.threads_hint}", tiling=tiling)
 
 
+# Output vectors the depthwise planes kernel accumulates at once (each tap's weight broadcast once
+# for all of them).
+PLANES_VECTORS = 8
+# The planes kernel steps its taps in assembly (fma_tile) for 2-D kernels of more than 9 taps on
+# planes of at least this many vectors, where GCC's vector code spills; elsewhere the C step ran
+# faster on Zen 3 (ms, C against assembly: 3x3 at 7x7, 960 channels, 0.18 against 0.33; 5x5 at
+# 7x7 0.59 against 1.01; 1-D k31 at 4096 2.2 against 3.3; but 5x5 at 28x28, 112 vectors, 2.0
+# against 1.28, and at 14x14, 32 vectors, 1.47 against 1.41).
+PLANES_ASM_VECTORS = 64
+
+
+def _depthwise_planes(plan: Plan, lanes: int) -> Plan:
+    """Depthwise forward or data gradient (multiplier 1, unit strides) over whole zero-padded planes."""
+    g = plan.geometry
+    out_w, out_h = (g.y_size if plan.kop is KOp.FWD else g.x_size)[2], (g.y_size if plan.kop is KOp.FWD else g.x_size)[1]
+    pitch = out_w + (g.kernel[2] - 1) * g.dilation[2]
+    vectors = math.ceil(out_h * pitch / lanes)
+    u = max(1, min(PLANES_VECTORS, vectors))
+    taps = g.kernel[1] * g.kernel[2]
+    asm = plan.target.fma_asm and out_h > 1 and taps > 9 and vectors >= PLANES_ASM_VECTORS
+    tiling = Tiling(vector_lanes=lanes, kb=u, nv=int(asm), planes=True,
+                    threads_hint="parallel over (image, channel) planes")
+    return plan.decide("tiling", f"each plane copied into a zero-padded buffer of row pitch {pitch}: {vectors} "
+                                 f"flat vectors of outputs per plane, {u} at a time in registers over the "
+                                 f"{taps} taps{', stepped in assembly' if asm else ''}; {tiling.threads_hint}",
+                       tiling=tiling)
+
+
 def run(plan: Plan) -> Plan:
     if plan.algorithm in ("empty", "reduce"):
         return plan.decide("tiling", "no tiling", tiling=None)
@@ -518,7 +546,7 @@ def run(plan: Plan) -> Plan:
     if plan.algorithm == "pointwise":
         return _pointwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _pointwise(plan, lanes)
     if plan.algorithm == "depthwise":
-        return _depthwise_wgrad(plan, lanes)
+        return _depthwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _depthwise_planes(plan, lanes)
     if plan.algorithm == "grouplanes":
         return _grouplanes(plan, lanes)
     return _direct(plan, lanes)
