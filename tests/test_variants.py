@@ -63,6 +63,12 @@ PROBLEMS = [
     # whole planes and (strided, padded) as output rows
     ("pointwise_chunks", 3, 5, 7, (45, 61), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
     ("pointwise_s2_chunks", 4, 4, 13, (81, 95), (1, 1), (2, 3), ((1, 1), (2, 2)), (1, 1), 1, False, (0, 0)),
+    # non-overlapping patches (kernel = stride): the pointwise forward reduces over (channel, tap),
+    # rows and columns left over past the last patch; groups; 1-D; a transposed problem (whose
+    # data gradient is a forward over patches)
+    ("patches_groups", 2, 6, 4, (9, 10), (2, 3), (2, 3), ((0, 0), (0, 0)), (1, 1), 2, False, (0, 0)),
+    ("patches_1d", 2, 8, 6, (35,), (4,), (4,), ((0, 0),), (1,), 1, False, (0,)),
+    ("patches_transposed", 2, 6, 4, (4, 5), (2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1), 1, True, (0, 0)),
     ("tiny_images", 3, 6, 9, (4, 5), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("conv1d_dilated", 3, 8, 16, (50,), (5,), (2,), ((2, 2),), (2,), 1, False, (0,)),
     ("conv3d", 2, 4, 6, (4, 5, 6), (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 0)), (1, 1, 2), 2, False, (0, 0, 0)),

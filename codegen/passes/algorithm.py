@@ -109,10 +109,18 @@ def _grouplanes_fits(plan: Plan) -> bool:
 
 def _pointwise_fits(plan: Plan) -> bool:
     """Whether the pointwise kernels compute this kernel op: a 1x1 kernel, with any strides and
-    padding. The forward and data gradient are a packed GEMM reduced over channels (a strided data
-    gradient's columns are the grad_output pixels, each written where it reaches, the rest zeroed),
-    the weight gradient dot products over pixels."""
-    return plan.geometry.kernel == (1, 1, 1)
+    padding, or for the forward non-overlapping patches (kernel = stride, no dilation or padding:
+    ViT's and ConvNeXt's patch embeddings and downsampling), whose reduced values are (input
+    channel, tap) pairs. The forward and data gradient are a packed GEMM reduced over channels (a
+    strided data gradient's columns are the grad_output pixels, each written where it reaches, the
+    rest zeroed), the weight gradient dot products over pixels."""
+    g = plan.geometry
+    return g.kernel == (1, 1, 1) or (plan.kop is KOp.FWD and _patches(g))
+
+
+def _patches(g) -> bool:
+    """Whether the windows tile the input without overlap: kernel = stride, no dilation or padding."""
+    return g.kernel == g.stride and g.dilation == (1, 1, 1) and g.pad_lo == (0, 0, 0)
 
 
 # The pointwise GEMM packs what it reduces over once per item and chunk, which pays off unless the
@@ -130,6 +138,16 @@ POINTWISE_MIN_REDUCED = 64
 # grad_output pixels, the rest of the input gradient zeroed) 2048->1024 16.5 vs lanes' 45.8,
 # 1024->512 15.3 vs 17.5, 512->256 16.1 vs 20.2, but 256->128 2.0 vs 1.6 and 128->64 2.6 vs 1.8.
 POINTWISE_MIN_STRIDED_DGRAD = 512
+# Forward patches (kernel = stride: ViT's, Swin's and ConvNeXt's patch embeddings and downsampling),
+# on Zen 3 (NCHW f32, 2 threads, batch 8, ms, pointwise / blocked / lanes): 16x16 3->768 at 224
+# 15.4 / 19.3 / 16.1, 8x8 3->256 at 256 6.9 / 7.3 / 9.3, 4x4 3->96 at 224 3.0 / 3.6 / 3.3, 1-D
+# k2 256->256 at 1024 8.2 / 10.1 / 9.4; but 2x2 96->192 at 56 9.8 / 10.7 / 7.4, 2x2 384->768
+# at 14 11.7 / 10.5 / 7.3, 2x2 64->128 at 112 29.3 / 27.9 / 19.9, 3x3 32->48 at 99 1.8 / 2.4 /
+# 1.0 (lanes' broadcasts serve whole channel vectors where a 2-D patch is small), and 3x3 3->64
+# at 96 0.34 / 0.31 / 0.99.
+PATCH_POINTWISE_TAPS = 16
+PATCH_LANES_MIN_IN = 32
+PATCH_MIN_REDUCED = 32
 
 
 def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
@@ -137,7 +155,15 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     ms, pointwise against lanes: forward 8.8 vs 13.0, data gradient 9.3 vs 9.8; r50_1x1_64_256: 11.9
     vs 11.8, 8.3 vs 11.1)."""
     g = plan.geometry
-    reduced = g.cin_g if plan.kop is KOp.FWD else g.cout_g
+    reduced = g.cin_g * math.prod(g.kernel) if plan.kop is KOp.FWD else g.cout_g
+    if g.kernel != (1, 1, 1):     # forward patches
+        if plan.problem.rank > 1 and math.prod(g.kernel) < PATCH_POINTWISE_TAPS:
+            if g.cin_g >= PATCH_LANES_MIN_IN:
+                return "lanes", f"{WHY['lanes']}; non-overlapping {'x'.join(map(str, g.kernel[-2:]))} patches"
+            return choice, why
+        if reduced >= PATCH_MIN_REDUCED:
+            return "pointwise", f"{WHY['pointwise']}; non-overlapping patches, {reduced} (channel, tap) values reduced"
+        return choice, why
     if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and reduced < POINTWISE_MIN_STRIDED_DGRAD:
         return choice, why
     if reduced >= POINTWISE_MIN_REDUCED:

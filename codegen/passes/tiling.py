@@ -287,7 +287,7 @@ def _pointwise(plan: Plan, lanes: int) -> Plan:
     g, t, p = plan.geometry, plan.target, plan.problem
     acc_bytes = p.dtype.accumulator.itemsize
     fwd = plan.kop is KOp.FWD
-    out_ch, reduced = (g.cout_g, g.cin_g) if fwd else (g.cin_g, g.cout_g)
+    out_ch, reduced = (g.cout_g, g.cin_g * math.prod(g.kernel)) if fwd else (g.cin_g, g.cout_g)
     mr, nvp, kc = _pointwise_tile(t, lanes, acc_bytes)
     if fwd and g.stride != (1, 1, 1):
         # a strided forward packs each strip from every SW-th input value: half the chunk (1x1 stride

@@ -99,6 +99,7 @@ constexpr int64_t MIN_ITEMS = 16;
 constexpr bool BY_GY = SD != 1 || SH != 1 || SW != 1;
 constexpr int64_t O = CIN_G, R = COUT_G, PIX = BY_GY ? YD * YH * YW : XD * XH * XW;   // out channels, reduced channels, columns per image
 constexpr int64_t B_SC = Y_SC, OUT_SC = X_SC;
+static inline int64_t roff(int64_t r) { return r * Y_SC; }
 // Where column p of image b reads grad_output (-1: outside), and where it is written (-1: nowhere).
 static inline int64_t read_at(int64_t b, int64_t g, int64_t p) {
   if constexpr (BY_GY) {
@@ -296,17 +297,17 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
           const int64_t valid = nq - s * NR < NR ? nq - s * NR : NR;
           if constexpr (B_SC == 1) {   // channels contiguous: one pixel's channels at a time
             for (int64_t j = 0; j < NR; ++j) {
-              const T* col = j < valid && from[j] >= 0 ? src + from[j] + r0 : nullptr;
-              for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = col ? to_acc(col[r]) : (ACC)0;
+              const T* col = j < valid && from[j] >= 0 ? src + from[j] : nullptr;
+              for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = col ? to_acc(col[roff(r0 + r)]) : (ACC)0;
             }
           } else if (evenly(from, valid, 1)) {   // NR pixels in a row of the source: plain copies
             for (int64_t r = 0; r < kc; ++r) {
-              const T* row = src + from[0] + (r0 + r) * B_SC;
+              const T* row = src + from[0] + roff(r0 + r);
               for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = to_acc(row[j]);
             }
           } else if (STEP > 1 && evenly(from, valid, STEP)) {   // NR pixels of a row, a stride apart
             for (int64_t r = 0; r < kc; ++r) {
-              const T* row = src + from[0] + (r0 + r) * B_SC;
+              const T* row = src + from[0] + roff(r0 + r);
               for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = to_acc(row[j * STEP]);
             }
           } else {                     // by runs of pixels STEP apart (a strip across rows or images), and zeros
@@ -318,7 +319,7 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
               }
               while (j1 < valid && from[j1] == from[j1 - 1] + STEP) ++j1;
               for (int64_t r = 0; r < kc; ++r) {
-                const T* run = src + from[j0] + (r0 + r) * B_SC;
+                const T* run = src + from[j0] + roff(r0 + r);
                 for (int64_t j = j0; j < j1; ++j) panel[r * NR + j] = to_acc(run[(j - j0) * STEP]);
               }
             }

@@ -12,7 +12,7 @@
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
 //   [tiling] register tile 6 channels x 2 vectors of 8 pixels (12 of 16 registers accumulate); weights packed once per call in panels of 6 channels; per item 132 channels x up to 128 pixels, whose values are packed in chunks of 64 reduced channels (half the L1); parallel over (group, run of pixels, block of output channels), handed out as threads come free; runs shrink from 128 pixels when the batch gives fewer than 16 items
-// 1x1 forward convolution as a packed GEMM per group:
+// 1x1 forward convolution (or one of non-overlapping patches) as a packed GEMM per group:
 // out[o][q] = sum over r of A[o][r] * B[r][q], with o the output channels, r the
 // input channels and q the pixels of every image. A (the weights) is packed once per call
 // into panels of MR rows; each work item (group, block of MC channels, block of NC pixels) packs
@@ -91,8 +91,18 @@ constexpr int64_t MR = 6, NVP = 2, NR = NVP * V;    // register tile: MR channel
 constexpr int64_t MC = 132, NC = 128;   // channels (a multiple of MR) and pixels (of NR) per item
 constexpr int64_t KC = 64;                                     // reduced channels per chunk
 constexpr int64_t MIN_ITEMS = 16;
-constexpr int64_t O = COUT_G, R = CIN_G, PIX = YD * YH * YW;               // out channels, reduced channels, pixels per image
+// A 1x1 kernel, or a kernel the size of its stride (patches: windows that neither overlap nor
+// reach padding), whose reduced values are (input channel, tap) pairs.
+constexpr int64_t TAPS = KD * KH * KW;
+static_assert(TAPS == 1 || (SD == KD && SH == KH && SW == KW && DD == 1 && DH == 1 && DW == 1 && PD == 0 && PH == 0 &&
+                            PW == 0), "the pointwise forward needs a 1x1 kernel or non-overlapping patches");
+constexpr int64_t O = COUT_G, R = CIN_G * TAPS, PIX = YD * YH * YW;        // out channels, reduced values, pixels per image
 constexpr int64_t B_SC = X_SC, OUT_SC = Y_SC;
+// Where reduced value r (input channel, tap) lies from its pixel's window start.
+static inline int64_t roff(int64_t r) {
+  const int64_t ci = r / TAPS, t = r % TAPS, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
+  return ci * X_SC + kd * X_SD + kh * X_SH + kw * X_SW;
+}
 // Where output pixel p of image b reads the input (channel 0 of the group; -1: padding), and where it is written.
 static inline int64_t read_at(int64_t b, int64_t g, int64_t p) {
   const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
@@ -105,7 +115,10 @@ static inline int64_t write_at(int64_t b, int64_t g, int64_t p) {
   return b * Y_SN + g * COUT_G * Y_SC + od * Y_SD + oh * Y_SH + ow * Y_SW;
 }
 // A[o][r] of group g
-static inline T weight_at(const T* w, int64_t g, int64_t o, int64_t r) { return w[(g * COUT_G + o) * W_SN + r * W_SC]; }
+static inline T weight_at(const T* w, int64_t g, int64_t o, int64_t r) {
+  const int64_t ci = r / TAPS, t = r % TAPS, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
+  return w[(g * COUT_G + o) * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW];
+}
 constexpr int64_t OP = (O + MR - 1) / MR;                                  // panels of MR channels per group
 constexpr int64_t OB = (O + MC - 1) / MC;                                  // channel blocks per group
 
@@ -249,17 +262,17 @@ extern "C" int cg_conv2d_fwd_c64_k128_56x56_r1x1_s2_f32_pointwise(const T* __res
           const int64_t valid = nq - s * NR < NR ? nq - s * NR : NR;
           if constexpr (B_SC == 1) {   // channels contiguous: one pixel's channels at a time
             for (int64_t j = 0; j < NR; ++j) {
-              const T* col = j < valid && from[j] >= 0 ? src + from[j] + r0 : nullptr;
-              for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = col ? to_acc(col[r]) : (ACC)0;
+              const T* col = j < valid && from[j] >= 0 ? src + from[j] : nullptr;
+              for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = col ? to_acc(col[roff(r0 + r)]) : (ACC)0;
             }
           } else if (evenly(from, valid, 1)) {   // NR pixels in a row of the source: plain copies
             for (int64_t r = 0; r < kc; ++r) {
-              const T* row = src + from[0] + (r0 + r) * B_SC;
+              const T* row = src + from[0] + roff(r0 + r);
               for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = to_acc(row[j]);
             }
           } else if (STEP > 1 && evenly(from, valid, STEP)) {   // NR pixels of a row, a stride apart
             for (int64_t r = 0; r < kc; ++r) {
-              const T* row = src + from[0] + (r0 + r) * B_SC;
+              const T* row = src + from[0] + roff(r0 + r);
               for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = to_acc(row[j * STEP]);
             }
           } else {                     // by runs of pixels STEP apart (a strip across rows or images), and zeros
@@ -271,7 +284,7 @@ extern "C" int cg_conv2d_fwd_c64_k128_56x56_r1x1_s2_f32_pointwise(const T* __res
               }
               while (j1 < valid && from[j1] == from[j1 - 1] + STEP) ++j1;
               for (int64_t r = 0; r < kc; ++r) {
-                const T* run = src + from[j0] + (r0 + r) * B_SC;
+                const T* run = src + from[j0] + roff(r0 + r);
                 for (int64_t j = j0; j < j1; ++j) panel[r * NR + j] = to_acc(run[(j - j0) * STEP]);
               }
             }
