@@ -202,6 +202,17 @@ MORE = [
     S("n1_big", "batch 1, 64 channels at 128x128", (1, 64, 128, 128), (64, 64, 3, 3), padding=1),
     S("c_odd_7_13", "odd channel counts 7 -> 13 at 64x64", (4, 7, 64, 64), (13, 7, 3, 3), padding=1),
     S("k1_c3", "1x1 from 3 channels to 16 at 128x128", (4, 3, 128, 128), (16, 3, 1, 1)),
+    # added with the strided 1x1, patch and depthwise-plane kernels (2026-11-22)
+    S("r50_ds_1024_2048_s2", "ResNet-50 last shortcut 1x1 stride 2, 1024 -> 2048 at 14x14", (8, 1024, 14, 14),
+      (2048, 1024, 1, 1), stride=2),
+    S("vit_b16_embed", "ViT-B/16 patch embedding 16x16 stride 16, 3 -> 768 at 224x224", (8, 3, 224, 224),
+      (768, 3, 16, 16), stride=16),
+    S("swin_patch4", "Swin / ConvNeXt stem 4x4 stride 4, 3 -> 96 at 224x224", (8, 3, 224, 224), (96, 3, 4, 4),
+      stride=4),
+    S("cnx_down_2x2", "ConvNeXt downsampling 2x2 stride 2, 96 -> 192 at 56x56", (8, 96, 56, 56), (192, 96, 2, 2),
+      stride=2),
+    S("eff_dw5_1152_7", "EfficientNet depthwise 5x5, 1152 channels at 7x7", (8, 1152, 7, 7), (1152, 1, 5, 5),
+      padding=2, groups=1152),
 ]
 
 # Seconds, not minutes: one of each kind of path, for tests/test_bench.py.
