@@ -135,8 +135,9 @@ POINTWISE_MIN_REDUCED = 64
 # 1.8, 128->256 at 28 1.0 vs 1.2, 256->512 at 56 13.7 vs 18.4, 256->1024 at 28 7.4 vs 9.6,
 # 512->1024 at 28 12.5 vs 15.1, 1024->2048 at 14 15.2 vs 21.3 (its strips read every other
 # input value, its chunks are halved: see tiling._pointwise); data gradient (the columns are the
-# grad_output pixels, the rest of the input gradient zeroed) 2048->1024 16.5 vs lanes' 45.8,
-# 1024->512 15.3 vs 17.5, 512->256 16.1 vs 20.2, but 256->128 2.0 vs 1.6 and 128->64 2.6 vs 1.8.
+# grad_output pixels, the rest of the input gradient zeroed; same convolutions) 1024->2048 16.5
+# vs lanes' 45.8, 512->1024 15.3 vs 17.5, 256->512 16.1 vs 20.2, but 128->256 2.0 vs 1.6 and
+# 64->128 2.6 vs 1.8: the rule counts the output channels, which the data gradient reduces over.
 POINTWISE_MIN_STRIDED_DGRAD = 512
 # Forward patches (kernel = stride: ViT's, Swin's and ConvNeXt's patch embeddings and downsampling),
 # on Zen 3 (NCHW f32, 2 threads, batch 8, ms, pointwise / blocked / lanes): 16x16 3->768 at 224

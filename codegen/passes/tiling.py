@@ -519,7 +519,7 @@ PLANES_ASM_VECTORS = 64
 def _depthwise_planes(plan: Plan, lanes: int) -> Plan:
     """Depthwise forward or data gradient (multiplier 1, unit strides) over whole zero-padded planes."""
     g = plan.geometry
-    out_w, out_h = (g.y_size if plan.kop is KOp.FWD else g.x_size)[2], (g.y_size if plan.kop is KOp.FWD else g.x_size)[1]
+    _, out_h, out_w = g.y_size if plan.kop is KOp.FWD else g.x_size      # the plane each item writes
     pitch = out_w + (g.kernel[2] - 1) * g.dilation[2]
     vectors = math.ceil(out_h * pitch / lanes)
     u = max(1, min(PLANES_VECTORS, vectors))
