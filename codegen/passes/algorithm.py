@@ -259,6 +259,7 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
 # scores too since blocked's row blocks: dcgan_tconv's forward, 16-wide phases, blocked 5.8-6.2
 # ms against lanes' 6.9-7.0; 8-wide phases with 128 channels, lanes 5.7 against 6.7.
 LANES_OVER_BLOCKED = 0.85
+STRIDED_LANES_MIN_IN = 16       # a strided NCHW forward takes lanes from this many input channels
 
 
 def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
@@ -286,8 +287,17 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # (8-wide, 4x4 s2, 128 channels: lanes 5.7 against 6.7)
         return "blocked", f"{WHY['blocked']}; strided data gradient, {columns}-wide phases ({scores})"
     if plan.kop is KOp.FWD and g.stride[2] > 1:
-        # lanes would broadcast from every SW-th input column of a padded copy (measured 1.1-1.2x
-        # slower on r50_3x3_128_s2 and the stem); blocked splits the columns into phases
+        # lanes broadcasts from every SW-th input column of a padded copy, blocked splits the
+        # columns into phases. Since lanes' tile steps in assembly (4 x 3), lanes is as fast or
+        # faster in NCHW from 16 input channels (ms, blocked / lanes: 3x3 stride 2 64->128 at 56x56
+        # 9.1 / 7.0, 256 at 28x28 14.6 / 14.1, 512 at 14x14 15.6 / 13.1, 32->64 at 112x112 8.7 / 7.7,
+        # 16->32 at 112 2.8 / 2.4, 5x5 64 at 56 10.6 / 8.7, r50_3x3_128_s2 16.0 / 15.6, 3x3x3 at
+        # 16x56x56 15.0 / 11.8), but not from 3 channels (r50_stem 7.2 / 8.2, MobileNet's stem
+        # 2.5 / 3.7), nor for the data gradients of transposed convolutions, which are forward
+        # kernels (1-D k4 stride 2 transposed 4.3 / 5.4, 3x3 stride 2 2.7 / 3.0, dcgan 4.1 / 3.8)
+        if (written.layout is not Layout.CHANNELS_LAST and not plan.problem.transposed and
+                g.cin_g >= STRIDED_LANES_MIN_IN):
+            return "lanes", f"{WHY['lanes']}; strided rows, {g.cin_g} input channels ({scores})"
         return "blocked", f"{WHY['blocked']}; strided rows ({scores})"
     if blocked < LANES_OVER_BLOCKED * by_channels:
         return "lanes", f"{WHY['lanes']}; {scores}"
