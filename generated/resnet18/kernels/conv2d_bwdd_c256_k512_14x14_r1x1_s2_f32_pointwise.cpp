@@ -300,12 +300,7 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
               const T* col = j < valid && from[j] >= 0 ? src + from[j] : nullptr;
               for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = col ? to_acc(col[roff(r0 + r)]) : (ACC)0;
             }
-          } else if (evenly(from, valid, 1)) {   // NR pixels in a row of the source: plain copies
-            for (int64_t r = 0; r < kc; ++r) {
-              const T* row = src + from[0] + roff(r0 + r);
-              for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = to_acc(row[j]);
-            }
-          } else if (STEP > 1 && evenly(from, valid, STEP)) {   // NR pixels of a row, a stride apart
+          } else if (evenly(from, valid, STEP)) {   // NR pixels of a row of the source (a stride apart)
             for (int64_t r = 0; r < kc; ++r) {
               const T* row = src + from[0] + roff(r0 + r);
               for (int64_t j = 0; j < NR; ++j) panel[r * NR + j] = to_acc(row[j * STEP]);
