@@ -43,7 +43,7 @@ class Target:
     @property
     def fma_asm(self) -> bool:
         """Whether register tiles step in x86 FMA3 assembly, which holds a 16-register tile exactly
-        where GCC's vector code spills (AVX2 only: the AVX-512 path is not measured)."""
+        where GCC's vector code spills (AVX2 only: the AVX-512 shape is not measured)."""
         return self.kind is TargetKind.CPU and self.isa == "avx2"
 
     def name(self) -> str:
@@ -92,18 +92,73 @@ def _cache_bytes(level: int, default: int) -> int:
     return default
 
 
+ISA_WIDTHS = {"avx512": 64, "avx2": 32, "generic": 16}   # vector bytes per CPU ISA level
+_ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2": {"avx2", "fma", "bmi2"}}
+
+
+def cpu_target(isa: str, l1_bytes: int = 32 * 1024, l2_bytes: int = 1024 * 1024) -> Target:
+    """The CPU target of ISA level `isa` (one of ISA_WIDTHS) with the given cache sizes."""
+    return Target(TargetKind.CPU, isa, ISA_WIDTHS[isa], 32 if isa == "avx512" else 16,
+                  l1_bytes=l1_bytes, l2_bytes=l2_bytes)
+
+
 @functools.lru_cache(maxsize=1)
-def host_cpu() -> Target:
-    """The CPU this process runs on: one of the ISA levels convgen generates for, and its caches."""
-    caches = dict(l1_bytes=_cache_bytes(1, 32 * 1024), l2_bytes=_cache_bytes(2, 1024 * 1024))
+def _host_facts() -> tuple[tuple[str, ...], int, int]:
+    """(the ISA levels this CPU runs, widest first; its L1 and L2 data cache bytes)."""
+    caches = (_cache_bytes(1, 32 * 1024), _cache_bytes(2, 1024 * 1024))
     if platform.machine() not in ("x86_64", "AMD64"):
-        return Target(TargetKind.CPU, "generic", 16, **caches)
+        return ("generic",), *caches
     flags = _cpu_flags()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        return Target(TargetKind.CPU, "avx512", 64, 32, **caches)
-    if {"avx2", "fma", "bmi2"} <= flags:
-        return Target(TargetKind.CPU, "avx2", 32, **caches)
-    return Target(TargetKind.CPU, "generic", 16, **caches)
+    runs = tuple(isa for isa, needed in _ISA_FLAGS.items() if needed <= flags)
+    if "avx2" not in runs:      # AVX-512 code is built for x86-64-v4, which includes AVX2
+        runs = ()
+    return (*runs, "generic"), *caches
+
+
+def host_isas() -> tuple[str, ...]:
+    """The CPU ISA levels this machine runs, widest first (always ending with "generic")."""
+    return _host_facts()[0]
+
+
+def default_isa(runs: tuple[str, ...]) -> str:
+    """The ISA level generated for by default on a CPU that runs `runs`: AVX2 where it runs.
+
+    On AVX-512 CPUs too: AVX2's code shape (16 registers, register tiles stepped in FMA3
+    assembly) is the one whose tiles and algorithm choices were measured, and its VEX-encoded
+    instructions run on every AVX-512 CPU. The AVX-512 shape (32 registers, tiles in GCC vector
+    code) is correct (tests/test_variants.py runs it) but has never been timed: on CPUs that
+    split 512-bit FMAs into two 256-bit halves (AMD Zen 4) it can do no more arithmetic per
+    cycle, and its tiles spill where AVX2's do not. CONVGEN_ISA=avx512 opts in.
+    """
+    return "avx2" if "avx2" in runs else runs[0]
+
+
+def host_cpu() -> Target:
+    """The CPU target this process generates for: CONVGEN_ISA's level when set (it must be one
+    this CPU runs), else `default_isa` of the CPU's levels; with this CPU's cache sizes."""
+    from .. import knobs   # the environment is read in one place (runtime/knobs.py)
+    from .errors import ConvgenError
+
+    runs, l1, l2 = _host_facts()
+    asked = knobs.isa()
+    if asked and asked not in runs:
+        raise ConvgenError(f"CONVGEN_ISA={asked!r}: this CPU does not run {asked} code (it runs "
+                           f"{', '.join(runs)}); unset CONVGEN_ISA or pick one of those")
+    return cpu_target(asked or default_isa(runs), l1, l2)
+
+
+def isa_note(target: Target) -> str:
+    """How `target`'s ISA level relates to this CPU's, for `convgen explain`."""
+    if target.kind is not TargetKind.CPU:
+        return "a GPU target"
+    runs = host_isas()
+    if target.isa not in runs:
+        return f"this CPU does not run it (it runs {', '.join(runs)}): generated here, to be run elsewhere"
+    if target.isa == default_isa(runs):
+        wider = [isa for isa in runs if ISA_WIDTHS[isa] > ISA_WIDTHS[target.isa]]
+        return ("this CPU's default" + (f"; {wider[0]} is opt-in (CONVGEN_ISA={wider[0]}): its code shape "
+                                         f"is tested but untimed" if wider else ""))
+    return f"chosen over this CPU's default ({default_isa(runs)})"
 
 
 def parse_target(text: str) -> Target:
@@ -118,8 +173,7 @@ def parse_target(text: str) -> Target:
     if kind is TargetKind.CPU:
         if not isa:
             return host_cpu()
-        widths = {"avx512": 64, "avx2": 32, "generic": 16}
-        if isa not in widths:
-            raise ConvSpecError(f"target: unknown CPU ISA {isa!r}; expected one of {sorted(widths)}")
-        return Target(kind, isa, widths[isa], 32 if isa == "avx512" else 16)
+        if isa not in ISA_WIDTHS:
+            raise ConvSpecError(f"target: unknown CPU ISA {isa!r}; expected one of {sorted(ISA_WIDTHS)}")
+        return cpu_target(isa)
     return Target(kind, isa or ("sm_90" if kind is TargetKind.CUDA else "gfx90a"), 16)

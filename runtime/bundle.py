@@ -31,7 +31,7 @@ from .codegen.ir import ConvProblem
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.source import KernelSource
-from .codegen.target import host_cpu
+from .codegen.target import host_cpu, host_isas
 from . import aot, knobs
 
 
@@ -181,6 +181,9 @@ def _refusal(path: Path, manifest: dict) -> str | None:
     host = host_cpu()
     target = manifest["target"]
     if target.get("kind") != host.kind.value or target.get("isa") != host.isa:
+        if target.get("kind") == host.kind.value and target.get("isa") in host_isas():
+            return (f"it was generated for {target.get('name')}, but this process generates for {host.name()}; "
+                    f"set CONVGEN_ISA={target.get('isa')} to use it, or regenerate it with `convgen aot`")
         return (f"it was generated for {target.get('name')}, but this machine is {host.name()}; "
                 f"regenerate it here with `convgen aot`")
     try:

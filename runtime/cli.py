@@ -29,7 +29,7 @@ from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
 from .codegen.ir import ConvProblem, DType, Layout, Op
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
-from .codegen.target import Target, TargetKind, parse_target
+from .codegen.target import Target, TargetKind, host_isas, isa_note, parse_target
 from . import aot_cli, dispatch, suites
 
 LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
@@ -155,7 +155,7 @@ def cmd_explain(args) -> int:
            f"output {list(problem.output_shape)}",
            f"work:     {problem.flops / 1e9:.3f} GFLOP, {problem.bytes_moved / 1e6:.2f} MB compulsory traffic",
            f"target:   {target.name()} ({target.vector_bytes} B vectors, L1 {target.l1_bytes} B, "
-           f"L2 {target.l2_bytes} B)",
+           f"L2 {target.l2_bytes} B): {isa_note(target)}",
            "", "decisions, pass by pass:"]
     for pass_name in plan.applied:
         reasons = [r for name, r in plan.reasons if name == pass_name] or ["(no decision recorded)"]
@@ -245,6 +245,9 @@ def cmd_bench(args) -> int:
     target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:
         raise Refused(f"bench runs on the CPU only; no GPU emitter exists yet (target {target.name()})")
+    if target.isa not in host_isas():
+        raise Refused(f"--target {args.target}: this CPU does not run {target.isa} code (it runs "
+                      f"{', '.join(host_isas())}), so bench cannot time it here")
     if args.repeat < 1:
         raise ConvSpecError(f"--repeat {args.repeat}: need at least 1 run")
     if args.threads is not None and args.threads < 1:

@@ -14,6 +14,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_TUNE           | tune()             | off                                       |
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
+| CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ def launcher() -> bool:
     """Whether eager calls may use the compiled eager launcher (runtime/eager.py) when it is
     built (CONVGEN_LAUNCHER, default on; 0 keeps them on the Python path)."""
     return os.environ.get("CONVGEN_LAUNCHER", "").strip() == "" or _flag("CONVGEN_LAUNCHER")
+
+
+def isa() -> str:
+    """The CPU ISA level to generate for (CONVGEN_ISA: avx512, avx2 or generic), or "" for the
+    default of codegen.target.default_isa. Whether this CPU runs it is checked by host_cpu()."""
+    from convgen.codegen.target import ISA_WIDTHS
+
+    value = os.environ.get("CONVGEN_ISA", "").strip().lower()
+    if value and value not in ISA_WIDTHS:
+        raise ConvgenError(f"CONVGEN_ISA={value!r} is not an ISA level convgen generates for; use one of "
+                           f"{', '.join(ISA_WIDTHS)}, or leave it unset for the default.")
+    return value
 
 
 def bundles_env() -> str:

@@ -252,6 +252,14 @@ def test_a_bundle_for_another_isa_is_refused(built_bundle, tmp_path):
     _refused(_copy(built_bundle, tmp_path, edit), f"generated for cpu-{other}")
 
 
+def test_a_bundle_for_another_isa_this_cpu_runs_names_convgen_isa(built_bundle, tmp_path):
+    assert "generic" in convgen.codegen.target.host_isas() and convgen.codegen.target.host_cpu().isa != "generic"
+
+    def edit(m):
+        m["target"].update(isa="generic", name="cpu-generic")
+    _refused(_copy(built_bundle, tmp_path, edit), "set CONVGEN_ISA=generic")
+
+
 def test_a_bundle_from_another_toolchain_is_refused(built_bundle, tmp_path, monkeypatch):
     wrapper = tmp_path / "other-c++"
     wrapper.write_text('#!/bin/sh\nexec c++ "$@"\n')

@@ -277,3 +277,10 @@ def test_console_script(private_cache):
                           env=_child_env(private_cache), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "[validate]" in proc.stdout
+
+
+def test_bench_refuses_an_isa_this_cpu_does_not_run(capsys, monkeypatch):
+    from convgen.codegen import target as target_mod
+    monkeypatch.setattr(target_mod, "_host_facts", lambda: (("avx2", "generic"), 32768, 1 << 20))
+    code, out, err = run(capsys, "bench", *SMALL, "--target", "cpu-avx512")
+    assert code == 2 and "cpu-avx512" in err and "does not run avx512" in err and "avx2, generic" in err

@@ -371,3 +371,53 @@ def test_source_depends_on_the_target_isa(which):
     assert "cpu-avx2" in avx2.text and "cpu-avx512" not in avx2.text
     assert "cpu-avx512" in avx512.text
     assert lower(p, AVX2).key() != lower(p, AVX512).key()
+
+
+# --- the host's ISA level ----------------------------------------------------------------------
+
+KB = 1024
+
+
+@pytest.fixture
+def cpu_runs(monkeypatch):
+    """Pretend this CPU runs the given ISA levels (widest first), with 48 KB L1 and 2 MB L2."""
+    from convgen.codegen import target as target_mod
+
+    def pretend(*runs):
+        monkeypatch.setattr(target_mod, "_host_facts", lambda: ((*runs, "generic"), 48 * KB, 2048 * KB))
+    monkeypatch.delenv("CONVGEN_ISA", raising=False)
+    return pretend
+
+
+@pytest.mark.parametrize("runs, isa", [(("avx512", "avx2"), "avx2"), (("avx2",), "avx2"), ((), "generic")])
+def test_the_default_isa_is_avx2_where_the_cpu_runs_it(cpu_runs, runs, isa):
+    from convgen.codegen.target import host_cpu
+    cpu_runs(*runs)
+    t = host_cpu()
+    assert (t.isa, t.vector_bytes, t.vector_registers) == (isa, {"avx2": 32, "generic": 16}[isa], 16)
+    assert (t.l1_bytes, t.l2_bytes) == (48 * KB, 2048 * KB)
+    assert t.fma_asm == (isa == "avx2")
+
+
+def test_convgen_isa_opts_in_to_a_level_the_cpu_runs(cpu_runs, monkeypatch):
+    from convgen.codegen.target import host_cpu, isa_note
+    cpu_runs("avx512", "avx2")
+    assert "CONVGEN_ISA=avx512" in isa_note(host_cpu())
+    monkeypatch.setenv("CONVGEN_ISA", "avx512")
+    t = host_cpu()
+    assert (t.isa, t.vector_bytes, t.vector_registers, t.fma_asm) == ("avx512", 64, 32, False)
+    assert "default (avx2)" in isa_note(t)
+    monkeypatch.setenv("CONVGEN_ISA", "Generic ")
+    assert host_cpu().isa == "generic"
+
+
+@pytest.mark.parametrize("value, words", [("avx512", ["CONVGEN_ISA='avx512'", "does not run", "avx2, generic"]),
+                                          ("sse4", ["CONVGEN_ISA='sse4'", "avx512, avx2, generic"])])
+def test_convgen_isa_errors_name_the_variable_value_and_choices(cpu_runs, monkeypatch, value, words):
+    from convgen.codegen.errors import ConvgenError
+    from convgen.codegen.target import host_cpu
+    cpu_runs("avx2")
+    monkeypatch.setenv("CONVGEN_ISA", value)
+    with pytest.raises(ConvgenError) as e:
+        host_cpu()
+    assert all(w in str(e.value) for w in words), str(e.value)

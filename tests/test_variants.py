@@ -17,7 +17,7 @@ import torch
 from convgen import dispatch
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
-from convgen.codegen.target import Target, TargetKind, host_cpu
+from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
 from convgen.problem import TORCH_DTYPES, memory_format
 
 from reference import rel_err, tolerance
@@ -139,12 +139,45 @@ def portable_variants():
 PORTABLE_VARIANTS = portable_variants()
 
 
+class _Avx512ShapeForThisHost(Target):
+    """The AVX-512 code shape (16-lane f32 vectors, tiles sized for 32 registers) compiled for
+    this host's ISA: GCC splits each 64-byte vector into what the host has, so a CPU without
+    AVX-512 runs the same generated code and checks its results."""
+
+    @property
+    def march_flags(self) -> tuple[str, ...]:
+        return host_cpu().march_flags
+
+
+# The AVX-512 code shape: natively where the CPU runs it (CONVGEN_ISA=avx512 makes it the host's
+# target), else compiled for this host as above. Its tiles step in GCC vector code, not assembly.
+AVX512 = (cpu_target("avx512") if "avx512" in host_isas() else
+          _Avx512ShapeForThisHost(TargetKind.CPU, "avx512", 64, 32))
+
+
+def avx512_variants():
+    out = []
+    for spec in PROBLEMS:
+        for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
+            for dtype, layout in ((DType.F32, Layout.CONTIGUOUS), (DType.F64, Layout.CHANNELS_LAST)):
+                p = problem_for(spec, op, dtype, layout)
+                for algorithm in lower(p, AVX512).candidates:
+                    out.append(pytest.param(p, algorithm, id=f"{spec[0]}-{op.value}-{dtype.value}-"
+                                                             f"{layout.value}-{algorithm}-avx512"))
+    return out
+
+
+AVX512_VARIANTS = avx512_variants()
+
+
 @pytest.fixture(scope="module")
 def kernels():
-    """Every variant's kernel, for the host and for the portable target, built in one ninja run."""
+    """Every variant's kernel, for the host, the portable target and the AVX-512 code shape, built
+    in one ninja run."""
     target = host_cpu()
     plans = ([lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS] +
-             [lower(p.values[0], PORTABLE, algorithm=p.values[1]) for p in PORTABLE_VARIANTS])
+             [lower(p.values[0], PORTABLE, algorithm=p.values[1]) for p in PORTABLE_VARIANTS] +
+             [lower(p.values[0], AVX512, algorithm=p.values[1]) for p in AVX512_VARIANTS])
     loaded = dispatch.load_plans(plans)
     return {(plan.problem, plan.algorithm, plan.target): (plan, kernel) for plan, kernel in zip(plans, loaded)}
 
@@ -166,6 +199,11 @@ def test_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
 @pytest.mark.parametrize("problem, algorithm", PORTABLE_VARIANTS)
 def test_portable_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
     _check(kernels, problem, algorithm, PORTABLE)
+
+
+@pytest.mark.parametrize("problem, algorithm", AVX512_VARIANTS)
+def test_avx512_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    _check(kernels, problem, algorithm, AVX512)
 
 
 def _check(kernels, problem: ConvProblem, algorithm: str, target: Target):
