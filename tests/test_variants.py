@@ -5,6 +5,8 @@ ATen in float64 on problems that exercise its corners: padding larger than the k
 strides above and below the kernel size, dilation, groups and depthwise, 1-D and 3-D, transposed
 problems (which swap the kernel ops), odd widths that leave vector tails, and both layouts.
 Outputs are poisoned with NaN before a kernel runs so an unwritten element shows.
+The same checks run for the portable target and for the AVX-512 code shape (on CPUs without
+AVX-512, compiled for the host's ISA).
 """
 
 from __future__ import annotations
@@ -122,21 +124,23 @@ PORTABLE = Target(TargetKind.CPU, "generic", 16)
 PORTABLE_PROBLEMS = ("wide_odd", "conv3d", "k4_s2", "pointwise_many", "many_channels_across", "depthwise_cl_tail")
 
 
-def portable_variants():
+def target_variants(target: Target, suffix: str, names=None):
+    """(problem, algorithm) on `target` for the problems named (default all), every kernel op and
+    candidate, in f32 NCHW and f64 channels last."""
     out = []
     for spec in PROBLEMS:
-        if spec[0] not in PORTABLE_PROBLEMS:
+        if names is not None and spec[0] not in names:
             continue
         for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
             for dtype, layout in ((DType.F32, Layout.CONTIGUOUS), (DType.F64, Layout.CHANNELS_LAST)):
                 p = problem_for(spec, op, dtype, layout)
-                for algorithm in lower(p, PORTABLE).candidates:
+                for algorithm in lower(p, target).candidates:
                     out.append(pytest.param(p, algorithm, id=f"{spec[0]}-{op.value}-{dtype.value}-"
-                                                             f"{layout.value}-{algorithm}-portable"))
+                                                             f"{layout.value}-{algorithm}-{suffix}"))
     return out
 
 
-PORTABLE_VARIANTS = portable_variants()
+PORTABLE_VARIANTS = target_variants(PORTABLE, "portable", PORTABLE_PROBLEMS)
 
 
 class _Avx512ShapeForThisHost(Target):
@@ -153,21 +157,7 @@ class _Avx512ShapeForThisHost(Target):
 # target), else compiled for this host as above. Its tiles step in GCC vector code, not assembly.
 AVX512 = (cpu_target("avx512") if "avx512" in host_isas() else
           _Avx512ShapeForThisHost(TargetKind.CPU, "avx512", 64, 32))
-
-
-def avx512_variants():
-    out = []
-    for spec in PROBLEMS:
-        for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
-            for dtype, layout in ((DType.F32, Layout.CONTIGUOUS), (DType.F64, Layout.CHANNELS_LAST)):
-                p = problem_for(spec, op, dtype, layout)
-                for algorithm in lower(p, AVX512).candidates:
-                    out.append(pytest.param(p, algorithm, id=f"{spec[0]}-{op.value}-{dtype.value}-"
-                                                             f"{layout.value}-{algorithm}-avx512"))
-    return out
-
-
-AVX512_VARIANTS = avx512_variants()
+AVX512_VARIANTS = target_variants(AVX512, "avx512")
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,16 @@ constexpr int64_t X_SN = 50176, X_SC = 196, X_SD = 196, X_SH = 14, X_SW = 1;
 constexpr int64_t Y_SN = 25088, Y_SC = 49, Y_SD = 49, Y_SH = 7, Y_SW = 1;
 constexpr int64_t W_SN = 256, W_SC = 1, W_SD = 1, W_SH = 1, W_SW = 1;
 
+// The offset of tap t of the flattened KD x KH x KW window, given the strides of its three axes.
+static inline int64_t tap_offset(int64_t t, int64_t sd, int64_t sh, int64_t sw) {
+  return t / (KH * KW) * sd + t / KW % KH * sh + t % KW * sw;
+}
+// The offset of im2col row r, the pair (channel r / taps, tap r % taps), given the channel stride.
+static inline int64_t channel_tap_offset(int64_t r, int64_t sc, int64_t sd, int64_t sh, int64_t sw) {
+  constexpr int64_t taps = KD * KH * KW;
+  return r / taps * sc + tap_offset(r % taps, sd, sh, sw);
+}
+
 // First and one-past-last output column whose input column ow*SW - PW + kw*DW lies inside [0, XW).
 static inline int64_t ow_begin(int64_t kw) { return clamp64(ceildiv(PW - kw * DW, SW), 0, YW); }
 static inline int64_t ow_end(int64_t kw) { return clamp64(floordiv(XW - 1 + PW - kw * DW, SW) + 1, 0, YW); }

@@ -54,6 +54,16 @@ constexpr int64_t X_SN = 200704, X_SC = 3136, X_SD = 3136, X_SH = 56, X_SW = 1;
 constexpr int64_t Y_SN = 200704, Y_SC = 3136, Y_SD = 3136, Y_SH = 56, Y_SW = 1;
 constexpr int64_t W_SN = 576, W_SC = 9, W_SD = 9, W_SH = 3, W_SW = 1;
 
+// The offset of tap t of the flattened KD x KH x KW window, given the strides of its three axes.
+static inline int64_t tap_offset(int64_t t, int64_t sd, int64_t sh, int64_t sw) {
+  return t / (KH * KW) * sd + t / KW % KH * sh + t % KW * sw;
+}
+// The offset of im2col row r, the pair (channel r / taps, tap r % taps), given the channel stride.
+static inline int64_t channel_tap_offset(int64_t r, int64_t sc, int64_t sd, int64_t sh, int64_t sw) {
+  constexpr int64_t taps = KD * KH * KW;
+  return r / taps * sc + tap_offset(r % taps, sd, sh, sw);
+}
+
 // First and one-past-last output column whose input column ow*SW - PW + kw*DW lies inside [0, XW).
 static inline int64_t ow_begin(int64_t kw) { return clamp64(ceildiv(PW - kw * DW, SW), 0, YW); }
 static inline int64_t ow_end(int64_t kw) { return clamp64(floordiv(XW - 1 + PW - kw * DW, SW) + 1, 0, YW); }
@@ -186,8 +196,8 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
     for (int64_t ko = 0; ko < COUT_G; ++ko)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < NVV; ++j) {
-          const int64_t ci = c0 + j, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-          *dst++ = ci < CIN_G ? to_acc(w[(g * COUT_G + ko) * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW])
+          const int64_t ci = c0 + j;
+          *dst++ = ci < CIN_G ? to_acc(w[(g * COUT_G + ko) * W_SN + ci * W_SC + tap_offset(t, W_SD, W_SH, W_SW)])
                               : (ACC)0;
         }
   }

@@ -57,6 +57,16 @@ constexpr int64_t X_SN = 50176, X_SC = 196, X_SD = 196, X_SH = 14, X_SW = 1;
 constexpr int64_t Y_SN = 50176, Y_SC = 196, Y_SD = 196, Y_SH = 14, Y_SW = 1;
 constexpr int64_t W_SN = 2304, W_SC = 9, W_SD = 9, W_SH = 3, W_SW = 1;
 
+// The offset of tap t of the flattened KD x KH x KW window, given the strides of its three axes.
+static inline int64_t tap_offset(int64_t t, int64_t sd, int64_t sh, int64_t sw) {
+  return t / (KH * KW) * sd + t / KW % KH * sh + t % KW * sw;
+}
+// The offset of im2col row r, the pair (channel r / taps, tap r % taps), given the channel stride.
+static inline int64_t channel_tap_offset(int64_t r, int64_t sc, int64_t sd, int64_t sh, int64_t sw) {
+  constexpr int64_t taps = KD * KH * KW;
+  return r / taps * sc + tap_offset(r % taps, sd, sh, sw);
+}
+
 // First and one-past-last output column whose input column ow*SW - PW + kw*DW lies inside [0, XW).
 static inline int64_t ow_begin(int64_t kw) { return clamp64(ceildiv(PW - kw * DW, SW), 0, YW); }
 static inline int64_t ow_end(int64_t kw) { return clamp64(floordiv(XW - 1 + PW - kw * DW, SW) + 1, 0, YW); }
@@ -176,9 +186,8 @@ int64_t n, int nthreads) {
       const int64_t r0 = rblk * RB, rn = CT - r0 < RB ? CT - r0 : RB;
       int64_t* ro = at + PC;
       for (int64_t r = 0; r < RB; ++r) {   // rows past the group's end repeat its last row
-        const int64_t q = r0 + (r < rn ? r : rn - 1), ci = q / TAPS, t = q % TAPS;
-        const int64_t kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-        ro[r] = (g * CIN_G + ci) * RB_SC + kd * DD * RB_SD + kh * DH * RB_SH + kw * DW * RB_SW;
+        const int64_t q = r0 + (r < rn ? r : rn - 1);
+        ro[r] = g * CIN_G * RB_SC + channel_tap_offset(q, RB_SC, DD * RB_SD, DH * RB_SH, DW * RB_SW);
       }
       for (int64_t i = 0; i < RB * NV; ++i) tot[i] = vbroadcast(0);
       const ACC* gk = gyt + (g * KBLK + kblk) * np * NVV;
@@ -262,8 +271,7 @@ int64_t n, int nthreads) {
         }
       }
       for (int64_t r = 0; r < rn; ++r) {
-        const int64_t q = r0 + r, ci = q / TAPS, t = q % TAPS;
-        const int64_t kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
+        const int64_t q = r0 + r, at = channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW);
         const vec* tt = tot + (r / PB) * PB * NV + r % PB;
         for (int64_t v = 0; v < NV; ++v) {
           ACC lanes[V];
@@ -274,7 +282,7 @@ int64_t n, int nthreads) {
             if (SPLITS > 1)
               part[(split * G * COUT_G + g * COUT_G + k) * CT + q] = lanes[l];
             else
-              gw[(g * COUT_G + k) * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW] = from_acc(lanes[l]);
+              gw[(g * COUT_G + k) * W_SN + at] = from_acc(lanes[l]);
           }
         }
       }
@@ -283,11 +291,10 @@ int64_t n, int nthreads) {
       #pragma omp barrier
       #pragma omp for schedule(static)
       for (int64_t e = 0; e < G * COUT_G * CT; ++e) {
-        const int64_t k = e / CT, q = e % CT, ci = q / TAPS, t = q % TAPS;
-        const int64_t kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
+        const int64_t k = e / CT, q = e % CT;
         ACC total = 0;
         for (int64_t sp = 0; sp < SPLITS; ++sp) total += part[sp * G * COUT_G * CT + e];
-        gw[k * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW] = from_acc(total);
+        gw[k * W_SN + channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW)] = from_acc(total);
       }
     }
     std::free(tot);

@@ -59,6 +59,16 @@ constexpr int64_t X_SN = 200704, X_SC = 3136, X_SD = 3136, X_SH = 56, X_SW = 1;
 constexpr int64_t Y_SN = 100352, Y_SC = 784, Y_SD = 784, Y_SH = 28, Y_SW = 1;
 constexpr int64_t W_SN = 576, W_SC = 9, W_SD = 9, W_SH = 3, W_SW = 1;
 
+// The offset of tap t of the flattened KD x KH x KW window, given the strides of its three axes.
+static inline int64_t tap_offset(int64_t t, int64_t sd, int64_t sh, int64_t sw) {
+  return t / (KH * KW) * sd + t / KW % KH * sh + t % KW * sw;
+}
+// The offset of im2col row r, the pair (channel r / taps, tap r % taps), given the channel stride.
+static inline int64_t channel_tap_offset(int64_t r, int64_t sc, int64_t sd, int64_t sh, int64_t sw) {
+  constexpr int64_t taps = KD * KH * KW;
+  return r / taps * sc + tap_offset(r % taps, sd, sh, sw);
+}
+
 // First and one-past-last output column whose input column ow*SW - PW + kw*DW lies inside [0, XW).
 static inline int64_t ow_begin(int64_t kw) { return clamp64(ceildiv(PW - kw * DW, SW), 0, YW); }
 static inline int64_t ow_end(int64_t kw) { return clamp64(floordiv(XW - 1 + PW - kw * DW, SW) + 1, 0, YW); }
@@ -133,13 +143,11 @@ static inline int64_t read_at(int64_t b, int64_t p) {
 }
 // Where column i (input channel, tap) of group g reads, from its window's start.
 static inline int64_t column_at(int64_t g, int64_t i) {
-  const int64_t ci = i / TAPS, t = i % TAPS, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-  return (g * CIN_G + ci) * RB_SC + kd * DD * RB_SD + kh * DH * RB_SH + kw * DW * RB_SW;
+  return g * CIN_G * RB_SC + channel_tap_offset(i, RB_SC, DD * RB_SD, DH * RB_SH, DW * RB_SW);
 }
 // Column i's weight-gradient element of output channel k in group g.
 static inline int64_t weight_at(int64_t g, int64_t k, int64_t i) {
-  const int64_t ci = i / TAPS, t = i % TAPS, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-  return (g * COUT_G + k) * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW;
+  return (g * COUT_G + k) * W_SN + channel_tap_offset(i, W_SC, W_SD, W_SH, W_SW);
 }
 
 // grad_output packed once per call: [g][panel][pixel][MR] in ACC, zero rows past O; with a bias

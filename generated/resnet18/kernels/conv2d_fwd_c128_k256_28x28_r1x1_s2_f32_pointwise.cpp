@@ -56,6 +56,16 @@ constexpr int64_t X_SN = 100352, X_SC = 784, X_SD = 784, X_SH = 28, X_SW = 1;
 constexpr int64_t Y_SN = 50176, Y_SC = 196, Y_SD = 196, Y_SH = 14, Y_SW = 1;
 constexpr int64_t W_SN = 128, W_SC = 1, W_SD = 1, W_SH = 1, W_SW = 1;
 
+// The offset of tap t of the flattened KD x KH x KW window, given the strides of its three axes.
+static inline int64_t tap_offset(int64_t t, int64_t sd, int64_t sh, int64_t sw) {
+  return t / (KH * KW) * sd + t / KW % KH * sh + t % KW * sw;
+}
+// The offset of im2col row r, the pair (channel r / taps, tap r % taps), given the channel stride.
+static inline int64_t channel_tap_offset(int64_t r, int64_t sc, int64_t sd, int64_t sh, int64_t sw) {
+  constexpr int64_t taps = KD * KH * KW;
+  return r / taps * sc + tap_offset(r % taps, sd, sh, sw);
+}
+
 // First and one-past-last output column whose input column ow*SW - PW + kw*DW lies inside [0, XW).
 static inline int64_t ow_begin(int64_t kw) { return clamp64(ceildiv(PW - kw * DW, SW), 0, YW); }
 static inline int64_t ow_end(int64_t kw) { return clamp64(floordiv(XW - 1 + PW - kw * DW, SW) + 1, 0, YW); }
@@ -99,10 +109,7 @@ static_assert(TAPS == 1 || (SD == KD && SH == KH && SW == KW && DD == 1 && DH ==
 constexpr int64_t O = COUT_G, R = CIN_G * TAPS, PIX = YD * YH * YW;        // out channels, reduced values, pixels per image
 constexpr int64_t B_SC = X_SC, OUT_SC = Y_SC;
 // Where reduced value r (input channel, tap) lies from its pixel's window start.
-static inline int64_t roff(int64_t r) {
-  const int64_t ci = r / TAPS, t = r % TAPS, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-  return ci * X_SC + kd * X_SD + kh * X_SH + kw * X_SW;
-}
+static inline int64_t roff(int64_t r) { return channel_tap_offset(r, X_SC, X_SD, X_SH, X_SW); }
 // Where output pixel p of image b reads the input (channel 0 of the group; -1: padding), and where it is written.
 static inline int64_t read_at(int64_t b, int64_t g, int64_t p) {
   const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
@@ -116,8 +123,7 @@ static inline int64_t write_at(int64_t b, int64_t g, int64_t p) {
 }
 // A[o][r] of group g
 static inline T weight_at(const T* w, int64_t g, int64_t o, int64_t r) {
-  const int64_t ci = r / TAPS, t = r % TAPS, kd = t / (KH * KW), kh = (t / KW) % KH, kw = t % KW;
-  return w[(g * COUT_G + o) * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW];
+  return w[(g * COUT_G + o) * W_SN + channel_tap_offset(r, W_SC, W_SD, W_SH, W_SW)];
 }
 constexpr int64_t OP = (O + MR - 1) / MR;                                  // panels of MR channels per group
 constexpr int64_t OB = (O + MC - 1) / MC;                                  // channel blocks per group
