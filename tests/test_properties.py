@@ -340,6 +340,17 @@ def test_3d_channels_last_result_format(transposed):
     assert_same_format(ours(x, w, padding=1), native, "forward")
 
 
+# Found by test_valid_problems_match_torch: the depthwise weight gradient summed its rows' partial
+# sums in float32 straight into its totals, which drifted with the number of rows (here 3 images of
+# 15 one-vector rows: 1.2e-6 off against the 1e-6 bound; torch's own float32 result 4.9e-7). Its
+# totals are now in double, from runs of up to 8 rows.
+def test_depthwise_weight_gradient_of_many_short_rows():
+    call = Call(input_shape=(3, 1, 7, 5), weight_shape=(1, 1, 2, 1), bias=False, stride=[2, 1], padding=[0, 1],
+                dilation=[2, 1], transposed=True, output_padding=[0, 0], groups=1, dtype=torch.float32,
+                formats=("contiguous", "contiguous", "contiguous"), mask=(False, True, False))
+    check_against_torch(call, [(True, True, True)])
+
+
 # Found by test_any_problem_is_refused_like_torch_or_matches_it: a zero-size kernel dimension with an
 # empty input. ATen returns an empty output; CASES.md asks for a clear error whatever the batch, as
 # convgen gives, but the test's list of such rules (cases_md_refuses) lacked this one.

@@ -95,6 +95,21 @@ static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
   even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
   odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
 }
+// Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
+// one vector of V doubles is kept on the stack; V >= 2 on every target).
+typedef double dhalf __attribute__((vector_size(V / 2 * sizeof(double))));
+static inline void add_double(dhalf& lo, dhalf& hi, vec v) {
+  lo += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), dhalf);
+  hi += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), dhalf);
+}
+static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, then hi's
+  double lanes[V];
+  std::memcpy(lanes, &lo, sizeof lo);
+  std::memcpy(lanes + V / 2, &hi, sizeof hi);
+  double total = 0;
+  for (int l = 0; l < V; ++l) total += lanes[l];
+  return total;
+}
 #include <numeric>
 
 constexpr int64_t CB = 5, NV = 2;                 // register tile: CB channels x NV vectors
