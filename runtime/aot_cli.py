@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--shapes", metavar="FILE.json", help="a JSON shape list instead of a model (see convgen.collect)")
     p.add_argument("--out", metavar="DIR", help="bundle directory (default generated/NAME)")
     p.add_argument("--name", help="bundle name (default: the callable's name, or the --out directory's)")
-    p.add_argument("--target", default="cpu", metavar="cpu", help="cpu (this host's ISA) or cpu-avx512|avx2|generic")
+    p.add_argument("--target", default="cpu", metavar="cpu", help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it) or cpu-avx512|avx2|generic")
     p.add_argument("--dtype", choices=_DTYPES, default="f32", help="the model's dtype (default f32)")
     p.add_argument("--layout", choices=["nchw", "channels_last"], default="nchw",
                    help="memory format of the model and its inputs (default nchw)")

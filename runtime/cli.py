@@ -295,7 +295,7 @@ def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentPar
     g.add_argument("--layout", choices=list(LAYOUTS), default="auto",
                    help="nhwc or channels_last: channels-last input, weight and output; auto/nchw: contiguous")
     g.add_argument("--target", default="cpu", metavar="cpu|cuda|hip",
-                   help="cpu (this host's ISA), cpu-avx512, cpu-avx2, cpu-generic, cuda or hip; only cpu builds now")
+                   help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it), cpu-avx512, cpu-avx2, cpu-generic, cuda or hip; only cpu builds now")
     return p
 
 
