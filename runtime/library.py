@@ -125,11 +125,12 @@ def _symbolic_problem(input, weight, bias, stride, padding, dilation, transposed
     stride, padding, dilation, output_padding = (_expand(v, rank) for v in (stride, padding, dilation,
                                                                              output_padding))
     k = weight.shape[1] * groups if transposed else weight.shape[0]
+    pairs = tuple((p, p) for p in padding)
     return ConvProblem(op=Op.FWD, n=input.shape[0], c=input.shape[1], k=k, in_size=tuple(input.shape[2:]),
-                       kernel=tuple(weight.shape[2:]), stride=stride, padding=tuple((p, p) for p in padding),
+                       kernel=tuple(weight.shape[2:]), stride=stride, padding=pairs,
                        dilation=dilation, groups=groups, transposed=transposed, output_padding=output_padding,
                        dtype=DTYPES[input.dtype], input_layout=layout_of(input), weight_layout=layout_of(weight),
-                       output_layout=result_layout(input, weight, stride, dilation, groups, transposed,
+                       output_layout=result_layout(input, weight, stride, pairs, dilation, groups, transposed,
                                                    output_padding),
                        bias=bias is not None)
 

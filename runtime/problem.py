@@ -7,6 +7,7 @@ torch's argument spellings (ints or lists, 'same' and 'valid').
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -105,33 +106,34 @@ def layout_of(t: torch.Tensor) -> Layout:
     return Layout.CONTIGUOUS
 
 
-def _onednn_takes_3d(input: torch.Tensor, weight: torch.Tensor, stride, dilation, groups: int,
-                     transposed: bool = False, output_padding=(0,)) -> bool:
-    """Whether ATen's CPU backend choice sends a float32 5-D convolution to oneDNN (which keeps
-    channels-last) rather than its native 3-D path (which does not). Mirrors ATen's use_mkldnn,
-    which also declines transposed problems whose output_padding reaches the stride."""
-    if transposed and any(op >= s for op, s in zip(output_padding, stride)):
-        return False
-    n, c, d, h = input.shape[:4]
-    strided, dilated = any(s != 1 for s in stride), any(x != 1 for x in dilation)
-    kw, kh = weight.shape[-1], weight.shape[-2]
-    worth = strided or dilated or n >= 16 or kw != 1 or kh != 1 or torch.get_num_threads() > 1
-    faster = groups > 1 or (kw > 3 and kh > 3) or n > 1 or n * c * d * h > 20480
-    return worth and faster
+def _backend_input(input: torch.Tensor, padding) -> torch.Tensor:
+    """The input ATen's backend choice sees: asymmetric padding ('same' with an even dilated kernel)
+    is given to ATen as a copy padded on the high side by the difference, in the input's memory
+    format, plus the low side's symmetric padding (as ATen's _convolution_mode does)."""
+    extra = [high - low for low, high in padding]
+    if not any(extra):
+        return input
+    shape = list(input.shape[:2]) + [s + e for s, e in zip(input.shape[2:], extra)]
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=suggest_memory_format(input))
 
 
-def result_layout(input: torch.Tensor, weight: torch.Tensor, stride=(1,), dilation=(1,), groups: int = 1,
-                  transposed: bool = False, output_padding=(0,)) -> Layout:
-    """The memory format torch's CPU convolution gives its results (checked against torch in the tests):
-    4-D: channels-last when input or weight suggest it; 5-D: likewise, but only for float32 problems
-    that ATen hands to oneDNN."""
-    wants = layout_of(input) is Layout.CHANNELS_LAST or layout_of(weight) is Layout.CHANNELS_LAST
-    if input.dim() == 4 and wants:
-        return Layout.CHANNELS_LAST
-    if input.dim() == 5 and wants and input.dtype == torch.float32 \
-            and _onednn_takes_3d(input, weight, stride, dilation, groups, transposed, output_padding):
-        return Layout.CHANNELS_LAST
-    return Layout.CONTIGUOUS
+def result_layout(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
+                  padding: Sequence[tuple[int, int]], dilation: Sequence[int], groups: int, transposed: bool,
+                  output_padding: Sequence[int]) -> Layout:
+    """The memory format torch's CPU convolution gives its results, as ATen itself decides it: the
+    backend ATen would pick for these tensors and arguments (oneDNN, the native 2-D or 3-D paths,
+    ..., which depends on the host: bf16 goes to oneDNN only on CPUs with AVX-512 BF16 support, and
+    oneDNN keeps 5-D tensors channels-last where the native 3-D path does not), then that backend's
+    memory format. Asked of ATen rather than mirrored, so it holds on every host class."""
+    backend = torch._C._select_conv_backend(_backend_input(input, padding), weight, None, list(stride),
+                                            [low for low, _ in padding], list(dilation), transposed,
+                                            list(output_padding), groups)
+    if backend == torch._C._ConvBackend.Empty:
+        # An empty problem's results are zeros_like its operands: only the weight gradient has
+        # elements (batch 0), and it keeps the weight's memory format.
+        return layout_of(weight)
+    fmt = torch._C._conv_determine_backend_memory_format(input, weight, backend)
+    return Layout.CHANNELS_LAST if fmt in (torch.channels_last, torch.channels_last_3d) else Layout.CONTIGUOUS
 
 
 def memory_format(layout: Layout, dim: int) -> torch.memory_format:
@@ -184,11 +186,11 @@ def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         raise ConvSpecError(f"output_padding={list(output_padding_t)}: output_padding is only allowed for "
                             f"transposed convolutions (transposed=False)")
     pairs = padding_pairs(padding, rank, kernel, stride_t, dilation_t, transposed)
-    lay = result_layout(input, weight, stride_t, dilation_t, groups, transposed, output_padding_t)
     problem = ConvProblem(op=Op.FWD, n=n, c=c, k=k, in_size=tuple(input.shape[2:]), kernel=kernel,
                           stride=stride_t, padding=pairs, dilation=dilation_t, groups=groups,
                           transposed=transposed, output_padding=output_padding_t, dtype=dtype,
-                          input_layout=layout_of(input), weight_layout=layout_of(weight), output_layout=lay,
-                          bias=bias is not None)
-    problem.validate()
-    return problem
+                          input_layout=layout_of(input), weight_layout=layout_of(weight),
+                          output_layout=Layout.CONTIGUOUS, bias=bias is not None)
+    problem.validate()   # before ATen's backend choice is asked: it trusts valid arguments
+    lay = result_layout(input, weight, stride_t, pairs, dilation_t, groups, transposed, output_padding_t)
+    return problem if lay is Layout.CONTIGUOUS else dataclasses.replace(problem, output_layout=lay)
