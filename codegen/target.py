@@ -115,6 +115,17 @@ def _host_facts() -> tuple[tuple[str, ...], int, int]:
     return (*runs, "generic"), *caches
 
 
+def host_class() -> dict:
+    """What kind of x86 host this is, for benchmark reports: the ISA levels it runs, whether it has
+    AVX512-BF16 (native bf16 dot products, `vdpbf16ps`) and AVX512-FP16, and a short label such as
+    "avx512+bf16" or "avx2" by which BENCHMARKS.md groups its tables."""
+    runs = host_isas()
+    flags = _cpu_flags()
+    bf16, fp16 = "avx512_bf16" in flags, "avx512_fp16" in flags
+    label = runs[0] + ("+bf16" if bf16 and runs[0] == "avx512" else "")
+    return {"label": label, "isa_levels": list(runs), "avx512_bf16": bf16, "avx512_fp16": fp16}
+
+
 def host_isas() -> tuple[str, ...]:
     """The CPU ISA levels this machine runs, widest first (always ending with "generic")."""
     return _host_facts()[0]

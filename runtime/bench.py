@@ -46,7 +46,7 @@ import torch
 from . import dispatch, functional, ops, peak
 from .codegen.errors import ConvgenError
 from .codegen.ir import ConvProblem, DType, Layout, Op
-from .codegen.target import Target, host_cpu
+from .codegen.target import Target, host_class, host_cpu
 from .codegen.version import generator_version
 from .problem import TORCH_DTYPES, base_problem, memory_format
 from .suites import BenchShape
@@ -277,8 +277,12 @@ def load_warning(when: str) -> tuple[float, str | None]:
 
 
 def machine(target: Target) -> dict:
-    return {"cpu": peak.cpu_model(), "cpus": os.cpu_count(), "target": target.name(),
-            "platform": platform.platform(), "python": platform.python_version()}
+    """The host: CPU model and class (ISA levels, native bf16), what torch's CPU kernels use on it
+    (its dispatch level; whether ATen sends bf16 convolutions to oneDNN), and the target generated for."""
+    return {"cpu": peak.cpu_model(), "cpus": os.cpu_count(), "host_class": host_class(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "target": target.name(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 def run(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, out: TextIO | None = None) -> dict:
@@ -449,8 +453,11 @@ def header(report: dict) -> str:
     p = report["peak"]
     theory = (f"; nominal {p['theoretical_gflops']:.1f} GFLOP/s = {p['theoretical_basis']}"
               if p["theoretical_gflops"] else "")
-    return (f"convgen {report['convgen']} vs torch {report['torch']} on {report['machine']['cpu']} "
-            f"({report['target']}), {report['threads']} thread(s), {report['dtype']}, {report['layout']}\n"
+    m = report["machine"]
+    return (f"convgen {report['convgen']} vs torch {report['torch']} on {m['cpu']} (host class "
+            f"{m['host_class']['label']}; torch's CPU kernels {m['torch_cpu_capability']}, bf16 convolutions in "
+            f"oneDNN: {'yes' if m['torch_onednn_bf16'] else 'no'}), generated for {report['target']}, "
+            f"{report['threads']} thread(s), {report['dtype']}, {report['layout']}\n"
             f"median of {report['repeat']} samples (each >= {report['min_time_s']} s), torch and convgen "
             f"alternating; backward = grad input + weight + bias\n"
             f"peak (f32 FMA probe, {p['threads']} thread(s)): {p['gflops']:.1f} GFLOP/s{theory}\n"

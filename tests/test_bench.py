@@ -132,6 +132,10 @@ def test_bench_smoke_suite_json(capsys):
     for key in ("machine", "date", "torch", "convgen", "peak", "threads", "dtype", "layout", "flops", "warnings"):
         assert key in report
     assert report["torch"] == torch.__version__ and report["dtype"] == "f32" and report["repeat"] == 2
+    host = report["machine"]["host_class"]   # the host class, by which BENCHMARKS.md groups its tables
+    assert host["isa_levels"][-1] == "generic" and host["label"].startswith(host["isa_levels"][0])
+    assert host["avx512_bf16"] == ("avx512_bf16" in open("/proc/cpuinfo").read())
+    assert report["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert report["peak"]["gflops"] > 0 and report["peak"]["threads"] == report["threads"]
     (suite,) = report["suites"]
     assert suite["name"] == "smoke"
