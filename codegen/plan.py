@@ -87,6 +87,8 @@ class Tiling:
     channel_major: bool = False   # lanes: work items walk all pixels of one channel block before the next
     min_items: int = 0       # pointwise: work items an item's pixel count is lowered to give, at most
     planes: bool = False     # depthwise weight gradient: whole zero-padded planes as one flat run per tap
+    pairs: bool = False      # lanes (bf16): the reduction in pairs of channels, two bf16 products per f32
+                             # lane and step (vdpbf16ps), from copies that interleave the pairs
 
 
 @dataclasses.dataclass(frozen=True)

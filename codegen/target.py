@@ -28,6 +28,9 @@ class Target:
     isa: for CPUs one of "avx512", "avx2", "generic"; for GPUs the arch (e.g. "sm_90", "gfx90a").
     vector_bytes: SIMD register width in bytes (64 for AVX-512, 32 for AVX2, 16 otherwise).
     vector_registers: architectural SIMD registers (32 with AVX-512, 16 otherwise).
+    bf16_dot: bf16 register tiles reduce in pairs with vdpbf16ps's arithmetic (two bf16 products
+      added to an f32 lane): the instruction itself where tiles step in assembly (the CPU must
+      have AVX512-BF16), an exact C emulation of it elsewhere (portable, for the tests).
     """
 
     kind: TargetKind = TargetKind.CPU
@@ -36,6 +39,7 @@ class Target:
     vector_registers: int = 16
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
+    bf16_dot: bool = False
 
     def key(self) -> str:
         return canonical_key(self)
@@ -47,7 +51,7 @@ class Target:
         return self.kind is TargetKind.CPU and self.isa == "avx2"
 
     def name(self) -> str:
-        return f"{self.kind.value}-{self.isa}"
+        return f"{self.kind.value}-{self.isa}" + ("+bf16" if self.bf16_dot else "")
 
     @property
     def march_flags(self) -> tuple[str, ...]:
@@ -96,10 +100,11 @@ ISA_WIDTHS = {"avx512": 64, "avx2": 32, "generic": 16}   # vector bytes per CPU 
 _ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2": {"avx2", "fma", "bmi2"}}
 
 
-def cpu_target(isa: str, l1_bytes: int = 32 * 1024, l2_bytes: int = 1024 * 1024) -> Target:
+def cpu_target(isa: str, l1_bytes: int = 32 * 1024, l2_bytes: int = 1024 * 1024,
+               bf16_dot: bool = False) -> Target:
     """The CPU target of ISA level `isa` (one of ISA_WIDTHS) with the given cache sizes."""
     return Target(TargetKind.CPU, isa, ISA_WIDTHS[isa], 32 if isa == "avx512" else 16,
-                  l1_bytes=l1_bytes, l2_bytes=l2_bytes)
+                  l1_bytes=l1_bytes, l2_bytes=l2_bytes, bf16_dot=bf16_dot)
 
 
 @functools.lru_cache(maxsize=1)
@@ -155,7 +160,15 @@ def host_cpu() -> Target:
     if asked and asked not in runs:
         raise ConvgenError(f"CONVGEN_ISA={asked!r}: this CPU does not run {asked} code (it runs "
                            f"{', '.join(runs)}); unset CONVGEN_ISA or pick one of those")
-    return cpu_target(asked or default_isa(runs), l1, l2)
+    isa = asked or default_isa(runs)
+    return cpu_target(isa, l1, l2, bf16_dot=isa == "avx2" and host_bf16_dot() and knobs.bf16_dot())
+
+
+@functools.lru_cache(maxsize=1)
+def host_bf16_dot() -> bool:
+    """Whether this CPU runs vdpbf16ps on 256-bit registers (AVX512-BF16 with AVX512-VL)."""
+    flags = _cpu_flags()
+    return {"avx512_bf16", "avx512vl"} <= flags
 
 
 def isa_note(target: Target) -> str:

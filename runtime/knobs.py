@@ -15,6 +15,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
+| CONVGEN_BF16_DOT       | bf16_dot()         | on where the CPU has AVX512-BF16          |
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ def isa() -> str:
         raise ConvgenError(f"CONVGEN_ISA={value!r} is not an ISA level convgen generates for; use one of "
                            f"{', '.join(ISA_WIDTHS)}, or leave it unset for the default.")
     return value
+
+
+def bf16_dot() -> bool:
+    """Whether bf16 kernels may reduce in pairs on the CPU's bf16 dot-product instruction
+    (vdpbf16ps) where it has one (CONVGEN_BF16_DOT, default on; 0 keeps bf16 on f32 FMAs)."""
+    return os.environ.get("CONVGEN_BF16_DOT", "").strip() == "" or _flag("CONVGEN_BF16_DOT")
 
 
 def bundles_env() -> str:

@@ -6,7 +6,8 @@ strides above and below the kernel size, dilation, groups and depthwise, 1-D and
 problems (which swap the kernel ops), odd widths that leave vector tails, and both layouts.
 Outputs are poisoned with NaN before a kernel runs so an unwritten element shows.
 The same checks run for the portable target and for the AVX-512 code shape (on CPUs without
-AVX-512, compiled for the host's ISA).
+AVX-512, compiled for the host's ISA), and bf16 reduced in pairs on vdpbf16ps (natively where
+the CPU has AVX512-BF16, with the instruction emulated in C everywhere).
 """
 
 from __future__ import annotations
@@ -160,6 +161,44 @@ AVX512 = (cpu_target("avx512") if "avx512" in host_isas() else
 AVX512_VARIANTS = target_variants(AVX512, "avx512")
 
 
+# bf16 reduced in pairs (vdpbf16ps's arithmetic; see Target.bf16_dot): the lanes forward and data
+# gradient pair reduced channels, the gemm weight gradient pairs consecutive pixels, so odd
+# channel counts per group, groups, strides and phases, 1-D and 3-D, padding and odd pixel counts
+# are the corners. The portable target runs the C emulation of the instruction on any host; the
+# AVX2 shape steps vdpbf16ps in assembly, which runs only where the CPU has AVX512-BF16.
+PAIR_PROBLEMS = ("mixed_dil_groups", "stride_gt_kernel", "wide_odd", "pointwise_s2_pad", "pointwise_many",
+                 "conv1d_dilated", "conv3d", "transposed_s2", "k4_s2", "transposed_groups_op",
+                 "many_channels_parts", "tiny_images")
+PAIRS_PORTABLE = Target(TargetKind.CPU, "generic", 16, bf16_dot=True)
+PAIRS_NATIVE = cpu_target("avx2", bf16_dot=True)
+
+
+def pair_variants(target: Target, suffix: str):
+    """(problem, algorithm) in bf16, both layouts, for PAIR_PROBLEMS and the candidates whose tiles
+    reduce in pairs on `target`."""
+    out = []
+    for spec in PROBLEMS:
+        if spec[0] not in PAIR_PROBLEMS:
+            continue
+        for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
+            for layout in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST):
+                p = problem_for(spec, op, DType.BF16, layout)
+                for algorithm in lower(p, target).candidates:
+                    if lower(p, target, algorithm=algorithm).tiling.pairs:
+                        out.append(pytest.param(p, algorithm, id=f"{spec[0]}-{op.value}-bf16-{layout.value}-"
+                                                                 f"{algorithm}-{suffix}"))
+    return out
+
+
+PAIRS_PORTABLE_VARIANTS = pair_variants(PAIRS_PORTABLE, "pairs-portable")
+PAIRS_NATIVE_VARIANTS = pair_variants(PAIRS_NATIVE, "pairs-vdpbf16ps")
+
+
+def _runs_vdpbf16ps() -> bool:
+    from convgen.codegen.target import host_bf16_dot
+    return host_bf16_dot()
+
+
 @pytest.fixture(scope="module")
 def kernels():
     """Every variant's kernel, for the host, the portable target and the AVX-512 code shape, built
@@ -167,7 +206,10 @@ def kernels():
     target = host_cpu()
     plans = ([lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS] +
              [lower(p.values[0], PORTABLE, algorithm=p.values[1]) for p in PORTABLE_VARIANTS] +
-             [lower(p.values[0], AVX512, algorithm=p.values[1]) for p in AVX512_VARIANTS])
+             [lower(p.values[0], AVX512, algorithm=p.values[1]) for p in AVX512_VARIANTS] +
+             [lower(p.values[0], PAIRS_PORTABLE, algorithm=p.values[1]) for p in PAIRS_PORTABLE_VARIANTS] +
+             ([lower(p.values[0], PAIRS_NATIVE, algorithm=p.values[1]) for p in PAIRS_NATIVE_VARIANTS]
+              if _runs_vdpbf16ps() else []))
     loaded = dispatch.load_plans(plans)
     return {(plan.problem, plan.algorithm, plan.target): (plan, kernel) for plan, kernel in zip(plans, loaded)}
 
@@ -194,6 +236,27 @@ def test_portable_variant_matches_aten(kernels, problem: ConvProblem, algorithm:
 @pytest.mark.parametrize("problem, algorithm", AVX512_VARIANTS)
 def test_avx512_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
     _check(kernels, problem, algorithm, AVX512)
+
+
+@pytest.mark.parametrize("problem, algorithm", PAIRS_PORTABLE_VARIANTS)
+def test_bf16_pairs_portable_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    _check(kernels, problem, algorithm, PAIRS_PORTABLE)
+
+
+@pytest.mark.parametrize("problem, algorithm", PAIRS_NATIVE_VARIANTS)
+def test_bf16_pairs_vdpbf16ps_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    if not _runs_vdpbf16ps():
+        pytest.skip("this CPU has no AVX512-BF16 (with AVX512-VL): the vdpbf16ps assembly cannot run here; the "
+                    "same kernels with the instruction emulated run in test_bf16_pairs_portable_variant_matches_aten")
+    _check(kernels, problem, algorithm, PAIRS_NATIVE)
+
+
+def test_pairs_variants_cover_every_kernel_op():
+    """The pair lists are not empty by accident: every kernel op has pair variants in both layouts."""
+    for variants in (PAIRS_PORTABLE_VARIANTS, PAIRS_NATIVE_VARIANTS):
+        kinds = {(p.values[0].op, p.values[0].input_layout) for p in variants}
+        assert kinds == {(op, lay) for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT)
+                         for lay in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST)}
 
 
 def _check(kernels, problem: ConvProblem, algorithm: str, target: Target):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Layout
+from ..ir import DType, Layout
 from ..pipeline import Pass
 from ..plan import KOp, Plan, Tiling
 
@@ -226,7 +226,12 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
     width = min(read_w + 2 * g.pad_lo[2], qb * sw + reach[2]) if qb < out_w else read_w + 2 * g.pad_lo[2]
     run_bytes = reach[0] * (math.ceil(qb / out_w) + reach[1]) * width * acc_bytes
-    cc = max(1, min(reduced, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes), max(1, 256 // taps)))
+    # bf16 on vdpbf16ps: each step takes a pair of reduced channels (two bf16 in one 32-bit lane),
+    # so the reduction counts pairs, read from copies that interleave them
+    pairs = p.dtype is DType.BF16 and t.bf16_dot
+    steps = math.ceil(reduced / 2) if pairs else reduced
+    cc = max(1, min(steps, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes),
+                    max(1, (128 if pairs else 256) // taps)))
     unit = p.dtype.accumulator is p.dtype
     if fwd:   # the input needs a padded copy unless every window lies inside it
         border = not _windows_inside(g)
@@ -236,12 +241,16 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     read = "X" if fwd else "Y"
     in_place = (read,) if not border and unit else ()
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
                                  f"({nv * pb} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
-                                 f"{qb} pixels per work item, reduced in chunks of {cc} channels whose weights stay "
+                                 + (f"bf16 reduced in pairs of channels on vdpbf16ps (two products per f32 lane "
+                                    f"and step, half the steps of f32 FMAs; its arithmetic emulated in C where the "
+                                    f"tile is not stepped in assembly); " if pairs else "") +
+                                 f"{qb} pixels per work item, reduced in chunks of {cc} "
+                                 f"{'channel pairs' if pairs else 'channels'} whose weights stay "
                                  f"in L1, {'channel block' if channel_major else 'pixel run'} outermost (the "
                                  f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
                                  f"half the L2); {'input' if fwd else 'grad_output'} "
@@ -327,7 +336,9 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     splits = _splits(items, partial_bytes)
     im2col = taps > 1
     in_place = ("X",) if im2col and _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
+    pairs = p.dtype is DType.BF16 and t.bf16_dot
     tiling = Tiling(vector_lanes=lanes, kb=mr, nv=nvp, ksb=mc, cols=nc, rb=kc, splits=splits, in_place=in_place,
+                    pairs=pairs,
                     threads_hint="parallel over (group, out-channel block, column block, part of the "
                                  "reduction); each item owns its sums and reduces in a fixed order, so results do "
                                  "not depend on the thread count")
@@ -336,7 +347,10 @@ def _gemm_wgrad(plan: Plan, lanes: int) -> Plan:
     return plan.decide("tiling", f"register tile {mr} output channels x {nvp} vectors of {lanes} {what}; "
                                  f"grad_output packed once per call in panels of {mr} channels; per item {mc} x "
                                  f"{nc} columns, {items} items x {splits} parts of the reduction, input values "
-                                 f"packed in chunks of {kc} pixels (half the L1){source}; {tiling.threads_hint}",
+                                 f"packed in chunks of {kc} {'pairs of pixels' if pairs else 'pixels'} (half the L1)"
+                                 f"{source}; "
+                                 + ("bf16 reduced in pairs of consecutive pixels on vdpbf16ps (both operands packed "
+                                    "two values to a 32-bit word); " if pairs else "") + tiling.threads_hint,
                        tiling=tiling)
 
 
