@@ -430,16 +430,21 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     partial_bytes = g.groups * g.cout_g * rows * acc_bytes
     splits = _splits(items, partial_bytes)
     in_place = ("X",) if _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
-    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place,
+    pairs = p.dtype is DType.BF16 and t.bf16_dot
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
                                  f"tap) rows ({score:.2f} useful); {rb} of the {rows} rows per work item, {items} "
-                                 f"items x {splits} parts of the reduction, chunks of {pc} pixels; grad_output "
-                                 f"packed pixel-major once per call; input "
+                                 f"items x {splits} parts of the reduction, chunks of {pc} "
+                                 f"{'pairs of pixels' if pairs else 'pixels'}; grad_output packed pixel-major once "
+                                 f"per call; input "
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
-                                 f"{tiling.threads_hint}", tiling=tiling)
+                                 + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
+                                    "end with a virtual pixel of zero gradient; the input copy holds each value "
+                                    "with its neighbour a stride along); " if pairs else "")
+                                 + tiling.threads_hint, tiling=tiling)
 
 
 # The depthwise weight gradient takes whole planes as one flat run (unit strides) when its output
