@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Layout, Op
+from ..ir import DType, Layout, Op
 from ..errors import ConvgenError
 from ..pipeline import Pass
 from ..plan import KOp, Plan
@@ -167,6 +167,11 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return choice, why
     if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and reduced < POINTWISE_MIN_STRIDED_DGRAD:
         return choice, why
+    if _bf16_pairs(plan) and choice == "lanes":
+        # lanes reduces bf16 in pairs on vdpbf16ps, pointwise on f32 FMAs (Zen 4, 1 thread, ms, lanes
+        # / pointwise: r50_1x1_2048_512 forward 5.7 / 8.3, data gradient 4.9 / 8.4; r50_1x1_64_256
+        # data gradient 7.8 / 9.8, forward 9.9 / 9.2)
+        return choice, f"{why}; not pointwise: bf16 in pairs on vdpbf16ps"
     if reduced >= POINTWISE_MIN_REDUCED:
         return "pointwise", f"{WHY['pointwise']}; {reduced} channels reduced"
     return choice, why
@@ -239,6 +244,12 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return "gemm", f"{WHY['gemm']}; 1x1 with {g.cin_g} input channels"
     if g.kernel == (1, 1, 1):   # (a 1x1 with unit strides is flattened to 1-D rows: not the 1-D case below)
         return choice, why
+    if _bf16_pairs(plan):
+        # In bf16 pairs (vdpbf16ps) lanes halves its steps while gemm's im2col packing stays: on Zen 4,
+        # 1 thread, ms, lanes against gemm: r50_3x3_128_s2 16.4 / 18.5, deeplab_dil2 27.7 / 35.6,
+        # wavenet_1d 27.3 / 33.7, r50_stem 9.0 / 15.0, odd_asym 0.32 / 0.89 (r50_1x1_2048_512 stays
+        # gemm: 4.6 / 8.1).
+        return choice, f"{why}; bf16 in pairs on vdpbf16ps, where lanes beats gemm's im2col but for wide 1x1"
     if plan.problem.rank == 1:
         return "gemm", f"{WHY['gemm']}; 1-D"
     if rows < GEMM_WGRAD_MAX_FEW_ROWS:
@@ -262,6 +273,11 @@ LANES_OVER_BLOCKED = 0.85
 STRIDED_LANES_MIN_IN = 16       # a strided NCHW forward takes lanes from this many input channels
 
 
+def _bf16_pairs(plan: Plan) -> bool:
+    """Whether lanes tiles reduce this problem in bf16 pairs on vdpbf16ps (see Target.bf16_dot)."""
+    return plan.problem.dtype is DType.BF16 and plan.target.bf16_dot
+
+
 def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
     """blocked (columns in the lanes) or lanes (channels in the lanes), by their tile scores."""
     g, t = plan.geometry, plan.target
@@ -279,6 +295,11 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # and scatter one element per channel stride (forward 0.44x -> 0.61x torch on
         # r50_1x1_64_256; with strides lanes was slower: 0.76x -> 0.60x on r50_3x3_128_s2)
         return "lanes", f"{WHY['lanes']}; channels-last {written.role} ({scores})"
+    if _bf16_pairs(plan) and by_channels >= 0.5:
+        # lanes reduces bf16 in pairs on vdpbf16ps, blocked on f32 FMAs (Zen 4, 1 thread, ms, lanes /
+        # blocked: forward r50_3x3_128_s2 10.3 / 22.5, dcgan_tconv 3.7 / 5.8, r50_stem 9.1 / 9.6,
+        # wavenet_1d 30.1 / 33.9; data gradient r50_3x3_128_s2 13.6 / 25.0, dcgan_tconv 2.9 / 5.3)
+        return "lanes", f"{WHY['lanes']}; bf16 in pairs on vdpbf16ps ({scores})"
     if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and columns > lanes:
         # blocked specialises its tap loop per stride phase at compile time, where lanes tests
         # every tap (data gradients, ms, blocked against lanes: r50_3x3_128_s2, 28-wide phases,
