@@ -1,14 +1,15 @@
-"""The cost of a tiny convolution call three ways: torch alone, a convert()ed module, and torch's
-module inside `convgen.enabled()` (plus torch's module outside the block once enabled() has
-registered its kernels: the price every later torch call pays for the registration).
+"""The cost of a tiny convolution call: torch alone, a convert()ed module, and torch's module inside
+`convgen.enabled()` (one block around many calls, and a block entered and left for every call).
 
     python examples/enabled_overhead.py [--rounds 30 --calls 200]
 
-torch alone is timed first, in this fresh process, before anything is registered; the other
-three then alternate in rounds of --calls calls. The best round of each is printed, in µs per
-call, with a weight and bias that require grad (forward only: the autograd node is recorded,
-not run) and without. Exits 1 when convgen's results differ from torch's beyond float32
-tolerance or its counters show it did not serve the block's calls.
+torch alone is timed first in this fresh process, before anything is registered, then the
+variants alternate in rounds of --calls calls, torch outside any block among them (after the
+last block closes in a single-threaded process, convgen's kernels are withdrawn, so it should
+cost what torch alone did). The best round of each is printed, in µs per call, with a weight and
+bias that require grad (forward only: the autograd node is recorded, not run) and without.
+Exits 1 when convgen's results differ from torch's beyond float32 tolerance or its counters show
+that it did not serve the block's calls.
 """
 
 from __future__ import annotations
@@ -24,15 +25,38 @@ import torch
 import convgen
 
 
-def best_us(fns: dict, rounds: int, calls: int) -> dict:
-    best = dict.fromkeys(fns, math.inf)
+def best_us(variants: dict, rounds: int, calls: int) -> dict:
+    """µs per call of each variant (a function that makes `calls` calls), best of `rounds` rounds."""
+    best = dict.fromkeys(variants, math.inf)
     for _ in range(rounds):
-        for name, fn in fns.items():
+        for name, run in variants.items():
             start = time.perf_counter()
-            for _ in range(calls):
-                fn()
+            run(calls)
             best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
     return best
+
+
+def variants(module, converted, x) -> dict:
+    def torch_alone(n):
+        for _ in range(n):
+            module(x)
+
+    def convert(n):
+        for _ in range(n):
+            converted(x)
+
+    def one_block(n):
+        with convgen.enabled():
+            for _ in range(n):
+                module(x)
+
+    def block_per_call(n):
+        for _ in range(n):
+            with convgen.enabled():
+                module(x)
+
+    return {"torch": torch_alone, "convert()": convert, "enabled() around all": one_block,
+            "enabled() per call": block_per_call}
 
 
 def main() -> int:
@@ -50,38 +74,30 @@ def main() -> int:
 
     with torch.no_grad():
         expected = module(x)
-    torch_alone = {"grad": best_us({"t": lambda: module(x)}, args.rounds, args.calls)["t"],
-                   "no_grad": best_us({"t": lambda: frozen(x)}, args.rounds, args.calls)["t"]}
+    torch_alone = {"grad": best_us({"t": variants(module, None, x)["torch"]}, args.rounds, args.calls)["t"],
+                   "no_grad": best_us({"t": variants(frozen, None, x)["torch"]}, args.rounds, args.calls)["t"]}
 
-    def inside(m):
-        def run():
-            with convgen.enabled():
-                return m(x)
-        return run
-
-    served_before = convgen.stats()["aten_forward"]
-    results = {"converted": converted(x), "enabled": inside(module)()}
-    if convgen.stats()["aten_forward"] - served_before != 1:
+    before = convgen.stats()["aten_forward"]
+    with convgen.enabled():
+        served = module(x)
+    results = {"convert()": converted(x), "enabled()": served}
+    if convgen.stats()["aten_forward"] - before != 1:
         print("FAIL: convgen did not serve the call inside enabled()")
         return 1
     bad = [name for name, y in results.items() if not torch.allclose(y, expected, rtol=1e-5, atol=1e-5)]
     if bad:
         print(f"FAIL: {', '.join(bad)} differ from torch")
         return 1
-    # warm both paths (kernels built, calls remembered), then time
-    for fn in (converted_frozen, inside(frozen)):
-        fn(x) if isinstance(fn, torch.nn.Module) else fn()
-    grad = best_us({"convert": lambda: converted(x), "enabled": inside(module), "torch": lambda: module(x)},
-                   args.rounds, args.calls)
-    no_grad = best_us({"convert": lambda: converted_frozen(x), "enabled": inside(frozen),
-                       "torch": lambda: frozen(x)}, args.rounds, args.calls)
-    print(f"conv2d input 1x4x8x8, weight 4x4x3x3, padding 1, f32, {torch.get_num_threads()} thread(s); best of "
-          f"{args.rounds} rounds of {args.calls} calls, µs per call (forward; with grad = autograd node recorded)")
-    print(f"{'':10} {'torch alone':>12} {'convert()':>10} {'enabled()':>10} {'torch after':>12}")
-    for mode, row in (("grad", grad), ("no_grad", no_grad)):
-        print(f"{mode:10} {torch_alone[mode]:12.1f} {row['convert']:10.1f} {row['enabled']:10.1f} {row['torch']:12.1f}")
-    print("(enabled() includes entering and leaving the block on every call; torch after = torch's module outside "
-          "the block once enabled() has registered its kernels)")
+    rows = {"grad": best_us(variants(module, converted, x), args.rounds, args.calls),
+            "no_grad": best_us(variants(frozen, converted_frozen, x), args.rounds, args.calls)}
+    print(f"conv2d input 1x4x8x8, weight 4x4x3x3, padding 1, f32, {torch.get_num_threads()} thread(s), torch "
+          f"{torch.__version__}; best of {args.rounds} rounds of {args.calls} calls, µs per call (forward; with grad: "
+          f"the autograd node is recorded)")
+    names = ["torch alone", *rows["grad"]]
+    print(f"{'':8}" + "".join(f"{n:>22}" for n in names))
+    for mode, row in rows.items():
+        print(f"{mode:8}" + f"{torch_alone[mode]:22.1f}" + "".join(f"{row[n]:22.1f}" for n in row))
+    print("(torch alone: before anything was registered; torch: outside any block, between the other variants)")
     return 0
 
 

@@ -15,6 +15,7 @@
   while a block is open;
 - torch.compile (fullgraph) and torch.export inside the block trace torch's ops and run on
   convgen's kernels, with torch's results;
+- torch.func transforms (vmap of grad) inside the block;
 - collect() inside a block lets torch compute and builds nothing;
 - a dtype convgen has no kernels for (int64) is left to torch inside the block.
 """
@@ -271,3 +272,21 @@ def test_unsupported_dtype_is_left_to_torch():
         got = F.conv2d(x, w, padding=1)
     assert served(before) == {"aten_forward": 0, "aten_backward": 0, "aten_fallbacks": 1}
     assert torch.equal(got, expected)
+
+
+def test_torch_func_transforms_inside_the_block(request):
+    """vmap of grad (functorch) unwraps to plain tensors before the CPU kernel: convgen serves."""
+    gen = generator_for(request.node.nodeid)
+    x, w = randn((3, 2, 6, 6), F64, gen), randn((4, 2, 3, 3), F64, gen)
+
+    def loss(w_, x_):
+        return F.conv2d(x_.unsqueeze(0), w_, padding=1).square().sum()
+
+    per_sample = torch.vmap(torch.func.grad(loss), in_dims=(None, 0))
+    expected = per_sample(w, x)
+    before = convgen.stats()
+    with convgen.enabled():
+        got = per_sample(w, x)
+    counts = served(before)
+    assert counts["aten_forward"] >= 1 and counts["aten_backward"] >= 1 and counts["aten_fallbacks"] == 0
+    assert_close(got, expected, F64, "per-sample weight gradients", terms=4096)
