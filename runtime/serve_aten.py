@@ -35,8 +35,8 @@ outside a block; `with enabled(on)` sets the state of the calling thread only, f
 (like `torch.no_grad()`), and restores that thread's previous state on exit, also when the block
 raises; blocks nest. A thread started inside a block follows the default, not the block.
 torch runs CPU backward passes on the thread that calls `backward()`, so a `backward()` inside
-the block is served. Calls that convgen itself makes while it must not serve (`collect`,
-which lets torch compute) run under `enabled(False)`.
+the block is served. convgen's own calls of ATen that must stay torch's (`collect`, which lets
+torch compute, and `bench`'s torch side and float64 reference) run under `enabled(False)`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@
   convgen's kernels, with torch's results;
 - torch.func transforms (vmap of grad) inside the block;
 - collect() inside a block lets torch compute and builds nothing;
-- a dtype convgen has no kernels for (int64) is left to torch inside the block.
+- a dtype convgen has no kernels for (int64) is left to torch inside the block;
+- convgen's own calls of ATen (bench's torch side and reference) stay torch's inside a block.
 """
 
 from __future__ import annotations
@@ -290,3 +291,18 @@ def test_torch_func_transforms_inside_the_block(request):
     counts = served(before)
     assert counts["aten_forward"] >= 1 and counts["aten_backward"] >= 1 and counts["aten_fallbacks"] == 0
     assert_close(got, expected, F64, "per-sample weight gradients", terms=4096)
+
+
+def test_bench_inside_the_block_times_torch_itself():
+    """convgen's own calls of ATen (bench's torch side and reference) are torch's, even in a block."""
+    from convgen import bench, cli, suites
+    from convgen.codegen.ir import DType, Layout
+
+    shape = suites.BenchShape.from_problem(cli.problem_from_args(cli.parser().parse_args(
+        ["show", "--input", "1,2,6,6", "--weight", "3,2,3,3", "--padding", "1"])))
+    options = bench.Options(dtype=DType.F32, layout=Layout.CONTIGUOUS, repeat=1, min_time=0.0)
+    before = convgen.stats()
+    with convgen.enabled():
+        report = bench.run([("problem", [shape])], options)
+    assert served(before) == {"aten_forward": 0, "aten_backward": 0, "aten_fallbacks": 0}
+    assert bench.ok(report)
