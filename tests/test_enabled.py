@@ -13,8 +13,8 @@
 - threads: a block serves its own thread only; enable()/disable() set every thread's default;
 - the registration is withdrawn when the last block closes (single-threaded), and is there
   while a block is open;
-- torch.compile (fullgraph) and torch.export inside the block trace torch's ops and run on
-  convgen's kernels, with torch's results;
+- torch.compile (fullgraph; aot_eager and the default inductor backend) and torch.export inside
+  the block trace torch's ops and run on convgen's kernels, with torch's results;
 - torch.func transforms (vmap of grad) inside the block;
 - collect() inside a block lets torch compute and builds nothing;
 - a dtype convgen has no kernels for (int64) is left to torch inside the block;
@@ -306,3 +306,21 @@ def test_bench_inside_the_block_times_torch_itself():
         report = bench.run([("problem", [shape])], options)
     assert served(before) == {"aten_forward": 0, "aten_backward": 0, "aten_fallbacks": 0}
     assert bench.ok(report)
+
+
+def test_inductor_compiled_model_inside_the_block(request):
+    """The default backend: inductor's CPU code calls aten.convolution(_backward) as extern kernels."""
+    torch._dynamo.reset()
+    model, x = make(F64, request.node.nodeid)
+    expected = model(x)
+    expected_grads = torch.autograd.grad(expected.square().sum(), list(model.parameters()))
+    with convgen.enabled():
+        compiled = torch.compile(model, fullgraph=True)
+        before = convgen.stats()
+        out = compiled(x)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+        counts = served(before)
+    assert counts == {"aten_forward": CALLS, "aten_backward": CALLS, "aten_fallbacks": 0}
+    assert_close(out, expected, F64, "inductor output", terms=4096)
+    for (name, _), g, e in zip(model.named_parameters(), grads, expected_grads):
+        assert_close(g, e, F64, f"inductor gradient of {name}", terms=4096)
