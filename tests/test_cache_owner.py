@@ -8,6 +8,7 @@ before anything is read or written there:
   needs a kernel, and `convgen cache info` (exit 1, one line naming CONVGEN_CACHE_DIR);
 - a root writable by group or others; a root that passed once and is then made world-writable;
 - each subdirectory (kernels, locks, tmp, failed, tuning) made world-writable;
+- the eager launcher (not loaded; `convgen setup` exits 1) and the tuning database;
 - a symlink as the root pointing to another user's directory, a symlink owned by another user,
   a subdirectory that is a symlink to a world-writable directory; a symlink of the user's own
   to the user's own directory is accepted.
@@ -177,3 +178,19 @@ def test_entry_directory_is_checked_before_its_artifact_is_read(tmp_path, monkey
     with pytest.raises(CacheError, match="CONVGEN_CACHE_DIR") as info:
         cache.lookup(key)
     assert str(entry) in str(info.value) and "writable by group and others" in str(info.value)
+
+
+def test_eager_launcher_and_tuning_database_are_refused_too(tmp_path, monkeypatch, capsys):
+    from convgen import cli, eager, tuning
+    from convgen.codegen.target import host_cpu
+
+    path = foreign_dir(tmp_path, world_writable=True)
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(path))
+    with eager._lock:
+        eager._loaded.pop(str(path), None)
+    assert eager.module() is None   # nothing loaded from there: eager calls take the Python path
+    assert cli.main(["setup"]) == 1
+    assert "CONVGEN_CACHE_DIR" in capsys.readouterr().err
+    problem = cli.problem_from_args(cli.parser().parse_args(["show", "--input", "1,2,5,5", "--weight", "3,2,3,3"]))
+    with pytest.raises(CacheError, match="CONVGEN_CACHE_DIR"):
+        tuning.recorded(problem, host_cpu())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 
 import pytest
 import torch
@@ -218,6 +219,10 @@ def test_threads_blocks_are_per_thread_enable_is_global(request):
 
 def test_registration_lives_while_needed():
     registered = lambda: torch._C._dispatch_has_kernel_for_dispatch_key("aten::convolution", "CPU")  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no "Overriding a previously registered kernel" or other noise
+        with convgen.enabled():
+            pass
     with convgen.enabled():
         assert registered() and serve_aten.registered()
         with convgen.enabled():
