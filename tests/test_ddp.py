@@ -172,7 +172,8 @@ def test_ddp_two_processes_one_shared_cache(tmp_path, way):
 
     for rank, result in enumerate(results):
         if way == "convert":
-            assert result["converted"] == ["convgen.nn"], f"rank {rank}: the model was not converted: {result['converted']}"
+            assert result["converted"] == ["convgen.nn"], \
+                f"rank {rank}: the model was not converted: {result['converted']}"
         else:   # 5 convolutions per forward, STEPS steps, every one with a backward call; none left to torch
             s = result["stats"]
             assert result["converted"] == ["torch.nn.modules.conv"], f"rank {rank}: {result['converted']}"
