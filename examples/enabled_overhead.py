@@ -7,7 +7,8 @@ torch alone is timed first in this fresh process, before anything is registered,
 variants alternate in rounds of --calls calls, torch outside any block among them (after the
 last block closes in a single-threaded process, convgen's kernels are withdrawn, so it should
 cost what torch alone did), and torch outside while a second thread keeps them registered.
-The best round of each is printed, in µs per call, with a weight and bias that require grad (forward only: the autograd node is recorded, not run) and without.
+The best round of each is printed, in µs per call, with a weight and bias that require grad
+(forward only: the autograd node is recorded, not run) and without.
 Exits 1 when convgen's results differ from torch's beyond float32 tolerance or its counters show
 that it did not serve the block's calls.
 """
