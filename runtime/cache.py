@@ -56,11 +56,13 @@ def root() -> Path:
 
     Before anything there is read or written, the root and each subdirectory must be the user's
     own and not writable by group or others (runtime/cache_owner.py); once they have passed, a
-    call costs one stat until the root is replaced, re-owned or re-moded. Raises CacheError
+    call costs one stat per directory until one of them is replaced, removed, re-owned or
+    re-moded. Raises CacheError
     naming CONVGEN_CACHE_DIR and the path when the directory cannot be used.
     """
     path = knobs.cache_dir()
-    if cache_owner.known(path):
+    directories = [path, *(path / sub for sub in _SUBDIRS)]
+    if cache_owner.known(directories):
         return path
     try:
         if not os.path.lexists(path):
@@ -83,7 +85,7 @@ def root() -> Path:
         _unusable(path, e.strerror or str(e))
     if not os.access(path, os.W_OK | os.X_OK):
         _unusable(path, "it is not writable")
-    cache_owner.remember(path)
+    cache_owner.remember(directories)
     return path
 
 

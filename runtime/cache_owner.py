@@ -10,10 +10,12 @@ A symbolic link is followed, and its target must pass; the link itself must belo
 or to root (root's links are the system's), since whoever owns a link can point it elsewhere.
 
 runtime/cache.py calls `check_dir` for the root and its subdirectories before it reads or writes
-anything there, and for an entry's directory before its artifact is read. The root's identity
-(device, inode, owner, mode, and the link's) is remembered once it has passed, so later calls
-cost one stat and the full check runs again only when the root is replaced, re-owned or
-re-moded (`known` / `remember`).
+anything there, and for an entry's directory before its artifact is read. Once the root and its
+subdirectories have passed, their identities (device, inode, owner and mode, and the link's) are
+remembered, so later calls cost one stat per directory (a few µs, on cache accesses only, never on
+a call whose kernel is in memory), and the full check (which also recreates a missing
+subdirectory) runs again when one of them is replaced, removed, re-owned or re-moded
+(`known` / `remember`).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Sequence
 
 from .codegen.errors import CacheError
 
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 _lock = threading.Lock()
-_passed: dict[str, tuple] = {}    # root path -> its identity when it last passed
+_passed: dict[tuple, tuple] = {}   # (root, its subdirectories) -> their identities when they last passed
 
 
 def _owner(uid: int) -> str:
@@ -93,21 +96,24 @@ def _identity(path: Path) -> tuple | None:
     return (link.st_dev, link.st_ino, link.st_uid, link.st_mode, st.st_dev, st.st_ino, st.st_uid, st.st_mode)
 
 
-def known(path: Path) -> bool:
-    """Whether the root `path` passed before and is still the same directory, owner and mode."""
+def known(paths: Sequence[Path]) -> bool:
+    """Whether the directories `paths` (a root and its subdirectories) passed together before and
+    each is still the same directory, with the same owner and mode."""
+    key = tuple(str(p) for p in paths)
     with _lock:
-        passed = _passed.get(str(path))
-    return passed is not None and passed == _identity(path)
+        passed = _passed.get(key)
+    return passed is not None and passed == tuple(_identity(p) for p in paths)
 
 
-def remember(path: Path) -> None:
-    """Note that the root `path` and its subdirectories passed, as the root is now."""
-    identity = _identity(path)
+def remember(paths: Sequence[Path]) -> None:
+    """Note that the directories `paths` passed, as they are now."""
+    key = tuple(str(p) for p in paths)
+    identities = tuple(_identity(p) for p in paths)
     with _lock:
-        if identity is None:
-            _passed.pop(str(path), None)
+        if None in identities:
+            _passed.pop(key, None)
         else:
-            _passed[str(path)] = identity
+            _passed[key] = identities
 
 
 def forget() -> None:

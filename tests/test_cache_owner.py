@@ -194,3 +194,23 @@ def test_eager_launcher_and_tuning_database_are_refused_too(tmp_path, monkeypatc
     problem = cli.problem_from_args(cli.parser().parse_args(["show", "--input", "1,2,5,5", "--weight", "3,2,3,3"]))
     with pytest.raises(CacheError, match="CONVGEN_CACHE_DIR"):
         tuning.recorded(problem, host_cpu())
+
+
+def test_a_removed_or_replaced_subdirectory_is_noticed(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(path))
+    cache.root()
+    (path / "tmp").rmdir()
+    assert cache.root() == path and (path / "tmp").is_dir()   # recreated, as before the check existed
+    os.rename(path / "locks", path / "old-locks")
+    (path / "locks").mkdir()
+    os.chmod(path / "locks", 0o777)
+    refused(path / "locks", "writable by group and others")
+
+
+def test_a_subdirectory_that_passed_is_checked_again_when_its_mode_changes(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(path))
+    cache.root()
+    os.chmod(path / "kernels", 0o777)   # no forget(): the remembered identity no longer matches
+    refused(path / "kernels", "writable by group and others")
