@@ -26,7 +26,7 @@ torch's calls outside cost what they cost before, but only while this is the pro
 Python thread: torch's dispatcher does not expect kernels to change while other threads may be
 dispatching, so with several threads alive it stays until a later last block closes
 single-threaded, and torch's calls outside a block take the hop. Registering and withdrawing
-cost about 20 µs, once per outermost block.
+cost about 25 µs, once per outermost block.
 
 `stats()["aten_forward"]` and `["aten_backward"]` count the calls convgen served.
 
