@@ -35,7 +35,9 @@ outside a block; `with enabled(on)` sets the state of the calling thread only, f
 (like `torch.no_grad()`), and restores that thread's previous state on exit, also when the block
 raises; blocks nest. A thread started inside a block follows the default, not the block.
 torch runs CPU backward passes on the thread that calls `backward()`, so a `backward()` inside
-the block is served. convgen's own calls of ATen that must stay torch's (`collect`, which lets
+the block is served. A block written inside a torch.compile'd function is a graph break (it
+changes state at run time; fullgraph=True refuses it): enter it around the compiled call.
+convgen's own calls of ATen that must stay torch's (`collect`, which lets
 torch compute, and `bench`'s torch side and float64 reference) run under `enabled(False)`.
 """
 
