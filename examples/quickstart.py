@@ -3,7 +3,8 @@
     python examples/quickstart.py
 
 1. convgen.conv2d against torch.nn.functional.conv2d, forward and backward (autograd);
-2. convgen.convert(model): a torch model whose conv layers now run convgen's kernels;
+2. a whole model: torch's own model inside `with convgen.enabled():`, and convgen.convert(model),
+   which swaps its conv layers for convgen's;
 3. the plan behind the kernel (what `convgen explain` prints) and the first lines of its source
    (what `convgen show` prints).
 """
@@ -50,12 +51,19 @@ def main() -> None:
         diff = (got - ref).abs().max().item()
         print(f"  {name:<11} {diff:.2e}  ({diff / ref.abs().max().item():.1e})")
 
-    # 2. a whole model: convert swaps torch's conv modules for convgen's, weights untouched
+    # 2. a whole model: inside convgen.enabled() torch's own modules run on convgen's kernels;
+    #    convert swaps torch's conv modules for convgen's, weights untouched
     with torch.no_grad():
         before = model(x)
+        served = convgen.stats()["aten_forward"]
+        with convgen.enabled():
+            inside = model(x)
+        served = convgen.stats()["aten_forward"] - served
         convgen.convert(model)
         after = model(x)
-    print(f"\nconvert(model): {type(model[0]).__module__}.{type(model[0]).__name__}, "
+    print(f"\nwith convgen.enabled(): {served} convolutions served by convgen, "
+          f"max |difference| {(inside - before).abs().max().item():.2e}")
+    print(f"convert(model): {type(model[0]).__module__}.{type(model[0]).__name__}, "
           f"max |difference| {(after - before).abs().max().item():.2e}")
 
     # 3. what was generated, and why: the problem, the plan's reasons, the source

@@ -2,6 +2,8 @@
 
 Public API (a contract): conv1d/2d/3d, conv_transpose1d/2d/3d, convolution, convolution_backward,
 nn (modules), convert, stats, and the errors ConvgenError, ConvSpecError, BuildError, CacheError.
+A whole model: enabled() (a context manager), enable(), disable(), is_enabled() serve torch's own
+aten convolutions (runtime/serve_aten.py).
 Ahead of time: collect (a model's problems), load_bundle (kernels built by `convgen aot`).
 Importing convgen builds nothing and reads no settings.
 """
@@ -16,10 +18,11 @@ from . import nn
 from .nn import convert
 from .shapes import collect
 from .bundle import load_bundle
+from .serve_aten import disable, enable, enabled, is_enabled
 
 __version__ = _version()
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution",
-    "convolution_backward", "nn", "convert", "stats", "collect", "load_bundle", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
+    "convolution_backward", "nn", "convert", "enabled", "enable", "disable", "is_enabled", "stats", "collect", "load_bundle", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
 ]

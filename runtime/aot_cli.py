@@ -25,10 +25,10 @@ from .codegen.errors import ConvgenError, ConvSpecError
 from .codegen.ir import DType, Layout
 from .codegen.target import TargetKind, parse_target
 
-_DTYPES = tuple(d.value for d in DType)
-
 
 def add_parser(sub) -> None:
+    from .cli import add_dtype_flag   # cli imports this module first
+
     p = sub.add_parser(
         "aot", help="generate and build every kernel a model's training step needs, as one importable bundle",
         description="Collects the convolutions of one training step of a model (forward, data, weight and bias "
@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", metavar="DIR", help="bundle directory (default generated/NAME)")
     p.add_argument("--name", help="bundle name (default: the callable's name, or the --out directory's)")
     p.add_argument("--target", default="cpu", metavar="cpu", help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it) or cpu-avx512|avx2|generic")
-    p.add_argument("--dtype", choices=_DTYPES, default="f32", help="the model's dtype (default f32)")
+    add_dtype_flag(p, "the model's dtype")
     p.add_argument("--layout", choices=["nchw", "channels_last"], default="nchw",
                    help="memory format of the model and its inputs (default nchw)")
     p.add_argument("--input-grad", action="store_true", help="the inputs require grad (adds their data gradients)")
@@ -73,7 +73,7 @@ def run(args) -> int:
         inputs = example_inputs(args.input_shape, args.dtype, args.layout, args.input_grad)
         model = prepare_model(model, args.dtype, args.layout)
         problems = collect(model, *inputs)
-        origin = {"model": args.model, "input_shapes": [list(t.shape) for t in inputs], "dtype": args.dtype,
+        origin = {"model": args.model, "input_shapes": [list(t.shape) for t in inputs], "dtype": args.dtype.value,
                   "layout": args.layout, "input_grad": args.input_grad}
     else:
         problems = problems_from_json(Path(args.shapes))

@@ -49,6 +49,7 @@ from .codegen.ir import ConvProblem, DType, Layout, Op
 from .codegen.target import Target, host_class, host_cpu
 from .codegen.version import generator_version
 from .problem import TORCH_DTYPES, base_problem, memory_format
+from .serve_aten import enabled
 from .suites import BenchShape
 
 MASK = [True, True, True]
@@ -285,6 +286,7 @@ def machine(target: Target) -> dict:
             "target": target.name(), "platform": platform.platform(), "python": platform.python_version()}
 
 
+@enabled(False)   # torch's side (and the float64 reference) is torch's own, even inside convgen.enabled()
 def run(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, out: TextIO | None = None) -> dict:
     """Benchmark `suites` and return the report; with `out`, print the table there as rows finish.
 

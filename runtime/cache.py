@@ -8,6 +8,11 @@ Layout under `knobs.cache_dir()` (created with user-only permissions):
     locks/<key>.lock                      one flock per key (released by the kernel on death)
     tmp/                                  private build and staging directories (same filesystem)
     failed/<name>.cpp, <name>.log         sources and compiler output of failed builds
+    tuning/<machine>.json                 the tuning database (runtime/tuning.py)
+
+The root and each of these directories must belong to the user and not be writable by group or
+others (runtime/cache_owner.py): root() checks them before anything is read or written there,
+and check_entry an entry's directory and its shard before the artifact is read.
 
 An entry counts only when meta.json is there and the artifact's sha256 matches it. Entries
 appear atomically: they are assembled in a staging directory under tmp/ (artifact and source
@@ -34,10 +39,10 @@ from typing import Iterator
 from convgen.codegen.errors import CacheError
 from convgen.codegen.keys import canonical_json, sha256_text
 
-from . import knobs
+from . import cache_owner, knobs
 from .stats import bump
 
-_SUBDIRS = ("kernels", "locks", "tmp", "failed")
+_SUBDIRS = ("kernels", "locks", "tmp", "failed", "tuning")
 _KEY_SCHEMA = "convgen-artifact-v1"
 _META = "meta.json"
 _STALE_TMP_S = 24 * 3600.0
@@ -49,25 +54,38 @@ _STALE_TMP_S = 24 * 3600.0
 def root() -> Path:
     """The cache directory, created (user-only permissions) with its subdirectories.
 
-    Raises CacheError naming CONVGEN_CACHE_DIR and the path when it cannot be used.
+    Before anything there is read or written, the root and each subdirectory must be the user's
+    own and not writable by group or others (runtime/cache_owner.py); once they have passed, a
+    call costs one stat per directory until one of them is replaced, removed, re-owned or
+    re-moded. Raises CacheError
+    naming CONVGEN_CACHE_DIR and the path when the directory cannot be used.
     """
     path = knobs.cache_dir()
+    directories = [path, *(path / sub for sub in _SUBDIRS)]
+    if cache_owner.known(directories):
+        return path
     try:
-        if not path.is_dir():
-            if path.exists() or path.is_symlink():
-                _unusable(path, "it exists and is not a directory")
+        if not os.path.lexists(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.mkdir(path, 0o700)
                 os.chmod(path, 0o700)  # the umask may have removed bits we wanted
             except FileExistsError:
                 pass  # another process created it first
+        elif not path.is_dir() and not path.is_symlink():
+            _unusable(path, "it exists and is not a directory")
+        cache_owner.check_dir(path)
         for sub in _SUBDIRS:
-            os.makedirs(path / sub, mode=0o700, exist_ok=True)
+            directory = path / sub
+            if not os.path.lexists(directory):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(directory, 0o700)
+            cache_owner.check_dir(directory, "the kernel cache's subdirectory")
     except OSError as e:
         _unusable(path, e.strerror or str(e))
     if not os.access(path, os.W_OK | os.X_OK):
         _unusable(path, "it is not writable")
+    cache_owner.remember(directories)
     return path
 
 
@@ -130,6 +148,8 @@ def check_entry(directory: Path) -> tuple[Path | None, str | None]:
     """(artifact path, None) for a valid entry; (None, problem) for a bad one; (None, None) if absent."""
     if not directory.exists():
         return None, None
+    cache_owner.check_dir(directory.parent, "the kernel cache's shard directory")
+    cache_owner.check_dir(directory, "the kernel cache entry")
     meta_path = directory / _META
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

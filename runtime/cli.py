@@ -26,7 +26,7 @@ import sys
 
 from .codegen.emit import emit
 from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
-from .codegen.ir import ConvProblem, DType, Layout, Op
+from .codegen.ir import ConvProblem, DType, Layout, Op, dtype_names
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.target import Target, TargetKind, host_isas, isa_note, parse_target
@@ -275,6 +275,20 @@ def cmd_bench(args) -> int:
 # ---------------------------------------------------------------------------------- parser
 
 
+def _dtype(text: str) -> DType:
+    try:
+        return DType.parse(text)
+    except ConvSpecError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+
+
+def add_dtype_flag(group, what: str) -> None:
+    """--dtype, as every command takes it: torch's names or convgen's short ones (DType.parse),
+    parsed to a DType; f32 by default."""
+    group.add_argument("--dtype", type=_dtype, default="f32", metavar="DTYPE",
+                       help=f"{what}: {dtype_names()} (torch's names or short ones; default float32)")
+
+
 def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("problem (sizes and per-axis values: one integer or a comma list)")
@@ -291,7 +305,7 @@ def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentPar
     g.add_argument("--transposed", action="store_true", help="a transposed convolution")
     g.add_argument("--output-padding", default="0", metavar="OP[,OP..]", help="transposed only; default 0")
     g.add_argument("--bias", action="store_true", help="with a bias (fwd) / bias gradient (bwd_weight)")
-    g.add_argument("--dtype", choices=[d.value for d in DType], default="f32")
+    add_dtype_flag(g, "the problem's dtype")
     g.add_argument("--layout", choices=list(LAYOUTS), default="auto",
                    help="nhwc or channels_last: channels-last input, weight and output; auto/nchw: contiguous")
     g.add_argument("--target", default="cpu", metavar="cpu|cuda|hip",

@@ -30,6 +30,7 @@ from .codegen.errors import ConvSpecError
 from .codegen.ir import ConvProblem, DType, Layout
 from .ops import backward_problems, call_problems
 from .problem import TORCH_DTYPES, base_problem, layout_of, memory_format
+from .serve_aten import enabled
 
 # Ops with aten.convolution's and aten.convolution_backward's schemas, by qualified name.
 FORWARD_OPS = ("aten::convolution", "convgen::convolution")
@@ -93,7 +94,7 @@ def collect(model: torch.nn.Module, *example_inputs: Any) -> list[ConvProblem]:
     buffers = ([(b, b.detach().clone()) for b in model.buffers()] if isinstance(model, torch.nn.Module) else [])
     recorder = _Recorder()
     try:
-        with torch.enable_grad(), recorder:
+        with torch.enable_grad(), enabled(False), recorder:   # torch computes, even inside convgen.enabled()
             outputs = model(*example_inputs)
             leaves, _ = tree_flatten(outputs)
             grads_of = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad

@@ -10,6 +10,10 @@ Known counters (always present in `stats()`, starting at 0):
 - corrupt_rebuilt: cache entries found corrupt (bad checksum or metadata), reported and rebuilt
 - lock_waits: times a build lock was held by someone else and had to be waited for
 - bundle_hits: problems served by a loaded ahead-of-time bundle (no lowering to a build)
+- aten_forward, aten_backward: calls of torch's aten.convolution / aten.convolution_backward
+  that convgen served (inside `convgen.enabled()`, runtime/serve_aten.py)
+- aten_fallbacks: such calls inside `enabled()` that convgen left to ATen (a dtype it has no
+  kernels for, or arguments its rules refuse)
 
 Other modules may bump counters of their own; they appear once bumped.
 """
@@ -27,6 +31,9 @@ KNOWN = (
     "corrupt_rebuilt",
     "lock_waits",
     "bundle_hits",
+    "aten_forward",
+    "aten_backward",
+    "aten_fallbacks",
 )
 
 _lock = threading.Lock()

@@ -2,7 +2,8 @@
 
 One bundle of tests/aot_models.py's Mixed model (conv with and without bias, strided depthwise,
 a functional convgen call inside forward, transposed 2-D and 1-D, dilated 1-D, strided 3-D) is
-generated and built once per module; the checks that load it run in fresh processes, so that
+generated and built once per module (it also serves the plain model inside `convgen.enabled()`);
+the checks that load it run in fresh processes, so that
 `convgen.stats()` counts only what that process did and no test's dispatch table leaks into another.
 """
 
@@ -42,8 +43,9 @@ def built_bundle(tmp_path_factory):
     return out
 
 
-def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api", model="mixed") -> dict:
-    """One training step of a converted tests/aot_models.py model in a fresh process with an empty cache."""
+def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api", model="mixed", enabled=False) -> dict:
+    """One training step of a converted tests/aot_models.py model in a fresh process with an empty cache
+    (with `enabled`: of the plain torch model inside convgen.enabled())."""
     result = tmp_path / f"result-{os.urandom(4).hex()}.pt"
     load_line = f"convgen.load_bundle({str(bundle_dir)!r}, strict=True)" if bundle_dir and load == "api" else ""
     code = textwrap.dedent(f"""
@@ -51,7 +53,9 @@ def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api", model="mixe
         sys.path.insert(0, {str(MODELS.parent)!r})
         import convgen, aot_models
         {load_line}
-        grads = aot_models.step(convgen.convert(aot_models.{model}()), {batch}, {model == "channels_last"})
+        with convgen.enabled({enabled}):
+            grads = aot_models.step({"" if enabled else "convgen.convert"}(aot_models.{model}()), {batch},
+                                    {model == "channels_last"})
         torch.save({{"grads": grads, "stats": convgen.stats()}}, {str(result)!r})
     """)
     cache = tmp_path / f"cache-{os.urandom(4).hex()}"
@@ -192,6 +196,17 @@ def test_a_bundle_serves_a_training_step_with_zero_builds_and_the_jit_results(bu
     for name, ref in exact.items():
         ours, theirs = rel_err(served["grads"][name], ref), rel_err(single[name], ref)
         assert ours <= max(2 * theirs, tolerance(torch.float32)), f"{name}: {ours:.1e} vs torch f32 {theirs:.1e}"
+
+
+def test_a_bundle_serves_a_plain_model_inside_enabled(built_bundle, tmp_path):
+    """collect sees the aten calls that convgen.enabled() serves: the bundle has every kernel."""
+    jit = run_step(tmp_path, None)
+    served = run_step(tmp_path, built_bundle, enabled=True)
+    assert served["stats"]["builds"] == 0 and served["stats"]["bundle_hits"] == jit["stats"]["builds"] > 0
+    assert served["stats"]["aten_forward"] > 0 and served["stats"]["aten_backward"] > 0
+    assert served["stats"]["aten_fallbacks"] == 0
+    for name, g in jit["grads"].items():
+        assert torch.equal(g, served["grads"][name]), name
 
 
 def test_a_bundle_runs_without_a_compiler(built_bundle, tmp_path):

@@ -284,3 +284,40 @@ def test_bench_refuses_an_isa_this_cpu_does_not_run(capsys, monkeypatch):
     monkeypatch.setattr(target_mod, "_host_facts", lambda: (("avx2", "generic"), 32768, 1 << 20))
     code, out, err = run(capsys, "bench", *SMALL, "--target", "cpu-avx512")
     assert code == 2 and "cpu-avx512" in err and "does not run avx512" in err and "avx2, generic" in err
+
+
+# --- --dtype names (issue 18) ------------------------------------------------------------------
+
+# every spelling --dtype takes, and the short name it means
+DTYPE_SPELLINGS = [("float32", "f32"), ("float", "f32"), ("f32", "f32"), ("float64", "f64"), ("double", "f64"),
+                   ("f64", "f64"), ("bfloat16", "bf16"), ("bf16", "bf16"), ("float16", "f16"), ("half", "f16"),
+                   ("f16", "f16"), ("torch.bfloat16", "bf16"), ("Float32", "f32")]
+
+
+@pytest.mark.parametrize("name, short", DTYPE_SPELLINGS, ids=[n for n, _ in DTYPE_SPELLINGS])
+def test_dtype_takes_torch_names_in_show(capsys, name, short):
+    code, out, err = run(capsys, "show", *SMALL, "--dtype", name)
+    assert code == 0, err
+    assert f"conv2d_fwd_c4_k6_8x8_r3x3_p1_{short}" in out   # the problem's name, in the header
+    code, same, _ = run(capsys, "show", *SMALL, "--dtype", short)
+    assert code == 0 and same == out
+
+
+@pytest.mark.parametrize("command", ["show", "explain", "build", "bench", "aot"])
+def test_every_command_parses_dtype_names_with_one_parser(command):
+    flags = {"aot": ["--shapes", "s.json"], "bench": ["--suite", "smoke"]}.get(command, SMALL)
+    parser = cli.parser()
+    for name, short in DTYPE_SPELLINGS:
+        args = parser.parse_args([command, *flags, "--dtype", name])
+        assert args.dtype.value == short, (command, name)
+    assert parser.parse_args([command, *flags]).dtype.value == "f32"   # the default
+
+
+@pytest.mark.parametrize("command", ["show", "explain", "build", "bench", "aot"])
+def test_a_bad_dtype_lists_the_names(capsys, command):
+    flags = ["--shapes", "s.json"] if command == "aot" else SMALL[:4]
+    code, out, err = run(capsys, command, *flags, "--dtype", "int8")
+    assert code == 2
+    assert "'int8' is not a dtype" in err and "float32|float|f32" in err and "bfloat16|bf16" in err
+    code, out, err = run(capsys, command, "--help")
+    assert code == 0 and "float16|half|f16" in " ".join(out.split())

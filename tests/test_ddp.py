@@ -1,4 +1,5 @@
-"""Two-process DistributedDataParallel training of a converted model over one shared kernel cache.
+"""Two-process DistributedDataParallel training over one shared kernel cache, of a converted model
+and of a plain torch model inside `convgen.enabled()`.
 
 Issue 4 item 5: two processes (gloo backend, CPU, world size 2) each train the same converted
 small CNN, wrapped in DistributedDataParallel, for two SGD steps on their own half of a fixed
@@ -11,8 +12,11 @@ session's), so they race for the same kernels. The test checks that
 - each kernel was built exactly once: the builds of both ranks add up to the number of entries
   in the shared cache, and each rank got every kernel it did not build itself from the disk.
 
-This file is also the worker: the test starts `python tests/test_ddp.py RANK STORE CACHE OUT`
-twice. Each worker saves its losses, gradients and `convgen.stats()` to OUT with torch.save.
+The same holds for a plain torch model trained inside `with convgen.enabled():` (issue 18),
+whose counters must show that convgen served its forward and backward convolutions.
+
+This file is also the worker: the test starts `python tests/test_ddp.py RANK STORE OUT WAY`
+twice (WAY: convert or enabled). Each worker saves its losses, gradients and `convgen.stats()` to OUT with torch.save.
 Rendezvous goes through a file store (`file://` init method), so no port has to be found free.
 """
 
@@ -24,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -74,8 +79,11 @@ def train(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torc
 # ---------------------------------------------------------------------------------- worker
 
 
-def worker(rank: int, store: str, out: str) -> None:
-    """One DDP rank: train the converted model on this rank's shard, save what happened to `out`."""
+def worker(rank: int, store: str, out: str, way: str) -> None:
+    """One DDP rank: train the model on this rank's shard, converted (way "convert") or plain inside
+    convgen.enabled() (way "enabled"); save what happened to `out`."""
+    import contextlib
+
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -84,12 +92,13 @@ def worker(rank: int, store: str, out: str) -> None:
     torch.set_num_threads(1)  # two ranks on a small machine: one thread each
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD_SIZE)
     try:
-        model = convgen.convert(make_model())
+        model = convgen.convert(make_model()) if way == "convert" else make_model()
         ddp = DistributedDataParallel(model)
         x, y = make_batch()
         shard = BATCH // WORLD_SIZE
         x, y = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
-        losses, grads = train(ddp, list(ddp.parameters()), x, y)
+        with convgen.enabled() if way == "enabled" else contextlib.nullcontext():
+            losses, grads = train(ddp, list(ddp.parameters()), x, y)
         # DDP averages gradients, not losses: average the shard losses to compare with the whole batch's
         losses = torch.stack([loss.float() for loss in losses])
         dist.all_reduce(losses)
@@ -103,7 +112,7 @@ def worker(rank: int, store: str, out: str) -> None:
 # ---------------------------------------------------------------------------------- test
 
 
-def run_workers(tmp_path: Path) -> list[dict]:
+def run_workers(tmp_path: Path, way: str) -> list[dict]:
     """Start both ranks sharing one fresh cache directory; their saved results, in rank order."""
     cache_dir = tmp_path / "shared-cache"
     env = dict(os.environ, CONVGEN_CACHE_DIR=str(cache_dir), OMP_NUM_THREADS="1")
@@ -115,7 +124,7 @@ def run_workers(tmp_path: Path) -> list[dict]:
         for r in range(WORLD_SIZE):
             with open(logs[r], "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, __file__, str(r), str(tmp_path / "store"), str(outs[r])],
+                    [sys.executable, __file__, str(r), str(tmp_path / "store"), str(outs[r]), way],
                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         # poll both: when one rank fails, the other would wait for it in a collective until the timeout
         deadline = time.monotonic() + TIMEOUT_S
@@ -151,8 +160,9 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def test_ddp_two_processes_one_shared_cache(tmp_path):
-    results = run_workers(tmp_path)
+@pytest.mark.parametrize("way", ["convert", "enabled"])
+def test_ddp_two_processes_one_shared_cache(tmp_path, way):
+    results = run_workers(tmp_path, way)
 
     # the reference: torch alone, float64, the whole batch, same initial weights and steps
     reference = make_model().double()
@@ -161,7 +171,13 @@ def test_ddp_two_processes_one_shared_cache(tmp_path):
     names = [name for name, _ in reference.named_parameters()]
 
     for rank, result in enumerate(results):
-        assert result["converted"] == ["convgen.nn"], f"rank {rank}: the model was not converted: {result['converted']}"
+        if way == "convert":
+            assert result["converted"] == ["convgen.nn"], \
+                f"rank {rank}: the model was not converted: {result['converted']}"
+        else:   # 5 convolutions per forward, STEPS steps, every one with a backward call; none left to torch
+            s = result["stats"]
+            assert result["converted"] == ["torch.nn.modules.conv"], f"rank {rank}: {result['converted']}"
+            assert (s["aten_forward"], s["aten_backward"], s["aten_fallbacks"]) == (5 * STEPS, 5 * STEPS, 0), s
         for step in range(STEPS):
             loss_err = rel_err(result["losses"][step], ref_losses[step])
             assert loss_err < TOLERANCE, f"rank {rank} step {step}: loss relative error {loss_err:.2e}"
@@ -181,4 +197,4 @@ def test_ddp_two_processes_one_shared_cache(tmp_path):
 
 
 if __name__ == "__main__":
-    worker(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    worker(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])

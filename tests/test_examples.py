@@ -25,6 +25,7 @@ CASES = [
     # a bundle in a temporary directory ({tmp}); its first steps run in fresh processes with empty caches
     ("resnet18_aot.py", ["--batch", "2", "--size", "32", "--out", "{tmp}/resnet18"], "bundle == JIT bit for bit: True"),
     ("quickstart.py", [], "counters:"),
+    ("enabled_overhead.py", ["--rounds", "1", "--calls", "2"], "torch alone"),
 ]
 
 
