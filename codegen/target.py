@@ -58,10 +58,20 @@ class Target:
         """Compiler flags that select the ISA; fixed per ISA so the cache key is portable."""
         if self.kind is not TargetKind.CPU:
             return ()
-        return {
+        flags = {
             "avx512": ("-march=x86-64-v4", "-mtune=generic"),
             "avx2": ("-march=x86-64-v3", "-mtune=generic"),
         }.get(self.isa, ())
+        if self.bf16_dot and self.isa == "avx2":
+            # vdpbf16ps is EVEX-encoded, so its register tiles may use all 32 vector registers:
+            # AVX512-VL lets GCC allocate ymm16-31 (every CPU with AVX512-BF16 has it)
+            flags += ("-mavx512vl",)
+        return flags
+
+    @property
+    def pair_registers(self) -> int:
+        """Vector registers a bf16 pair tile stepped in assembly may use: 32 (EVEX) with bf16_dot."""
+        return 32 if self.bf16_dot and self.fma_asm else self.vector_registers
 
 
 def _cpu_flags() -> set[str]:

@@ -170,7 +170,8 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
                                  f"stays within half the L2; {tiling.threads_hint}", tiling=tiling)
 
 
-def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False) -> tuple[int, int, float]:
+def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
+               pairs: bool = False) -> tuple[int, int, float]:
     """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
     NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
     does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
@@ -180,7 +181,13 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False) -> 
     one register for the other, and spills nothing at all 16 registers: there 4 x 3 ran unet3d's
     forward in 13.0-13.5 ms against 2 x 4's 14.4-15.7 and 2 x 6's 15.1 (r50_3x3_64 13.0 against
     14.4 and 14.9; r50_3x3_256 12.4 against 14.5 and 18.1; deeplab_dil2 34.8 against 45.0 and
-    46.0), so tiles count as FMA-bound only from 12 FMAs per 7 loads."""
+    46.0), so tiles count as FMA-bound only from 12 FMAs per 7 loads.
+
+    `pairs` (bf16 on vdpbf16ps, 32 registers): the intensity is not capped, so the tile with the
+    most products per load wins: on Zen 4 (1 thread, ms, bf16 forward) 4 x 6 ran r50_3x3_64 in
+    10.2 against 4 x 3's 10.5, 3 x 8's 11.5 and 2 x 14's 12.1; r50_3x3_256 9.1 against 9.3, 9.6
+    and 10.0; unet3d 11.9 against 12.3, 15.9 and 12.9; the weight gradient of r50_3x3_64 10.8
+    against 11.2, 11.8 and 13.1."""
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for pb in range(1, 15):
@@ -188,7 +195,8 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False) -> 
             if used > registers:
                 continue
             ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
-            intensity = min(1.0, nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD))
+            intensity = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD)
+            intensity = intensity if pairs else min(1.0, intensity)
             score = ch_eff * intensity + 1e-3 * nv * pb
             if score > best[2]:
                 best = (nv, pb, score)
@@ -210,7 +218,12 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     fwd = plan.kop is KOp.FWD
     channels, reduced = (g.cout_g, g.cin_g) if fwd else (g.cin_g, g.cout_g)
-    nv, pb, score = lanes_tile(channels, lanes, t.vector_registers, asm=t.fma_asm)
+    # bf16 on vdpbf16ps: each step takes a pair of reduced channels (two bf16 in one 32-bit lane),
+    # so the reduction counts pairs, read from copies that interleave them; the EVEX-encoded
+    # instruction lets the tile use all 32 registers
+    pairs = p.dtype is DType.BF16 and t.bf16_dot
+    registers = t.pair_registers if pairs else t.vector_registers
+    nv, pb, score = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs)
     # Items of a few tiles. When all the weights fit half the L2, consecutive items take the
     # channel blocks of one run of pixels (whose input stays cached); otherwise they take all the
     # pixels of one channel block (whose weights stay cached).
@@ -226,9 +239,6 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
     width = min(read_w + 2 * g.pad_lo[2], qb * sw + reach[2]) if qb < out_w else read_w + 2 * g.pad_lo[2]
     run_bytes = reach[0] * (math.ceil(qb / out_w) + reach[1]) * width * acc_bytes
-    # bf16 on vdpbf16ps: each step takes a pair of reduced channels (two bf16 in one 32-bit lane),
-    # so the reduction counts pairs, read from copies that interleave them
-    pairs = p.dtype is DType.BF16 and t.bf16_dot
     steps = math.ceil(reduced / 2) if pairs else reduced
     cc = max(1, min(steps, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes),
                     max(1, (128 if pairs else 256) // taps)))
@@ -245,7 +255,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
-                                 f"({nv * pb} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
+                                 f"({nv * pb} of {registers} registers accumulate; {score:.2f} useful); "
                                  + (f"bf16 reduced in pairs of channels on vdpbf16ps (two products per f32 lane "
                                     f"and step, half the steps of f32 FMAs; its arithmetic emulated in C where the "
                                     f"tile is not stepped in assembly); " if pairs else "") +
@@ -419,7 +429,9 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     acc_bytes = p.dtype.accumulator.itemsize
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     rows = g.cin_g * taps
-    nv, pb, score = lanes_tile(g.cout_g, lanes, t.vector_registers, asm=t.fma_asm)
+    pairs = p.dtype is DType.BF16 and t.bf16_dot    # (see _lanes: pairs, and 32 registers for their tile)
+    nv, pb, score = lanes_tile(g.cout_g, lanes, t.pair_registers if pairs else t.vector_registers, asm=t.fma_asm,
+                               pairs=pairs)
     # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
     # input lines.
@@ -430,7 +442,6 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     partial_bytes = g.groups * g.cout_g * rows * acc_bytes
     splits = _splits(items, partial_bytes)
     in_place = ("X",) if _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
-    pairs = p.dtype is DType.BF16 and t.bf16_dot
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
