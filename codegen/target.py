@@ -12,7 +12,7 @@ import functools
 import os
 import platform
 
-from .keys import canonical_key
+from .keys import canonical_json, sha256_text, to_jsonable
 
 
 class TargetKind(str, enum.Enum):
@@ -42,7 +42,12 @@ class Target:
     bf16_dot: bool = False
 
     def key(self) -> str:
-        return canonical_key(self)
+        """sha256 of the canonical JSON form; a target without bf16_dot leaves it out, so its key
+        (and committed bundles' manifests) is the one from before bf16 pairs existed."""
+        fields = to_jsonable(self)
+        if not self.bf16_dot:
+            del fields["bf16_dot"]
+        return sha256_text(canonical_json(fields))
 
     @property
     def fma_asm(self) -> bool:
