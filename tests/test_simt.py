@@ -1,0 +1,240 @@
+"""The SIMT simulator (templates/gpu/sim/simt.h, runtime/sim.py): small CUDA programs written
+here run on the CPU with CUDA's execution model and are checked against numpy; broken ones
+(races, divergent barriers, bad masks) are caught; the same programs build with nvcc and hipcc.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from convgen import knobs
+from convgen import sim
+from convgen.codegen.errors import SimulatorError
+
+# Kernels that build for CUDA (cuda.h) and HIP (hip.h) alike: only the wrappers' names differ
+# per vendor, and those live in the wrapper headers.
+PORTABLE = r"""
+// block reduction in dynamic shared memory: a tree with a barrier per level
+__global__ void block_sum_kernel(const float* in, float* out, int n) {
+    CONVGEN_DYNAMIC_SHARED(float, partial);
+    unsigned t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    partial[t] = i < (unsigned)n ? in[i] : 0.0f;
+    __syncthreads();
+    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) partial[t] += partial[t + half];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = partial[0];
+}
+
+// warp (wave) reduction by shuffles; each warp's lane 0 adds its total atomically
+__global__ void warp_sum_kernel(const double* in, double* total, int* warps, int n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    double v = i < (unsigned)n ? in[i] : 0.0;
+    for (int offset = CONVGEN_WARP / 2; offset > 0; offset /= 2) v += convgen_shfl_down(v, offset);
+    if (threadIdx.x % CONVGEN_WARP == 0) { atomicAdd(total, v); atomicAdd(warps, 1); }
+}
+
+// 64x64 (any multiple of 16) matmul in 16x16 tiles staged through shared memory
+#define TILE 16
+__global__ void matmul_kernel(const float* a, const float* b, float* c, int n) {
+    __shared__ float ta[TILE][TILE];
+    __shared__ float tb[TILE][TILE];
+    int row = blockIdx.y * TILE + threadIdx.y, col = blockIdx.x * TILE + threadIdx.x;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < n; k0 += TILE) {
+        ta[threadIdx.y][threadIdx.x] = a[row * n + k0 + threadIdx.x];
+        tb[threadIdx.y][threadIdx.x] = b[(k0 + threadIdx.y) * n + col];
+        __syncthreads();
+        for (int k = 0; k < TILE; ++k) acc += ta[threadIdx.y][k] * tb[k][threadIdx.x];
+        __syncthreads();
+    }
+    c[row * n + col] = acc;
+}
+
+// a race: the last thread sums what the others wrote, with no barrier between
+__global__ void racy_sum_kernel(const float* in, float* out) {
+    __shared__ float values[64];
+    values[threadIdx.x] = in[blockIdx.x * 64 + threadIdx.x];
+    if (threadIdx.x == 63) {
+        float s = 0.0f;
+        for (int i = 0; i < 64; ++i) s += values[i];
+        out[blockIdx.x] = s;
+    }
+}
+
+extern "C" int block_sum(const float* in, float* out, int n, int blocks) {
+    return CONVGEN_LAUNCH(block_sum_kernel, blocks, 256, 256 * sizeof(float), 0, in, out, n);
+}
+extern "C" int warp_sum(const double* in, double* total, int* warps, int n, int threads) {
+    return CONVGEN_LAUNCH(warp_sum_kernel, (n + threads - 1) / threads, threads, 0, 0, in, total, warps, n);
+}
+extern "C" int matmul(const float* a, const float* b, float* c, int n) {
+    return CONVGEN_LAUNCH(matmul_kernel, dim3(n / TILE, n / TILE), dim3(TILE, TILE), 0, 0, a, b, c, n);
+}
+extern "C" int racy_sum(const float* in, float* out, int blocks) {
+    return CONVGEN_LAUNCH(racy_sum_kernel, blocks, 64, 0, 0, in, out);
+}
+"""
+
+# Kernels that break the execution model: run in the simulator only.
+BROKEN = r"""
+__global__ void divergent_barrier_kernel(float* out) {
+    if (threadIdx.x < 16) {
+        out[threadIdx.x] = 1.0f;
+        __syncthreads();
+    } else {
+        __syncthreads();
+    }
+}
+__global__ void early_return_kernel(float* out) {
+    if (threadIdx.x == 3) return;
+    out[threadIdx.x] = 1.0f;
+    __syncthreads();
+}
+__global__ void cuda_mask_kernel(float* out) {
+    float v = out[threadIdx.x];
+    out[threadIdx.x] = v + __shfl_down_sync(0xffffffffu, v, 1);
+}
+extern "C" int divergent_barrier(float* out) { return CONVGEN_LAUNCH(divergent_barrier_kernel, 2, 64, 0, 0, out); }
+extern "C" int early_return(float* out) { return CONVGEN_LAUNCH(early_return_kernel, 1, 64, 0, 0, out); }
+extern "C" int cuda_mask(float* out) { return CONVGEN_LAUNCH(cuda_mask_kernel, 1, 64, 0, 0, out); }
+"""
+
+ORDERS = list(knobs.SIM_ORDERS)
+P = sim.pointer
+
+
+def _header(vendor: str) -> str:
+    return f'#include "{vendor}.h"\n'
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    """The portable programs built for the simulator at both warp sizes, and the broken ones."""
+    d = tmp_path_factory.mktemp("simt")
+    return {vendor: sim.build(_header(vendor) + PORTABLE + BROKEN, d, "programs", vendor) for vendor in sim.WARP}
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+
+
+@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("order", ORDERS)
+def test_block_reduction_with_shared_memory_and_barriers(libs, vendor, order, rng):
+    n, blocks = 1000, 4
+    x = rng.standard_normal(n).astype(np.float32)
+    out = np.full(blocks, np.nan, np.float32)
+    libs[vendor].call("block_sum", P(x), P(out), n, blocks, order=order, seed=rng.integers(1 << 30))
+    ref = np.array([x[b * 256:(b + 1) * 256].astype(np.float64).sum() for b in range(blocks)])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("order", ORDERS)
+def test_warp_shuffle_reduction_at_warp_32_and_64(libs, vendor, order, rng):
+    lib = libs[vendor]
+    assert lib.warp_size == sim.WARP[vendor]
+    n, threads = 777, 128
+    x = rng.standard_normal(n)
+    total, warps = np.zeros(1), np.zeros(1, np.int32)
+    lib.call("warp_sum", P(x), P(total), P(warps), n, threads, order=order, seed=rng.integers(1 << 30))
+    assert warps[0] == (n + threads - 1) // threads * threads // lib.warp_size
+    assert abs(total[0] - x.sum()) <= 1e-12 * np.abs(x).sum()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_tiled_matmul(libs, order, rng):
+    n = 64
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    c = np.full((n, n), np.nan, np.float32)
+    before = libs["cuda"].launches()
+    libs["cuda"].call("matmul", P(a), P(b), P(c), n, order=order, seed=rng.integers(1 << 30))
+    assert libs["cuda"].launches() == before + 1
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_a_missing_barrier_is_hidden_in_forward_order_and_exposed_by_the_others(libs, rng):
+    blocks = 3
+    x = rng.standard_normal(blocks * 64).astype(np.float32) + 2.0
+    ref = x.reshape(blocks, 64).astype(np.float64).sum(1)
+    results = {}
+    for order in ORDERS:
+        out = np.full(blocks, np.nan, np.float32)
+        libs["cuda"].call("racy_sum", P(x), P(out), blocks, order=order, seed=12345)
+        results[order] = out
+    np.testing.assert_allclose(results["forward"], ref, rtol=1e-5)   # thread 63 runs last: looks right
+    for order in ("reverse", "shuffle"):
+        assert not np.allclose(results[order], ref, rtol=1e-3), order   # stale shared memory shows
+
+
+def test_orders_come_from_knobs(libs, monkeypatch, rng):
+    x = rng.standard_normal(64).astype(np.float32) + 2.0
+    out = np.zeros(1, np.float32)
+    monkeypatch.setenv("CONVGEN_SIM_ORDER", "reverse")
+    libs["cuda"].call("racy_sum", P(x), P(out), 1)
+    assert not np.isclose(out[0], x.astype(np.float64).sum(), rtol=1e-3)
+    monkeypatch.setenv("CONVGEN_SIM_ORDER", "sideways")
+    with pytest.raises(Exception, match="CONVGEN_SIM_ORDER='sideways'.*forward, reverse, shuffle"):
+        libs["cuda"].call("racy_sum", P(x), P(out), 1)
+
+
+def test_a_barrier_in_divergent_code_is_a_python_error(libs):
+    out = np.zeros(64, np.float32)
+    with pytest.raises(SimulatorError) as e:
+        libs["cuda"].call("divergent_barrier", P(out))
+    text = str(e.value)
+    assert "divergent_barrier_kernel" in text and "different __syncthreads call sites" in text
+    assert "block (" in text and "thread (0,0,0)" in text and text.count("programs.cu:") >= 2
+    ones = np.ones(256, np.float32)
+    libs["cuda"].call("block_sum", P(ones), P(out), 256, 1)   # the library still works
+    assert out[0] == 256
+
+
+def test_an_early_return_before_a_barrier_is_a_python_error(libs):
+    out = np.zeros(64, np.float32)
+    with pytest.raises(SimulatorError, match=r"early_return_kernel, block \(0,0,0\): threads exited before a "
+                                             r"__syncthreads.*1 thread\(s\) exited"):
+        libs["hip"].call("early_return", P(out))
+
+
+def test_a_32_lane_mask_under_64_wide_waves_is_a_python_error(libs, rng):
+    out = rng.standard_normal(64).astype(np.float32)
+    with pytest.raises(SimulatorError, match=r"__shfl_down at .*mask 0xffffffff names only 32 lanes but waves are 64 wide"):
+        libs["hip"].call("cuda_mask", P(out))
+    # the same kernel is correct with 32-wide warps: each warp shifts down by one lane
+    before = out.copy()
+    libs["cuda"].call("cuda_mask", P(out))
+    shifted = np.concatenate([np.append(before[1:32], before[31]), np.append(before[33:], before[63])])
+    np.testing.assert_array_equal(out, before + shifted)
+
+
+# --- the same programs through the vendor compilers ------------------------------------------
+
+def _vendor_compile(tmp_path, argv, vendor, env=None):
+    src = tmp_path / f"programs_{vendor}.cu"
+    src.write_text(_header(vendor) + PORTABLE)
+    done = subprocess.run([*argv, "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "out.o")],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "out.o").stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
+def test_the_programs_build_with_nvcc_for_sm_80(tmp_path):
+    _vendor_compile(tmp_path, ["nvcc", "-arch=sm_80", "-cubin"], "cuda")
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
+def test_the_programs_build_with_hipcc_for_gfx90a(tmp_path):
+    env = {**os.environ, "HIP_PLATFORM": "amd"}
+    _vendor_compile(tmp_path, ["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c"], "hip", env)
+
