@@ -12,7 +12,8 @@ import functools
 import os
 import platform
 
-from .keys import canonical_key
+from .gpu_target import GpuArch, parse_gpu_arch
+from .keys import canonical_json, sha256_text, to_jsonable
 
 
 class TargetKind(str, enum.Enum):
@@ -28,6 +29,8 @@ class Target:
     isa: for CPUs one of "avx512", "avx2", "generic"; for GPUs the arch (e.g. "sm_90", "gfx90a").
     vector_bytes: SIMD register width in bytes (64 for AVX-512, 32 for AVX2, 16 otherwise).
     vector_registers: architectural SIMD registers (32 with AVX-512, 16 otherwise).
+    gpu: for CUDA/HIP targets the GpuArch (warp size, shared memory, registers, SMs, matrix
+    instruction, async copy; see gpu_target.py); None for CPUs.
     """
 
     kind: TargetKind = TargetKind.CPU
@@ -36,9 +39,20 @@ class Target:
     vector_registers: int = 16
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
+    gpu: GpuArch | None = None
 
     def key(self) -> str:
-        return canonical_key(self)
+        """sha256 of the canonical JSON form; a CPU target's leaves `gpu` out, so CPU keys (and the
+        committed bundles' manifests) are those from before GPU targets existed."""
+        fields = to_jsonable(self)
+        if self.gpu is None:
+            del fields["gpu"]
+        return sha256_text(canonical_json(fields))
+
+    @property
+    def warp_size(self) -> int:
+        """Lanes per warp (wave) of a GPU target; 1 for a CPU."""
+        return self.gpu.warp_size if self.gpu else 1
 
     @property
     def fma_asm(self) -> bool:
@@ -162,18 +176,26 @@ def isa_note(target: Target) -> str:
 
 
 def parse_target(text: str) -> Target:
-    """A target from its command-line spelling: cpu, cpu-avx2, cuda, hip, ..."""
+    """A target from its command-line spelling: cpu, cpu-avx2, cuda, cuda-sm_80, hip-gfx940, ...
+    A GPU target without an arch takes sm_90 / gfx90a (present-device detection is the runtime's)."""
     from .errors import ConvSpecError
 
     kind_text, _, isa = text.partition("-")
     try:
         kind = TargetKind(kind_text)
     except ValueError:
-        raise ConvSpecError(f"target: unknown target {text!r}; expected cpu, cpu-avx512, cpu-avx2, cpu-generic, cuda or hip") from None
+        raise ConvSpecError(f"target: unknown target {text!r}; expected cpu, cpu-avx512, cpu-avx2, cpu-generic, "
+                            f"cuda[-sm_80|-sm_86|-sm_89|-sm_90|-sm_90a] or hip[-gfx90a|-gfx940]") from None
     if kind is TargetKind.CPU:
         if not isa:
             return host_cpu()
         if isa not in ISA_WIDTHS:
             raise ConvSpecError(f"target: unknown CPU ISA {isa!r}; expected one of {sorted(ISA_WIDTHS)}")
         return cpu_target(isa)
-    return Target(kind, isa or ("sm_90" if kind is TargetKind.CUDA else "gfx90a"), 16)
+    return gpu_target(parse_gpu_arch(text, kind.value, isa))
+
+
+def gpu_target(arch: GpuArch) -> Target:
+    """The Target of GPU arch `arch`; the CPU fields keep their defaults (vector_bytes 16: one
+    128-bit load per thread) until the passes read GPU facts from `gpu`."""
+    return Target(TargetKind(arch.vendor), arch.arch, 16, gpu=arch)
