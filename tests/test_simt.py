@@ -101,6 +101,18 @@ __global__ void cuda_mask_kernel(float* out) {
     float v = out[threadIdx.x];
     out[threadIdx.x] = v + __shfl_down_sync(0xffffffffu, v, 1);
 }
+#ifdef CONVGEN_SIM_HAVE_FP16
+__global__ void round_trip_kernel(const float* in, float* half, float* bf16, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        half[i] = __half2float(__float2half(in[i]));
+        bf16[i] = __bfloat162float(__float2bfloat16(in[i]));
+    }
+}
+extern "C" int round_trip(const float* in, float* half, float* bf16, int n) {
+    return CONVGEN_LAUNCH(round_trip_kernel, (n + 127) / 128, 128, 0, 0, in, half, bf16, n);
+}
+#endif
 extern "C" int divergent_barrier(float* out) { return CONVGEN_LAUNCH(divergent_barrier_kernel, 2, 64, 0, 0, out); }
 extern "C" int early_return(float* out) { return CONVGEN_LAUNCH(early_return_kernel, 1, 64, 0, 0, out); }
 extern "C" int cuda_mask(float* out) { return CONVGEN_LAUNCH(cuda_mask_kernel, 1, 64, 0, 0, out); }
@@ -215,6 +227,20 @@ def test_a_32_lane_mask_under_64_wide_waves_is_a_python_error(libs, rng):
     libs["cuda"].call("cuda_mask", P(out))
     shifted = np.concatenate([np.append(before[1:32], before[31]), np.append(before[33:], before[63])])
     np.testing.assert_array_equal(out, before + shifted)
+
+
+@pytest.mark.skipif(sim.fp16_include_dir() is None, reason="NVIDIA's cuda_fp16.h/cuda_bf16.h not found (set CUDA_HOME)")
+def test_half_and_bfloat16_conversions_are_bit_exact(libs, rng):
+    torch = pytest.importorskip("torch")
+    bits = rng.integers(0, 1 << 32, 20000, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([bits.view(np.float32), rng.standard_normal(5000).astype(np.float32) * 1e-5,
+                        np.float32([65504, 65520, 65519.99, 6e-8, 3e-8, np.inf, -np.inf, 1 + 2**-11, 1 + 2**-8])])
+    x = x[~np.isnan(x)]
+    half, bf16 = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    libs["hip"].call("round_trip", P(x), P(half), P(bf16), x.size)
+    t = torch.from_numpy(x)
+    np.testing.assert_array_equal(half.view(np.uint32), t.half().float().numpy().view(np.uint32))
+    np.testing.assert_array_equal(bf16.view(np.uint32), t.bfloat16().float().numpy().view(np.uint32))
 
 
 # --- the same programs through the vendor compilers ------------------------------------------
