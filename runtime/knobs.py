@@ -15,7 +15,6 @@ names the variable, the value and what would be accepted.
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
-| CONVGEN_SIM            | sim()              | off ("" ; cuda or hip: the SIMT simulator) |
 | CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
 | CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
 | CUDA_HOME, CUDA_PATH   | cuda_home()        | from nvcc on PATH (NVIDIA's fp16 headers) |
@@ -116,17 +115,6 @@ def isa() -> str:
 
 
 SIM_ORDERS = ("forward", "reverse", "shuffle")   # index = the code convgen_sim_configure takes
-
-
-def sim() -> str:
-    """Which vendor's generated GPU kernels run in the SIMT simulator on CPU tensors
-    (CONVGEN_SIM: cuda or hip), or "" when off."""
-    value = os.environ.get("CONVGEN_SIM", "").strip().lower()
-    if value in _FALSE:
-        return ""
-    if value not in ("cuda", "hip"):
-        raise ConvgenError(f"CONVGEN_SIM={value!r} is not a simulator vendor; use cuda or hip, or leave it unset.")
-    return value
 
 
 def sim_order() -> str:
