@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -264,3 +265,57 @@ def test_the_programs_build_with_hipcc_for_gfx90a(tmp_path):
     env = {**os.environ, "HIP_PLATFORM": "amd"}
     _vendor_compile(tmp_path, ["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c"], "hip", env)
 
+
+
+# --- sanitizers: fibers switch stacks under ASan's eyes ---------------------------------------
+
+ASAN_SCRIPT = r"""
+import sys, numpy as np
+from pathlib import Path
+from convgen import sim
+sys.path.insert(0, sys.argv[2])
+import test_simt as T
+out_of_bounds = '__global__ void oob_kernel(float* o) { o[threadIdx.x + 1] = 1.0f; }\n' \
+                'extern "C" int oob(float* o) { return CONVGEN_LAUNCH(oob_kernel, 1, 64, 0, 0, o); }\n'
+lib = sim.build(T._header("cuda") + T.PORTABLE + T.BROKEN + out_of_bounds, Path(sys.argv[1]), "asan", "cuda", sanitize=True)
+rng = np.random.default_rng(7)
+a, b = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+for order in ("forward", "reverse", "shuffle"):
+    c = np.full((64, 64), np.nan, np.float32)
+    lib.call("matmul", sim.pointer(a), sim.pointer(b), sim.pointer(c), 64, order=order, seed=5)
+    assert np.abs(c - a @ b).max() < 1e-4
+try:
+    lib.call("divergent_barrier", sim.pointer(np.zeros(64, np.float32)))
+except Exception as e:
+    print("caught", type(e).__name__)
+print("clean so far", flush=True)
+big = np.zeros(4096, np.float32)
+lib.call("oob", sim.pointer(big[4096 - 64:]))   # the last thread writes one past the end: ASan must report it
+"""
+
+
+def _sanitizer_runtimes() -> list[str] | None:
+    libs = []
+    for name in ("libasan.so", "libubsan.so"):
+        path = subprocess.run([*knobs.cxx(), f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(path):
+            return None
+        libs.append(path)
+    return libs
+
+
+def test_the_simulator_runs_clean_under_asan_and_ubsan_and_asan_sees_kernel_bugs(tmp_path):
+    runtimes = _sanitizer_runtimes()
+    if runtimes is None:
+        pytest.skip(f"the host compiler {knobs.cxx()[0]} has no libasan/libubsan")
+    script = tmp_path / "asan_run.py"
+    script.write_text(ASAN_SCRIPT)
+    env = {**os.environ, "LD_PRELOAD": ":".join(runtimes), "ASAN_OPTIONS": "detect_leaks=0"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), os.path.dirname(__file__)],
+                          capture_output=True, text=True, env=env)
+    text = done.stdout + done.stderr
+    before, _, after = text.partition("clean so far")
+    assert "caught SimulatorError" in before, text
+    assert "AddressSanitizer" not in before and "runtime error" not in before, text
+    assert done.returncode != 0 and "ERROR: AddressSanitizer: heap-buffer-overflow" in after, text
+    assert "oob_kernel" in after, text
