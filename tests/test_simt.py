@@ -102,6 +102,25 @@ __global__ void cuda_mask_kernel(float* out) {
     float v = out[threadIdx.x];
     out[threadIdx.x] = v + __shfl_down_sync(0xffffffffu, v, 1);
 }
+// every collective: butterfly sums in 16-lane segments, a prefix step, ballot/any/all, __syncwarp
+__global__ void collectives_kernel(const int* in, long long* out) {
+    unsigned t = threadIdx.x, lane = t % warpSize;
+    int v = in[t];
+    int seg = v;
+    for (int m = 8; m > 0; m /= 2) seg += __shfl_xor(seg, m, 16);
+    int up = __shfl_up(v, 3);
+    int from5 = __shfl(v, 5, 16);
+    unsigned long long votes = __ballot(v > 0);
+    int any = __any(v > 90), all = __all(v > -1000);
+    __syncwarp();
+    if (lane % 2 == 0) __syncwarp(CONVGEN_WARP == 64 ? 0x5555555555555555ull : 0x55555555ull);
+    out[t * 6 + 0] = seg; out[t * 6 + 1] = up; out[t * 6 + 2] = from5;
+    out[t * 6 + 3] = (long long)votes; out[t * 6 + 4] = any; out[t * 6 + 5] = all;
+}
+extern "C" int collectives(const int* in, long long* out, int threads) {
+    return CONVGEN_LAUNCH(collectives_kernel, 1, threads, 0, 0, in, out);
+}
+
 #ifdef CONVGEN_SIM_HAVE_FP16
 __global__ void round_trip_kernel(const float* in, float* half, float* bf16, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -228,6 +247,24 @@ def test_a_32_lane_mask_under_64_wide_waves_is_a_python_error(libs, rng):
     libs["cuda"].call("cuda_mask", P(out))
     shifted = np.concatenate([np.append(before[1:32], before[31]), np.append(before[33:], before[63])])
     np.testing.assert_array_equal(out, before + shifted)
+
+
+@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("order", ORDERS)
+def test_shuffles_votes_and_syncwarp_follow_cuda_semantics(libs, vendor, order, rng):
+    warp, threads = sim.WARP[vendor], 128
+    v = rng.integers(-100, 100, threads).astype(np.int32)
+    out = np.full((threads, 6), -7, np.int64)
+    libs[vendor].call("collectives", P(v), P(out), threads, order=order, seed=rng.integers(1 << 30))
+    lanes = np.arange(threads) % warp
+    warp_base = np.arange(threads) - lanes
+    np.testing.assert_array_equal(out[:, 0], v.reshape(-1, 16).sum(1).repeat(16))
+    np.testing.assert_array_equal(out[:, 1], np.where(lanes >= 3, v[np.arange(threads) - 3], v))
+    np.testing.assert_array_equal(out[:, 2], v[np.arange(threads) // 16 * 16 + 5])
+    votes = [sum(1 << i for i in range(warp) if v[b + i] > 0) for b in warp_base]
+    np.testing.assert_array_equal(out[:, 3].view(np.uint64), np.array(votes, np.uint64))
+    np.testing.assert_array_equal(out[:, 4], [int((v[b:b + warp] > 90).any()) for b in warp_base])
+    np.testing.assert_array_equal(out[:, 5], 1)
 
 
 @pytest.mark.skipif(sim.fp16_include_dir() is None, reason="NVIDIA's cuda_fp16.h/cuda_bf16.h not found (set CUDA_HOME)")

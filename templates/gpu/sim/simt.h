@@ -537,6 +537,11 @@ inline void syncthreads(const char* site) {
     yield_to_scheduler();
 }
 
+inline void syncwarp(const char* site) { collective(site, Coll::SyncWarp, false, 0, 0, 0, CONVGEN_SIM_WARP); }
+inline void syncwarp(const char* site, unsigned long long mask) {
+    collective(site, Coll::SyncWarp, true, mask, 0, 0, CONVGEN_SIM_WARP);
+}
+
 template <class T>
 inline unsigned long long to_bits(T v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffled values are at most 8 bytes");
@@ -610,10 +615,8 @@ inline T atomic_update(T* address, Op op) {
 static constexpr int warpSize = CONVGEN_SIM_WARP;
 
 #define __syncthreads() ::convgen_sim::syncthreads(CONVGEN_SIM_SITE)
-#define __syncwarp(...) ((void)::convgen_sim::collective(CONVGEN_SIM_SITE, ::convgen_sim::Coll::SyncWarp, true, \
-                                                          ::convgen_sim_syncwarp_mask(__VA_ARGS__), 0, 0, warpSize))
-inline unsigned long long convgen_sim_syncwarp_mask() { return CONVGEN_SIM_WARP == 64 ? ~0ull : 0xffffffffull; }
-inline unsigned long long convgen_sim_syncwarp_mask(unsigned long long m) { return m; }
+// __syncwarp(): every live lane of the warp; __syncwarp(mask): the lanes named
+#define __syncwarp(...) ::convgen_sim::syncwarp(CONVGEN_SIM_SITE __VA_OPT__(,) __VA_ARGS__)
 
 // CUDA's masked collectives (width defaults to the warp size)
 #define CONVGEN_SIM_W(...) CONVGEN_SIM_W_(__VA_ARGS__, warpSize, 0)
