@@ -133,6 +133,18 @@ extern "C" int round_trip(const float* in, float* half, float* bf16, int n) {
     return CONVGEN_LAUNCH(round_trip_kernel, (n + 127) / 128, 128, 0, 0, in, half, bf16, n);
 }
 #endif
+__global__ void divergent_shuffle_kernel(float* out) {
+    float v = out[threadIdx.x];
+    if (threadIdx.x % 2) v += __shfl_xor_sync(0xffffffffu, v, 1);
+    else v -= __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+__global__ void shuffle_then_barrier_kernel(float* out) {
+    if (threadIdx.x < 16) out[threadIdx.x] = __shfl_down_sync(0xffffffffu, out[threadIdx.x], 1);
+    else __syncthreads();
+}
+extern "C" int divergent_shuffle(float* out) { return CONVGEN_LAUNCH(divergent_shuffle_kernel, 1, 32, 0, 0, out); }
+extern "C" int shuffle_then_barrier(float* out) { return CONVGEN_LAUNCH(shuffle_then_barrier_kernel, 1, 32, 0, 0, out); }
 extern "C" int divergent_barrier(float* out) { return CONVGEN_LAUNCH(divergent_barrier_kernel, 2, 64, 0, 0, out); }
 extern "C" int early_return(float* out) { return CONVGEN_LAUNCH(early_return_kernel, 1, 64, 0, 0, out); }
 extern "C" int cuda_mask(float* out) { return CONVGEN_LAUNCH(cuda_mask_kernel, 1, 64, 0, 0, out); }
@@ -225,7 +237,9 @@ def test_a_barrier_in_divergent_code_is_a_python_error(libs):
         libs["cuda"].call("divergent_barrier", P(out))
     text = str(e.value)
     assert "divergent_barrier_kernel" in text and "different __syncthreads call sites" in text
-    assert "block (" in text and "thread (0,0,0)" in text and text.count("programs.cu:") >= 2
+    assert "threads (0,0,0) (1,0,0) (2,0,0) (3,0,0) ... (16 in all) at __syncthreads" in text
+    assert "threads (16,0,0) (17,0,0) (18,0,0) (19,0,0) ... (48 in all) at __syncthreads" in text
+    assert text.count("programs.cu:") == 2
     ones = np.ones(256, np.float32)
     libs["cuda"].call("block_sum", P(ones), P(out), 256, 1)   # the library still works
     assert out[0] == 256
@@ -234,7 +248,7 @@ def test_a_barrier_in_divergent_code_is_a_python_error(libs):
 def test_an_early_return_before_a_barrier_is_a_python_error(libs):
     out = np.zeros(64, np.float32)
     with pytest.raises(SimulatorError, match=r"early_return_kernel, block \(0,0,0\): threads exited before a "
-                                             r"__syncthreads.*1 thread\(s\) exited"):
+                                             r"__syncthreads.*thread \(3,0,0\) exited;"):
         libs["hip"].call("early_return", P(out))
 
 
@@ -247,6 +261,21 @@ def test_a_32_lane_mask_under_64_wide_waves_is_a_python_error(libs, rng):
     libs["cuda"].call("cuda_mask", P(out))
     shifted = np.concatenate([np.append(before[1:32], before[31]), np.append(before[33:], before[63])])
     np.testing.assert_array_equal(out, before + shifted)
+
+
+def test_lanes_at_different_shuffles_are_a_python_error(libs):
+    out = np.zeros(64, np.float32)
+    with pytest.raises(SimulatorError, match=r"divergent_shuffle_kernel, block \(0,0,0\): warp 0: lane 0 is at "
+                                             r"__shfl_xor \(\S*programs.cu:\d+, mask 0xffffffff\) but lane 1 is at "
+                                             r"__shfl_xor \(\S*programs.cu:\d+, mask 0xffffffff\): divergent warp collective"):
+        libs["cuda"].call("divergent_shuffle", P(out))
+
+
+def test_a_warp_waiting_for_lanes_at_a_barrier_is_a_python_error(libs):
+    out = np.zeros(64, np.float32)
+    with pytest.raises(SimulatorError, match=r"deadlock.*threads \(0,0,0\) .* \(16 in all\) at __shfl_down "
+                                             r".*threads \(16,0,0\) .* \(16 in all\) at __syncthreads"):
+        libs["cuda"].call("shuffle_then_barrier", P(out))
 
 
 @pytest.mark.parametrize("vendor", list(sim.WARP))

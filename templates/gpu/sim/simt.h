@@ -398,18 +398,27 @@ inline bool resolve_collectives() {
 }
 
 // --- a block ---------------------------------------------------------------------------------
+// Where the block's threads are, grouped by place: "threads (0,0,0) (1,0,0) ... (16 in all) at ...".
 inline std::string describe_waits() {
     Worker& w = worker();
-    std::string out;
-    int shown = 0, exited = 0;
+    std::vector<std::pair<std::string, std::vector<const Fiber*>>> groups;
     for (const Fiber& f : w.fibers) {
-        if (f.state == State::Done) { ++exited; continue; }
-        if (shown++ < 8)
-            out += " thread " + thread_name(f) + (f.state == State::AtBarrier ? " at __syncthreads (" : " at ") +
-                   (f.state == State::AtBarrier ? std::string(f.site) + ")" :
-                    std::string(coll_name(f.coll)) + " (" + f.site + ")") + ";";
+        std::string where = f.state == State::Done ? std::string("exited")
+            : f.state == State::AtBarrier ? "at __syncthreads (" + std::string(f.site) + ")"
+            : f.state == State::AtCollective ? "at " + std::string(coll_name(f.coll)) + " (" + f.site + ")"
+            : std::string("running");
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == where; });
+        if (it == groups.end()) groups.push_back({where, {&f}});
+        else it->second.push_back(&f);
     }
-    if (exited) out += " " + std::to_string(exited) + " thread(s) exited;";
+    std::string out;
+    for (const auto& g : groups) {
+        out += " thread";
+        if (g.second.size() > 1) out += "s";
+        for (size_t i = 0; i < g.second.size() && i < 4; ++i) out += " " + thread_name(*g.second[i]);
+        if (g.second.size() > 4) out += " ... (" + std::to_string(g.second.size()) + " in all)";
+        out += " " + g.first + ";";
+    }
     return out;
 }
 
