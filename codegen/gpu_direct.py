@@ -3,8 +3,8 @@ rendered for CUDA or HIP from `templates/gpu/direct.cu.j2`.
 
 It is the GPU side's reference kernel (clear, not fast): the first kernel the SIMT simulator and
 the vendor compilers run, and what faster GPU kernels will be checked against. It takes normal
-(not transposed) problems in the contiguous layout, f32 or f64, rank 1-3 (as 3-D with unit
-axes in front); the batch size is a run-time argument. Not yet reached from `lower`/`emit`.
+(not transposed) problems in the contiguous layout, f32 or f64 (every sum in double, rounded once),
+rank 1-3 (as 3-D with unit axes in front); the batch size is a run-time argument. Not yet reached from `lower`/`emit`.
 """
 
 from __future__ import annotations
