@@ -19,3 +19,9 @@ class BuildError(ConvgenError):
 
 class CacheError(ConvgenError):
     """The kernel cache cannot be used (directory, lock or artifact trouble)."""
+
+
+class SimulatorError(ConvgenError):
+    """A kernel broke the GPU execution model in the SIMT simulator (a barrier reached by only
+    some threads, a divergent warp collective, a bad mask): the message names the kernel, the
+    block, the threads and the call sites."""

@@ -12,6 +12,7 @@ import functools
 import os
 import platform
 
+from .gpu_target import GpuArch, parse_gpu_arch
 from .keys import canonical_json, sha256_text, to_jsonable
 
 
@@ -31,6 +32,8 @@ class Target:
     bf16_dot: bf16 register tiles reduce in pairs with vdpbf16ps's arithmetic (two bf16 products
       added to an f32 lane): the instruction itself where tiles step in assembly (the CPU must
       have AVX512-BF16), an exact C emulation of it elsewhere (portable, for the tests).
+    gpu: for CUDA/HIP targets the GpuArch (warp size, shared memory, registers, SMs, matrix
+    instruction, async copy; see gpu_target.py); None for CPUs.
     """
 
     kind: TargetKind = TargetKind.CPU
@@ -40,14 +43,23 @@ class Target:
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
     bf16_dot: bool = False
+    gpu: GpuArch | None = None
 
     def key(self) -> str:
-        """sha256 of the canonical JSON form; a target without bf16_dot leaves it out, so its key
-        (and committed bundles' manifests) is the one from before bf16 pairs existed."""
+        """sha256 of the canonical JSON form, leaving out what a target does not use: a CPU
+        target's `gpu` and a target's bf16_dot when it is off. Targets from before either field
+        existed keep their keys (and committed bundles' manifests theirs)."""
         fields = to_jsonable(self)
+        if self.gpu is None:
+            del fields["gpu"]
         if not self.bf16_dot:
             del fields["bf16_dot"]
         return sha256_text(canonical_json(fields))
+
+    @property
+    def warp_size(self) -> int:
+        """Lanes per warp (wave) of a GPU target; 1 for a CPU."""
+        return self.gpu.warp_size if self.gpu else 1
 
     @property
     def fma_asm(self) -> bool:
@@ -201,18 +213,26 @@ def isa_note(target: Target) -> str:
 
 
 def parse_target(text: str) -> Target:
-    """A target from its command-line spelling: cpu, cpu-avx2, cuda, hip, ..."""
+    """A target from its command-line spelling: cpu, cpu-avx2, cuda, cuda-sm_80, hip-gfx940, ...
+    A GPU target without an arch takes sm_90 / gfx90a (present-device detection is the runtime's)."""
     from .errors import ConvSpecError
 
     kind_text, _, isa = text.partition("-")
     try:
         kind = TargetKind(kind_text)
     except ValueError:
-        raise ConvSpecError(f"target: unknown target {text!r}; expected cpu, cpu-avx512, cpu-avx2, cpu-generic, cuda or hip") from None
+        raise ConvSpecError(f"target: unknown target {text!r}; expected cpu, cpu-avx512, cpu-avx2, cpu-generic, "
+                            f"cuda[-sm_80|-sm_86|-sm_89|-sm_90|-sm_90a] or hip[-gfx90a|-gfx940]") from None
     if kind is TargetKind.CPU:
         if not isa:
             return host_cpu()
         if isa not in ISA_WIDTHS:
             raise ConvSpecError(f"target: unknown CPU ISA {isa!r}; expected one of {sorted(ISA_WIDTHS)}")
         return cpu_target(isa)
-    return Target(kind, isa or ("sm_90" if kind is TargetKind.CUDA else "gfx90a"), 16)
+    return gpu_target(parse_gpu_arch(text, kind.value, isa))
+
+
+def gpu_target(arch: GpuArch) -> Target:
+    """The Target of GPU arch `arch`; the CPU fields keep their defaults (vector_bytes 16: one
+    128-bit load per thread) until the passes read GPU facts from `gpu`."""
+    return Target(TargetKind(arch.vendor), arch.arch, 16, gpu=arch)

@@ -63,8 +63,10 @@ def kernel_set(manifest_kernels: Sequence[dict]) -> str:
 
 
 def target_to_dict(target: Target) -> dict:
-    return {**{f.name: getattr(target, f.name) for f in dataclasses.fields(target)}, "kind": target.kind.value,
-            "name": target.name()}
+    """The manifest's form of a (CPU) target: its fields, kind and name; `gpu` only when set."""
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)
+              if not (f.name == "gpu" and target.gpu is None)}
+    return {**fields, "kind": target.kind.value, "name": target.name()}
 
 
 def target_from_dict(d: dict) -> Target:

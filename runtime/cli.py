@@ -147,6 +147,16 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _target_facts(target: Target) -> str:
+    gpu = target.gpu
+    if gpu is None:
+        return f"{target.vector_bytes} B vectors, L1 {target.l1_bytes} B, L2 {target.l2_bytes} B"
+    matrix = f"{gpu.matrix.name} {'/'.join(gpu.matrix.inputs)}" if gpu.matrix else "no matrix instruction"
+    return (f"{gpu.part}: warp {gpu.warp_size}, {gpu.shared_bytes_per_block} B shared per block, "
+            f"{gpu.registers_per_thread} registers per thread, {gpu.sm_count} SMs, {matrix}, "
+            f"{'cp.async' if gpu.async_copy else 'no async copy'}")
+
+
 def cmd_explain(args) -> int:
     problem, target, plan = _lowered(args)
     out = [f"problem:  {problem.name()}",
@@ -154,8 +164,7 @@ def cmd_explain(args) -> int:
            f"shapes:   input {list(problem.input_shape)}, weight {list(problem.weight_shape)}, "
            f"output {list(problem.output_shape)}",
            f"work:     {problem.flops / 1e9:.3f} GFLOP, {problem.bytes_moved / 1e6:.2f} MB compulsory traffic",
-           f"target:   {target.name()} ({target.vector_bytes} B vectors, L1 {target.l1_bytes} B, "
-           f"L2 {target.l2_bytes} B): {isa_note(target)}",
+           f"target:   {target.name()} ({_target_facts(target)}): {isa_note(target)}",
            "", "decisions, pass by pass:"]
     for pass_name in plan.applied:
         reasons = [r for name, r in plan.reasons if name == pass_name] or ["(no decision recorded)"]
@@ -309,7 +318,7 @@ def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentPar
     g.add_argument("--layout", choices=list(LAYOUTS), default="auto",
                    help="nhwc or channels_last: channels-last input, weight and output; auto/nchw: contiguous")
     g.add_argument("--target", default="cpu", metavar="cpu|cuda|hip",
-                   help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it), cpu-avx512, cpu-avx2, cpu-generic, cuda or hip; only cpu builds now")
+                   help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it), cpu-avx512, cpu-avx2, cpu-generic, cuda[-sm_80|-sm_86|-sm_89|-sm_90|-sm_90a] (default sm_90), hip[-gfx90a|-gfx940] (default gfx90a); only cpu builds now")
     return p
 
 

@@ -16,6 +16,9 @@ names the variable, the value and what would be accepted.
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
 | CONVGEN_BF16_DOT       | bf16_dot()         | on where the CPU has AVX512-BF16          |
+| CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
+| CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
+| CUDA_HOME, CUDA_PATH   | cuda_home()        | from nvcc on PATH (NVIDIA's fp16 headers) |
 """
 
 from __future__ import annotations
@@ -116,6 +119,33 @@ def bf16_dot() -> bool:
     """Whether bf16 kernels may reduce in pairs on the CPU's bf16 dot-product instruction
     (vdpbf16ps) where it has one (CONVGEN_BF16_DOT, default on; 0 keeps bf16 on f32 FMAs)."""
     return os.environ.get("CONVGEN_BF16_DOT", "").strip() == "" or _flag("CONVGEN_BF16_DOT")
+
+
+SIM_ORDERS = ("forward", "reverse", "shuffle")   # index = the code convgen_sim_configure takes
+
+
+def sim_order() -> str:
+    """The order in which the simulator runs threads and blocks (CONVGEN_SIM_ORDER): forward,
+    reverse, or shuffle (seeded by CONVGEN_SIM_SEED); reverse and shuffle expose races."""
+    value = os.environ.get("CONVGEN_SIM_ORDER", "").strip().lower() or "forward"
+    if value not in SIM_ORDERS:
+        raise ConvgenError(f"CONVGEN_SIM_ORDER={value!r} is not an order; use one of {', '.join(SIM_ORDERS)}.")
+    return value
+
+
+def sim_seed() -> int:
+    """The seed of the simulator's shuffled order (CONVGEN_SIM_SEED, an integer >= 0)."""
+    return _number("CONVGEN_SIM_SEED", 0, int, minimum=0)
+
+
+def cuda_home() -> Path | None:
+    """The CUDA toolkit directory: CUDA_HOME, else CUDA_PATH, else None (callers then look for
+    nvcc on PATH). The simulator takes NVIDIA's cuda_fp16.h/cuda_bf16.h from its include/."""
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return Path(value).expanduser()
+    return None
 
 
 def bundles_env() -> str:

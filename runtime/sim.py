@@ -1,0 +1,125 @@
+"""The SIMT simulator's host side: build CUDA/HIP source for the CPU and call it safely.
+
+`templates/gpu/sim/simt.h` makes g++ compile the exact kernel source with CUDA's execution model
+(one fiber per GPU thread; see that header). This module owns the compile flags (warp size per
+vendor, the vendor wrapper headers, NVIDIA's half/bfloat16 headers), loading the library with
+ctypes, passing the order and seed from knobs to each launch, and turning a simulator failure
+into a `SimulatorError`: a failing kernel returns a non-zero status from its launch entry and the
+library's `convgen_sim_error()` holds the message, so the calling process never dies (a wild
+memory access still can: build with `sanitize=True`, or run in a subprocess, for those).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import shlex
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+from . import knobs
+from .codegen.errors import BuildError, ConvgenError, SimulatorError
+
+WARP = {"cuda": 32, "hip": 64}
+SANITIZE = ("-fsanitize=address,undefined", "-fsanitize=bounds-strict", "-fno-omit-frame-pointer")
+
+
+def gpu_templates_dir() -> Path:
+    """The directory holding cuda.h, hip.h and sim/simt.h."""
+    return Path(str(resources.files("convgen.templates"))) / "gpu"
+
+
+@functools.lru_cache(maxsize=4)
+def _nvcc_include(cuda_home: str | None, nvcc: str | None) -> Path | None:
+    candidates = []
+    if cuda_home:
+        candidates.append(Path(cuda_home) / "include")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent / "include")
+        try:   # nvcc on PATH may be a wrapper script: ask it where its toolkit is (no compile)
+            text = subprocess.run([nvcc, "-dryrun", "-E", "-x", "cu", "/dev/null"], capture_output=True,
+                                  text=True, timeout=30).stderr
+            top = re.search(r"^#\$ TOP=(.*)$", text, re.M)
+            if top:
+                candidates.append(Path(top.group(1).strip()) / "include")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    for path in candidates:
+        if (path / "cuda_fp16.h").is_file() and (path / "cuda_bf16.h").is_file():
+            return path.resolve()
+    return None
+
+
+def fp16_include_dir() -> Path | None:
+    """Where NVIDIA's cuda_fp16.h and cuda_bf16.h are (CUDA_HOME/CUDA_PATH, else nvcc's toolkit),
+    or None: the simulator then has no __half/__nv_bfloat16 (f32/f64 kernels still build)."""
+    home = knobs.cuda_home()
+    return _nvcc_include(str(home) if home else None, shutil.which("nvcc"))
+
+
+def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False) -> list[str]:
+    """The g++ command that builds `src` (CUDA or HIP source including cuda.h/hip.h) into a shared
+    library run by the simulator with `vendor`'s warp size."""
+    if vendor not in WARP:
+        raise ConvgenError(f"simulator vendor {vendor!r}: expected one of {', '.join(WARP)}")
+    include = fp16_include_dir()
+    return [*knobs.cxx(), "-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-x", "c++",
+            "-DCONVGEN_SIM", f"-DCONVGEN_SIM_WARP={WARP[vendor]}", "-I", str(gpu_templates_dir()),
+            *(["-isystem", str(include)] if include else []), *(SANITIZE if sanitize else ()),
+            src, "-o", out]
+
+
+def build(source: str, directory: Path, name: str, vendor: str, *, sanitize: bool = False) -> "SimLibrary":
+    """Write `source` to directory/name.cu, build it for the simulator and load it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    src, out = directory / f"{name}.cu", directory / f"{name}.{vendor}.so"
+    src.write_text(source)
+    command = compile_command(str(src), str(out), vendor, sanitize=sanitize)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise BuildError(f"the host compiler {command[0]!r} was not found; set CXX") from None
+    if done.returncode != 0:
+        raise BuildError(f"simulator build of {src} failed (exit {done.returncode})\n"
+                         f"command: {shlex.join(command)}\n{done.stdout}{done.stderr}")
+    return SimLibrary(out)
+
+
+class SimLibrary:
+    """A library built for the simulator; `call` runs one of its extern "C" launch entries."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lib = ctypes.CDLL(str(self.path))
+        self.lib.convgen_sim_error.restype = ctypes.c_char_p
+        self.lib.convgen_sim_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int]
+        self.lib.convgen_sim_launches.restype = ctypes.c_ulonglong
+        self.warp_size = self.lib.convgen_sim_warp_size()
+
+    def launches(self) -> int:
+        return self.lib.convgen_sim_launches()
+
+    def call(self, entry: str, *args, order: str | None = None, seed: int | None = None, workers: int = 0) -> None:
+        """Run launch entry `entry` (returns int status) with ctypes `args`, in the order and seed
+        of knobs (or those given); raise SimulatorError with the simulator's message on failure."""
+        order = order or knobs.sim_order()
+        if order not in knobs.SIM_ORDERS:
+            raise ConvgenError(f"simulator order {order!r}: expected one of {', '.join(knobs.SIM_ORDERS)}")
+        seed = knobs.sim_seed() if seed is None else seed
+        self.lib.convgen_sim_configure(knobs.SIM_ORDERS.index(order), seed, workers)
+        fn = getattr(self.lib, entry)
+        fn.restype = ctypes.c_int
+        status = fn(*args)
+        if status != 0:
+            message = self.lib.convgen_sim_error().decode("utf-8", "replace")
+            raise SimulatorError(f"{self.path.name}: {entry}: {message or f'launch status {status}'}")
+
+
+def pointer(array) -> ctypes.c_void_p:
+    """A numpy array's or CPU torch tensor's data pointer for a launch entry."""
+    address = array.data_ptr() if hasattr(array, "data_ptr") else array.ctypes.data
+    return ctypes.c_void_p(address)
+

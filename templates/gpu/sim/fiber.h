@@ -1,0 +1,210 @@
+// convgen SIMT simulator, part 1: execution contexts. Included by simt.h only (after its
+// configuration: CONVGEN_SIM_WARP, CONVGEN_SIM_STACK_BYTES, dim3/uint3, CONVGEN_SIM_ASAN).
+//
+// Owns the fibers (one per GPU thread: a stack and a saved stack pointer), the per-OS-thread
+// worker that runs one block's fibers, the x86-64 context switch, ASan's fiber annotations, and
+// failure: a broken rule records the launch's first error and leaves the fiber for good.
+#pragma once
+
+namespace convgen_sim {
+
+enum class State { Ready, AtBarrier, AtCollective, Done };
+enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All };
+
+struct Fiber {
+    void* sp = nullptr;                 // saved stack pointer while switched out
+    char* stack = nullptr;              // lowest address of the mapping (a guard page first)
+    uint3 tid{0, 0, 0};
+    unsigned linear = 0;                // linear thread index within the block
+    State state = State::Ready;
+    const char* site = nullptr;         // barrier or collective call site ("file:line")
+    Coll coll = Coll::SyncWarp;
+    bool has_mask = true;
+    unsigned long long mask = 0;
+    long long arg = 0;                  // source lane / delta / lane mask
+    int width = CONVGEN_SIM_WARP;
+    unsigned long long value = 0, result = 0;
+#ifdef CONVGEN_SIM_ASAN
+    void* fake_stack = nullptr;
+#endif
+};
+
+struct Launch {
+    const char* kernel = "";
+    dim3 grid, block;
+    size_t shared_bytes = 0;
+    void (*body)(void*) = nullptr;
+    void* closure = nullptr;
+    std::atomic<bool> failed{false};
+    std::mutex error_mutex;
+};
+
+struct Settings { int order = 0; unsigned long long seed = 0; int workers = 0; };
+inline Settings& settings() { static Settings s; return s; }
+inline std::string& last_error() { static std::string e; return e; }
+inline std::atomic<unsigned long long>& launch_count() { static std::atomic<unsigned long long> n{0}; return n; }
+
+// Per OS thread (= per running block).
+struct Worker {
+    void* sched_sp = nullptr;
+    Fiber* current = nullptr;
+    Launch* launch = nullptr;
+    std::vector<Fiber> fibers;
+    std::vector<unsigned char> dynamic_shared;
+    uint3 block_idx{0, 0, 0};
+    unsigned long long block_linear = 0;
+#ifdef CONVGEN_SIM_ASAN
+    void* sched_fake = nullptr;
+    const void* sched_bottom = nullptr;
+    size_t sched_size = 0;
+#endif
+    ~Worker() {
+        for (Fiber& f : fibers)
+            if (f.stack) munmap(f.stack, CONVGEN_SIM_STACK_BYTES);
+    }
+};
+inline thread_local Worker tls_worker;
+inline Worker& worker() { return tls_worker; }
+
+// --- the context switch ---------------------------------------------------------------------
+// switch_to(&save, next): push callee-saved registers, store rsp in *save, load next, pop, return.
+__attribute__((naked, noinline)) static void switch_to(void** /*save*/, void* /*next*/) {
+    asm volatile(
+        "pushq %rbp\n\t"
+        "pushq %rbx\n\t"
+        "pushq %r12\n\t"
+        "pushq %r13\n\t"
+        "pushq %r14\n\t"
+        "pushq %r15\n\t"
+        "subq $8, %rsp\n\t"
+        "stmxcsr (%rsp)\n\t"
+        "fnstcw 4(%rsp)\n\t"
+        "movq %rsp, (%rdi)\n\t"
+        "movq %rsi, %rsp\n\t"
+        "ldmxcsr (%rsp)\n\t"
+        "fldcw 4(%rsp)\n\t"
+        "addq $8, %rsp\n\t"
+        "popq %r15\n\t"
+        "popq %r14\n\t"
+        "popq %r13\n\t"
+        "popq %r12\n\t"
+        "popq %rbx\n\t"
+        "popq %rbp\n\t"
+        "ret\n\t");
+}
+
+inline void asan_enter_fiber(Fiber& f) {
+#ifdef CONVGEN_SIM_ASAN
+    Worker& w = worker();
+    __sanitizer_start_switch_fiber(&w.sched_fake, f.stack + 4096, CONVGEN_SIM_STACK_BYTES - 4096);
+#else
+    (void)f;
+#endif
+}
+inline void asan_back_in_scheduler() {
+#ifdef CONVGEN_SIM_ASAN
+    __sanitizer_finish_switch_fiber(worker().sched_fake, nullptr, nullptr);
+#endif
+}
+inline void asan_back_in_fiber(Fiber& f) {
+#ifdef CONVGEN_SIM_ASAN
+    Worker& w = worker();
+    __sanitizer_finish_switch_fiber(f.fake_stack, &w.sched_bottom, &w.sched_size);
+#else
+    (void)f;
+#endif
+}
+inline void asan_leave_fiber(Fiber& f, bool for_good) {
+#ifdef CONVGEN_SIM_ASAN
+    Worker& w = worker();
+    __sanitizer_start_switch_fiber(for_good ? nullptr : &f.fake_stack, w.sched_bottom, w.sched_size);
+#else
+    (void)f; (void)for_good;
+#endif
+}
+
+// From a fiber back to the block's scheduler; returns when the scheduler resumes this fiber.
+inline void yield_to_scheduler(bool for_good = false) {
+    Worker& w = worker();
+    Fiber& f = *w.current;
+    asan_leave_fiber(f, for_good);
+    switch_to(&f.sp, w.sched_sp);
+    asan_back_in_fiber(f);
+}
+
+inline std::string block_name() {
+    const Worker& w = worker();
+    char buf[96];
+    snprintf(buf, sizeof buf, "block (%u,%u,%u)", w.block_idx.x, w.block_idx.y, w.block_idx.z);
+    return buf;
+}
+
+inline std::string thread_name(const Fiber& f) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "(%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
+    return buf;
+}
+
+// Record the launch's first error (later ones are dropped).
+inline void record_error(const std::string& message) {
+    Launch& l = *worker().launch;
+    std::lock_guard<std::mutex> lock(l.error_mutex);
+    if (!l.failed.exchange(true))
+        last_error() = "kernel " + std::string(l.kernel) + ", " + block_name() + ": " + message;
+}
+
+// A rule broken inside a fiber: record it and leave the fiber for good (its stack is abandoned).
+[[noreturn]] inline void fail(const std::string& message) {
+    record_error("thread " + thread_name(*worker().current) + ": " + message);
+    yield_to_scheduler(true);
+    __builtin_trap();   // never resumed
+}
+
+extern "C" inline void convgen_sim_fiber_main() {
+    Worker& w = worker();
+    Fiber& f = *w.current;
+    asan_back_in_fiber(f);
+    w.launch->body(w.launch->closure);
+    Worker& w2 = worker();
+    w2.current->state = State::Done;
+    yield_to_scheduler(true);
+    __builtin_trap();
+}
+
+inline void start_fiber(Fiber& f) {
+    if (!f.stack) {
+        void* p = mmap(nullptr, CONVGEN_SIM_STACK_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) { fprintf(stderr, "convgen simulator: cannot map a fiber stack\n"); abort(); }
+        mprotect(p, 4096, PROT_NONE);   // guard page: a stack overflow faults instead of corrupting
+        f.stack = static_cast<char*>(p);
+    }
+#ifdef CONVGEN_SIM_ASAN
+    __asan_unpoison_memory_region(f.stack + 4096, CONVGEN_SIM_STACK_BYTES - 4096);
+    f.fake_stack = nullptr;
+#endif
+    // Frame read by switch_to: [mxcsr|fpcw] r15 r14 r13 r12 rbx rbp ret=fiber_main 0
+    uintptr_t top = reinterpret_cast<uintptr_t>(f.stack + CONVGEN_SIM_STACK_BYTES) & ~uintptr_t(15);
+    void** sp = reinterpret_cast<void**>(top) - 2;   // ret slot 16-aligned: fiber_main sees rsp%16==8
+    sp[1] = nullptr;
+    sp[0] = reinterpret_cast<void*>(&convgen_sim_fiber_main);
+    sp -= 6;
+    for (int i = 0; i < 6; ++i) sp[i] = nullptr;
+    sp -= 1;
+    unsigned control[2];
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
+    std::memcpy(sp, control, 8);
+    f.sp = sp;
+    f.state = State::Ready;
+}
+
+inline void resume(Fiber& f) {
+    Worker& w = worker();
+    w.current = &f;
+    asan_enter_fiber(f);
+    switch_to(&w.sched_sp, f.sp);
+    asan_back_in_scheduler();
+    w.current = nullptr;
+}
+
+}  // namespace convgen_sim
