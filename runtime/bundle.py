@@ -31,7 +31,7 @@ from .codegen.ir import ConvProblem
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.source import KernelSource
-from .codegen.target import host_cpu, host_isas
+from .codegen.target import host_bf16_dot, host_cpu, host_isas
 from . import aot, knobs
 
 
@@ -186,6 +186,9 @@ def _refusal(path: Path, manifest: dict) -> str | None:
                     f"set CONVGEN_ISA={target.get('isa')} to use it, or regenerate it with `convgen aot`")
         return (f"it was generated for {target.get('name')}, but this machine is {host.name()}; "
                 f"regenerate it here with `convgen aot`")
+    if target.get("bf16_dot") and not host_bf16_dot():
+        return (f"it was generated for {target.get('name')}, whose bf16 kernels use vdpbf16ps, which this CPU "
+                f"does not run (it has no AVX512-BF16); regenerate it here with `convgen aot`")
     try:
         record = json.loads((path / "build" / aot.BUILD_RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

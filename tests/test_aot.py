@@ -275,6 +275,19 @@ def test_a_bundle_for_another_isa_this_cpu_runs_names_convgen_isa(built_bundle, 
     _refused(_copy(built_bundle, tmp_path, edit), "set CONVGEN_ISA=generic")
 
 
+def test_a_bundle_with_vdpbf16ps_kernels_is_refused_where_the_cpu_lacks_it(built_bundle, tmp_path, monkeypatch):
+    """A bundle generated on an AVX512-BF16 host (bf16 pairs in vdpbf16ps) would fault elsewhere."""
+    from convgen.codegen import target as target_mod
+
+    def edit(m):
+        m["target"].update(bf16_dot=True, name=m["target"]["name"] + "+bf16")
+    copy = _copy(built_bundle, tmp_path, edit)
+    monkeypatch.setattr(target_mod, "host_bf16_dot", lambda: False)
+    monkeypatch.setattr(bundle, "host_bf16_dot", lambda: False)
+    monkeypatch.setenv("CONVGEN_BF16_DOT", "0")   # the host target itself without pairs, as on such a CPU
+    _refused(copy, "whose bf16 kernels use vdpbf16ps, which this CPU does not run")
+
+
 def test_a_bundle_from_another_toolchain_is_refused(built_bundle, tmp_path, monkeypatch):
     wrapper = tmp_path / "other-c++"
     wrapper.write_text('#!/bin/sh\nexec c++ "$@"\n')
