@@ -242,6 +242,10 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     rows = g.cin_g * math.prod(g.kernel)
     if g.kernel == (1, 1, 1) and g.cin_g >= GEMM_WGRAD_MIN_IN:
         return "gemm", f"{WHY['gemm']}; 1x1 with {g.cin_g} input channels"
+    if g.kernel == (1, 1, 1) and _bf16_pairs(plan):
+        # no im2col to pack, and both sides reduce in pairs: r50_1x1_64_256 (Zen 4, 2 threads, ms)
+        # gemm 4.8 against lanes' 6.4 and pointwise's 5.1
+        return "gemm", f"{WHY['gemm']}; 1x1, bf16 in pairs on vdpbf16ps"
     if g.kernel == (1, 1, 1):   # (a 1x1 with unit strides is flattened to 1-D rows: not the 1-D case below)
         return choice, why
     if _bf16_pairs(plan):
