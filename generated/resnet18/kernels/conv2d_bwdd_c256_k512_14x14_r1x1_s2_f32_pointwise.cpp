@@ -113,6 +113,13 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 
 constexpr int64_t MR = 6, NVP = 2, NR = NVP * V;    // register tile: MR channels x NR pixels
 constexpr int64_t MC = 132, NC = 128;   // channels (a multiple of MR) and pixels (of NR) per item
@@ -193,6 +200,7 @@ static void pack_a(const T* __restrict w, ACC* __restrict ap, int nthreads) {
 }
 
 // One chunk's register tile, A panel (kc x MR) times B panel (kc x NR), added to the item's totals
+// (with pairs, each of the kc steps a pair of reduced values in every 32-bit word)
 // (rows of NC, from `tot`): the chunk's sums first, then the totals, so every total is a sum of
 // chunk sums in chunk order.
 static inline void add_tile(const ACC* __restrict a, const ACC* __restrict b, int64_t kc, ACC* __restrict tot) {

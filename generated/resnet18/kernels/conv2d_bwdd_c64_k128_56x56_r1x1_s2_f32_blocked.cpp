@@ -110,6 +110,13 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 #include <numeric>
 
 constexpr int64_t CB = 5, NV = 2;                 // register tile: CB channels x NV vectors

@@ -109,14 +109,23 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 
 constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // input channels per tile
-constexpr int64_t OC = CIN_G, RC = COUT_G, OBLK = (OC + NVV - 1) / NVV;   // output / reduction channels, channel blocks
+constexpr bool PAIRS = false;            // bf16 reduced in pairs of channels (vdpbf16ps)
+constexpr int64_t OC = CIN_G, RC = PAIRS ? (COUT_G + 1) / 2 : COUT_G;      // output channels, reduction steps (channels or pairs)
+constexpr int64_t OBLK = (OC + NVV - 1) / NVV;                            // channel blocks
 constexpr int64_t TAPS = KD * KH * KW, PARTS = SD * SH * SW;
 constexpr int64_t QB = 48;                                    // pixels per work item
 constexpr bool CHANNEL_MAJOR = false;   // items: channel block outermost
-// Output channels per chunk of the reduction: their weights fill a part of the L1, and the partial
+// Output channels (or pairs) per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
 constexpr int64_t CC = 8;
 // Input-gradient pixel i (phase a = i mod S, i = a + S m) takes tap t from grad_output
@@ -128,10 +137,12 @@ constexpr int64_t LOD = floordiv(PD - (KD - 1) * DD, SD) < 0 ? -floordiv(PD - (K
 constexpr int64_t OMAXD = floordiv(XD - 1 + PD, SD), OMAXH = floordiv(XH - 1 + PH, SH), OMAXW = floordiv(XW - 1 + PW, SW);
 constexpr int64_t EXD = (OMAXD + 1 > YD ? OMAXD + 1 : YD) + LOD, EXH = (OMAXH + 1 > YH ? OMAXH + 1 : YH) + LOH,
                   EXW = (OMAXW + 1 > YW ? OMAXW + 1 : YW) + LOW;
+// With pairs, the copy holds each group's grad_output channels in pairs (pair_of), one 32-bit word
+// per pixel and pair: RB_SC is then a pair's stride.
 constexpr bool IN_PLACE = false;     // no border, unit type: read grad_output itself
 constexpr int64_t RB_SW = IN_PLACE ? Y_SW : 1, RB_SH = IN_PLACE ? Y_SH : EXW,
                   RB_SD = IN_PLACE ? Y_SD : EXH * EXW, RB_SC = IN_PLACE ? Y_SC : EXD * EXH * EXW,
-                  RB_SN = IN_PLACE ? Y_SN : G * COUT_G * EXD * EXH * EXW;
+                  RB_SN = IN_PLACE ? Y_SN : G * RC * EXD * EXH * EXW, RB_SG = RC * RB_SC;
 constexpr int64_t OUT_SC = X_SC;
 
 // A part's phase per axis, and its pixels per axis and per image.
@@ -153,7 +164,7 @@ static inline int64_t read_at(int64_t part, int64_t b, int64_t g, int64_t p) {
   phase(part, ad, ah, aw);
   const int64_t cw = count(XW, aw, SW), ch = count(XH, ah, SH);
   const int64_t mw = p % cw, mh = (p / cw) % ch, md = p / (cw * ch);
-  return b * RB_SN + g * COUT_G * RB_SC + (md + LOD) * RB_SD + (mh + LOH) * RB_SH + (mw + LOW) * RB_SW;
+  return b * RB_SN + g * RB_SG + (md + LOD) * RB_SD + (mh + LOH) * RB_SH + (mw + LOW) * RB_SW;
 }
 static inline int64_t write_at(int64_t part, int64_t b, int64_t g, int64_t p) {
   int64_t ad, ah, aw;
@@ -202,13 +213,14 @@ static constexpr int64_t uniform_taps() {
 }
 constexpr int64_t TPP = uniform_taps();
 
-// Weights repacked once per call to [g][channel block][k][tap][NVV] in ACC, zero-padded.
+// Weights repacked once per call to [g][channel block][k][tap][NVV] in ACC, zero-padded (with
+// pairs: [g][channel block][pair of k][tap][NVV], the pair's two output channels in one word).
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t gb = 0; gb < G * OBLK; ++gb) {
     const int64_t g = gb / OBLK, c0 = (gb % OBLK) * NVV;
     ACC* dst = wp + gb * RC * TAPS * NVV;
-    for (int64_t ko = 0; ko < COUT_G; ++ko)
+    for (int64_t ko = 0; ko < RC; ++ko)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < NVV; ++j) {
           const int64_t ci = c0 + j;
@@ -218,19 +230,20 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
   }
 }
 
-// The zero-padded grad_output of every image and channel, [b][channel][EXD][EXH][EXW], by rows.
+// The zero-padded grad_output of every image and channel (or pair of channels),
+// [b][g][RC][EXD][EXH][EXW], by rows.
 static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t n, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t r = 0; r < n * G * COUT_G * EXD * EXH; ++r) {
-    const int64_t ph = r % EXH, pd = (r / EXH) % EXD, k = (r / (EXH * EXD)) % (G * COUT_G), b = r / (EXH * EXD * G * COUT_G);
+  for (int64_t r = 0; r < n * G * RC * EXD * EXH; ++r) {
+    const int64_t ph = r % EXH, pd = (r / EXH) % EXD, gk = (r / (EXH * EXD)) % (G * RC), b = r / (EXH * EXD * G * RC);
     const int64_t od = pd - LOD, oh = ph - LOH;
     ACC* dst = yp + r * EXW;
     if (od < 0 || od >= YD || oh < 0 || oh >= YH) {
       for (int64_t m = 0; m < EXW; ++m) dst[m] = 0;
       continue;
     }
-    const T* src = gy + b * Y_SN + k * Y_SC + od * Y_SD + oh * Y_SH;
     for (int64_t m = 0; m < LOW; ++m) dst[m] = 0;
+    const T* src = gy + b * Y_SN + gk * Y_SC + od * Y_SD + oh * Y_SH;
     for (int64_t m = 0; m < YW; ++m) dst[LOW + m] = to_acc(src[m * Y_SW]);
     for (int64_t m = LOW + YW; m < EXW; ++m) dst[m] = 0;
   }
@@ -474,9 +487,9 @@ extern "C" int cg_conv2d_bwdd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restric
           const int64_t o0 = oblk * NVV + v * V;
           if (o0 >= OC) break;
           const int64_t no = OC - o0 < V ? OC - o0 : V;
-          ACC lanes[V];
-          vstore(lanes, tt[v * PB]);
-          for (int64_t l = 0; l < no; ++l) dst[(o0 + l) * OUT_SC] = from_acc(lanes[l]);
+          T vals[V];
+          vstore_t(vals, tt[v * PB]);
+          for (int64_t l = 0; l < no; ++l) dst[(o0 + l) * OUT_SC] = vals[l];
         }
       }
     }

@@ -112,6 +112,13 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 
 constexpr int64_t NV = 4, PB = 3;     // register tile: NV vectors of out channels x PB rows
 constexpr int64_t NVV = NV * V, KBLK = (COUT_G + NVV - 1) / NVV;
@@ -119,46 +126,57 @@ constexpr int64_t TAPS = KD * KH * KW, CT = CIN_G * TAPS;    // (input channel, 
 constexpr int64_t RB = 144, RBLK = (CT + RB - 1) / RB;   // rows per work item (a multiple of PB)
 constexpr int64_t PC = 128;                         // pixels per chunk of the reduction
 constexpr int64_t SPLITS = 1;                 // the reduction is cut into this many fixed parts
-constexpr int64_t PLANE = YD * YH * YW;
+// bf16 on vdpbf16ps (PAIRS): the reduction steps over pairs of horizontally adjacent output pixels.
+// Rows of odd width get a virtual last pixel whose grad_output is zero (YWE columns per row), so
+// pairs never cross rows; the input copy holds at each position its value and the one SW further
+// along the row (pair_of), so a pair's two window values, at any tap, are one 32-bit word.
+constexpr bool PAIRS = false;
+constexpr int64_t YWE = PAIRS ? YW + (YW & 1) : YW;
+constexpr int64_t PLANE = YD * YH * YWE, PIX = PAIRS ? 2 : 1, STEPS = PLANE / PIX;   // pixels, reduction steps per image
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
 // copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
+// With pairs (bf16 on vdpbf16ps), the copy holds each group's channels in pairs, one 32-bit word
+// per pixel and pair (pair_of), XCP of them per group: RB_SC is then a pair's stride.
 constexpr bool IN_PLACE = false;
+constexpr int64_t XCP = CIN_G;   // channel pairs (or channels) per group
 constexpr int64_t RB_SW = IN_PLACE ? X_SW : 1, RB_SH = IN_PLACE ? X_SH : XWP,
                   RB_SD = IN_PLACE ? X_SD : XHP * XWP, RB_SC = IN_PLACE ? X_SC : XDP * XHP * XWP,
-                  RB_SN = IN_PLACE ? X_SN : G * CIN_G * XDP * XHP * XWP;
+                  RB_SN = IN_PLACE ? X_SN : G * XCP * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
 
-// The zero-padded input of every image and channel, [b][channel][XDP][XHP][XWP], one row at a time.
+// The zero-padded input of every image and channel (or channel pair), [b][g][XCP][XDP][XHP][XWP],
+// one row at a time.
 static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t r = 0; r < n * G * CIN_G * XDP * XHP; ++r) {
-    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, c = (r / (XHP * XDP)) % (G * CIN_G), b = r / (XHP * XDP * G * CIN_G);
+  for (int64_t r = 0; r < n * G * XCP * XDP * XHP; ++r) {
+    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, gc = (r / (XHP * XDP)) % (G * XCP), b = r / (XHP * XDP * G * XCP);
     const int64_t id = pd - PD, ih = ph - PH;
     ACC* dst = xp + r * XWP;
     if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
       for (int64_t m = 0; m < XWP; ++m) dst[m] = 0;
       continue;
     }
-    const T* src = x + b * X_SN + c * X_SC + id * X_SD + ih * X_SH;
     const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
     for (int64_t m = 0; m < lo; ++m) dst[m] = 0;
+    const T* src = x + b * X_SN + gc * X_SC + id * X_SD + ih * X_SH;
     for (int64_t m = lo; m < hi; ++m) dst[m] = to_acc(src[(m - PW) * X_SW]);
     for (int64_t m = hi; m < XWP; ++m) dst[m] = 0;
   }
 }
 
-// grad_output packed to [g][channel block][b][pixel][NVV] (zero past the group's channels); with
-// a bias gradient, each channel's sum over the image's pixels in double goes to bs[k][b].
+// grad_output packed to [g][channel block][b][step][NVV] (zero past the group's channels; with
+// pairs, a step's two pixels in one word, zero for a virtual pixel); with a bias gradient, each
+// channel's sum over the image's pixels in double goes to bs[k][b].
 static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double* __restrict bs, int64_t n,
                              int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t e = 0; e < G * KBLK * n; ++e) {
     const int64_t b = e % n, kblk = (e / n) % KBLK, g = e / (n * KBLK);
-    ACC* dst = gyt + e * PLANE * NVV;
+    ACC* dst = gyt + e * STEPS * NVV;
     double sum[NVV] = {};
-    for (int64_t p = 0; p < PLANE; ++p) {
-      const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
+    for (int64_t p = 0; p < STEPS; ++p) {
+      const int64_t ow = p * PIX % YWE, oh = (p * PIX / YWE) % YH, od = p * PIX / (YWE * YH);
       const T* src = gy + b * Y_SN + od * Y_SD + oh * Y_SH + ow * Y_SW;
       for (int64_t j = 0; j < NVV; ++j) {
         const int64_t k = kblk * NVV + j;
@@ -174,7 +192,7 @@ static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double
 
 extern "C" int cg_conv2d_bwdw_c128_k256_28x28_r3x3_s2_p1_f32_lanes(const T* __restrict gy, const T* __restrict x, T* __restrict gw,
 int64_t n, int nthreads) {
-  const int64_t np = n * PLANE;
+  const int64_t np = n * STEPS;   // reduction steps of the batch
   ACC* gyt = (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* xp = IN_PLACE ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
   double* bs = nullptr;
@@ -209,9 +227,9 @@ int64_t n, int nthreads) {
       const int64_t u0 = np * split / SPLITS, u1 = np * (split + 1) / SPLITS;
       for (int64_t q0 = u0; q0 < u1; q0 += PC) {
         const int64_t nq = u1 - q0 < PC ? u1 - q0 : PC;
-        for (int64_t i = 0; i < nq; ++i) {
-          const int64_t q = q0 + i, b = q / PLANE, p = q % PLANE;
-          const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
+        for (int64_t i = 0; i < nq; ++i) {   // (with pairs, the window of the step's first pixel)
+          const int64_t q = q0 + i, b = q / STEPS, p = q % STEPS * PIX;
+          const int64_t ow = p % YWE, oh = (p / YWE) % YH, od = p / (YWE * YH);
           at[i] = b * RB_SN + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
         }
         const ACC* gq = gk + q0 * NVV;

@@ -114,10 +114,21 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 
 constexpr int64_t MR = 6, NVP = 2, NR = NVP * V;    // register tile: MR out channels x NR columns
 constexpr int64_t MC = 132, NC = 128;   // out channels (a multiple of MR) and columns (of NR) per item
-constexpr int64_t KC = 256;                                     // pixels per chunk of the reduction
+constexpr int64_t KC = 256;                                     // steps (pixels, or pairs) per chunk of the reduction
+// bf16 on vdpbf16ps: the reduction steps over pairs of consecutive pixels (of the batch's pixels in
+// order), both operands packed with the pair's two values in one 32-bit word (pair_of)
+constexpr bool PAIRS = false;
+constexpr int64_t PIX = PAIRS ? 2 : 1;                                   // pixels per step
 constexpr int64_t SPLITS = 4;                             // the reduction is cut into this many fixed parts
 constexpr int64_t TAPS = KD * KH * KW;
 constexpr int64_t O = COUT_G, C = CIN_G * TAPS, PLANE = YD * YH * YW;     // C: columns, (input channel, tap)
@@ -127,25 +138,29 @@ constexpr int64_t OP = (O + MR - 1) / MR, OB = (O + MC - 1) / MC, CB = (C + NC -
 // copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
+// With pairs (bf16 on vdpbf16ps), the copy holds each group's channels in pairs, one 32-bit word
+// per pixel and pair (pair_of), XCP of them per group: RB_SC is then a pair's stride.
 constexpr bool IN_PLACE = false;
+constexpr int64_t XCP = CIN_G;   // channel pairs (or channels) per group
 constexpr int64_t RB_SW = IN_PLACE ? X_SW : 1, RB_SH = IN_PLACE ? X_SH : XWP,
                   RB_SD = IN_PLACE ? X_SD : XHP * XWP, RB_SC = IN_PLACE ? X_SC : XDP * XHP * XWP,
-                  RB_SN = IN_PLACE ? X_SN : G * CIN_G * XDP * XHP * XWP;
+                  RB_SN = IN_PLACE ? X_SN : G * XCP * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
 
-// The zero-padded input of every image and channel, [b][channel][XDP][XHP][XWP], one row at a time.
+// The zero-padded input of every image and channel (or channel pair), [b][g][XCP][XDP][XHP][XWP],
+// one row at a time.
 static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t r = 0; r < n * G * CIN_G * XDP * XHP; ++r) {
-    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, c = (r / (XHP * XDP)) % (G * CIN_G), b = r / (XHP * XDP * G * CIN_G);
+  for (int64_t r = 0; r < n * G * XCP * XDP * XHP; ++r) {
+    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, gc = (r / (XHP * XDP)) % (G * XCP), b = r / (XHP * XDP * G * XCP);
     const int64_t id = pd - PD, ih = ph - PH;
     ACC* dst = xp + r * XWP;
     if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
       for (int64_t m = 0; m < XWP; ++m) dst[m] = 0;
       continue;
     }
-    const T* src = x + b * X_SN + c * X_SC + id * X_SD + ih * X_SH;
     const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
     for (int64_t m = 0; m < lo; ++m) dst[m] = 0;
+    const T* src = x + b * X_SN + gc * X_SC + id * X_SD + ih * X_SH;
     for (int64_t m = lo; m < hi; ++m) dst[m] = to_acc(src[(m - PW) * X_SW]);
     for (int64_t m = hi; m < XWP; ++m) dst[m] = 0;
   }
@@ -165,22 +180,28 @@ static inline int64_t weight_at(int64_t g, int64_t k, int64_t i) {
   return (g * COUT_G + k) * W_SN + channel_tap_offset(i, W_SC, W_SD, W_SH, W_SW);
 }
 
-// grad_output packed once per call: [g][panel][pixel][MR] in ACC, zero rows past O; with a bias
+// Where grad_output pixel q (over the batch) of channel 0 is.
+static inline int64_t pixel_at(int64_t q) {
+  const int64_t b = q / PLANE, p = q % PLANE;
+  const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
+  return b * Y_SN + od * Y_SD + oh * Y_SH + ow * Y_SW;
+}
+
+// grad_output packed once per call: [g][panel][step][MR] in ACC (with pairs, each step's two
+// pixels in one word, the second zero past the last pixel), zero rows past O; with a bias
 // gradient, each channel's sum in double over batch and pixels, in that order.
 static void pack_a(const T* __restrict gy, ACC* __restrict ap, double* __restrict bs, int64_t n, int nthreads) {
-  const int64_t np = n * PLANE;
+  const int64_t np = n * PLANE, steps = (np + PIX - 1) / PIX;
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t gp = 0; gp < G * OP; ++gp) {
     const int64_t g = gp / OP, o0 = (gp % OP) * MR;
-    ACC* dst = ap + gp * np * MR;
+    ACC* dst = ap + gp * steps * MR;
     double sum[MR] = {};
-    for (int64_t q = 0; q < np; ++q) {
-      const int64_t b = q / PLANE, p = q % PLANE;
-      const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
-      const T* src = gy + b * Y_SN + (g * COUT_G + o0) * Y_SC + od * Y_SD + oh * Y_SH + ow * Y_SW;
+    for (int64_t u = 0; u < steps; ++u) {
+      const T* src = gy + (g * COUT_G + o0) * Y_SC + pixel_at(u * PIX);
       for (int64_t i = 0; i < MR; ++i) {
         const ACC v = o0 + i < O ? to_acc(src[i * Y_SC]) : (ACC)0;
-        dst[q * MR + i] = v;
+        dst[u * MR + i] = v;
         sum[i] += (double)v;
       }
     }
@@ -190,6 +211,7 @@ static void pack_a(const T* __restrict gy, ACC* __restrict ap, double* __restric
 }
 
 // One chunk's register tile, A panel (kc x MR) times B panel (kc x NR), added to the item's totals
+// (with pairs, each of the kc steps a pair of reduced values in every 32-bit word)
 // (rows of NC, from `tot`): the chunk's sums first, then the totals, so every total is a sum of
 // chunk sums in chunk order.
 static inline void add_tile(const ACC* __restrict a, const ACC* __restrict b, int64_t kc, ACC* __restrict tot) {
@@ -265,8 +287,8 @@ static inline void add_tile(const ACC* __restrict a, const ACC* __restrict b, in
 
 extern "C" int cg_conv2d_bwdw_c64_k128_56x56_r3x3_s2_p1_f32_gemm(const T* __restrict gy, const T* __restrict x, T* __restrict gw,
 int64_t n, int nthreads) {
-  const int64_t np = n * PLANE;
-  ACC* ap = (ACC*)std::aligned_alloc(64, (((size_t)G * OP * np * MR + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  const int64_t np = n * PLANE, steps = (np + PIX - 1) / PIX;
+  ACC* ap = (ACC*)std::aligned_alloc(64, (((size_t)G * OP * steps * MR + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   double* bs = nullptr;
   // With SPLITS > 1 every part of the reduction writes its sums here, [part][g][k][c], and a last
   // loop adds the parts in order.
@@ -283,7 +305,7 @@ int64_t n, int nthreads) {
   {
     ACC* bp = scratch(KC * NC);                                        // [strip][pixel][NR]
     ACC* tot = scratch(MC * NC);                                       // the item's sums so far, [k][c]
-    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * KC);         // the chunk's pixels in the input
+    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * KC * PIX);   // the chunk's pixels in the input
     if (items && (!bp || !tot || !at)) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -293,7 +315,7 @@ int64_t n, int nthreads) {
       const int64_t o0 = ob * MC, no = O - o0 < MC ? O - o0 : MC, panels = (no + MR - 1) / MR;
       const int64_t c0 = cb * NC, nc = C - c0 < NC ? C - c0 : NC, strips = (nc + NR - 1) / NR;
       for (int64_t e = 0; e < panels * MR * NC; ++e) tot[e] = 0;
-      const int64_t u0 = np * split / SPLITS, u1 = np * (split + 1) / SPLITS;
+      const int64_t u0 = steps * split / SPLITS, u1 = steps * (split + 1) / SPLITS;
       for (int64_t q0 = u0; q0 < u1; q0 += KC) {
         const int64_t kc = u1 - q0 < KC ? u1 - q0 : KC;
         for (int64_t r = 0; r < kc; ++r) at[r] = read_at((q0 + r) / PLANE, (q0 + r) % PLANE);
@@ -314,7 +336,7 @@ int64_t n, int nthreads) {
         }
         for (int64_t s = 0; s < strips; ++s)
           for (int64_t pnl = 0; pnl < panels; ++pnl)
-            add_tile(ap + ((g * OP + o0 / MR + pnl) * np + q0) * MR, bp + s * KC * NR, kc,
+            add_tile(ap + ((g * OP + o0 / MR + pnl) * steps + q0) * MR, bp + s * KC * NR, kc,
                      tot + pnl * MR * NC + s * NR);
       }
       for (int64_t o = 0; o < no; ++o)

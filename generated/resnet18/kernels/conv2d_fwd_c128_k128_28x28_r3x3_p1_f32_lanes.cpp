@@ -108,39 +108,52 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 
 constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // output channels per tile
-constexpr int64_t OC = COUT_G, RC = CIN_G, OBLK = (OC + NVV - 1) / NVV;   // output / reduction channels, channel blocks
+constexpr bool PAIRS = false;            // bf16 reduced in pairs of channels (vdpbf16ps)
+constexpr int64_t OC = COUT_G, RC = PAIRS ? (CIN_G + 1) / 2 : CIN_G;       // output channels, reduction steps (channels or pairs)
+constexpr int64_t OBLK = (OC + NVV - 1) / NVV;                            // channel blocks
 constexpr int64_t TAPS = KD * KH * KW, PARTS = 1, TPP = TAPS, PLANE = YD * YH * YW;
 constexpr int64_t QB = 48;                                    // pixels per work item
 constexpr bool CHANNEL_MAJOR = true;   // items: channel block outermost
-// Input channels per chunk of the reduction: their weights fill a part of the L1, and the partial
+// Input channels (or pairs) per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
 constexpr int64_t CC = 9;
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
 // copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
+// With pairs (bf16 on vdpbf16ps), the copy holds each group's channels in pairs, one 32-bit word
+// per pixel and pair (pair_of), XCP of them per group: RB_SC is then a pair's stride.
 constexpr bool IN_PLACE = false;
+constexpr int64_t XCP = CIN_G;   // channel pairs (or channels) per group
 constexpr int64_t RB_SW = IN_PLACE ? X_SW : 1, RB_SH = IN_PLACE ? X_SH : XWP,
                   RB_SD = IN_PLACE ? X_SD : XHP * XWP, RB_SC = IN_PLACE ? X_SC : XDP * XHP * XWP,
-                  RB_SN = IN_PLACE ? X_SN : G * CIN_G * XDP * XHP * XWP;
+                  RB_SN = IN_PLACE ? X_SN : G * XCP * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
 
-// The zero-padded input of every image and channel, [b][channel][XDP][XHP][XWP], one row at a time.
+// The zero-padded input of every image and channel (or channel pair), [b][g][XCP][XDP][XHP][XWP],
+// one row at a time.
 static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t r = 0; r < n * G * CIN_G * XDP * XHP; ++r) {
-    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, c = (r / (XHP * XDP)) % (G * CIN_G), b = r / (XHP * XDP * G * CIN_G);
+  for (int64_t r = 0; r < n * G * XCP * XDP * XHP; ++r) {
+    const int64_t ph = r % XHP, pd = (r / XHP) % XDP, gc = (r / (XHP * XDP)) % (G * XCP), b = r / (XHP * XDP * G * XCP);
     const int64_t id = pd - PD, ih = ph - PH;
     ACC* dst = xp + r * XWP;
     if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
       for (int64_t m = 0; m < XWP; ++m) dst[m] = 0;
       continue;
     }
-    const T* src = x + b * X_SN + c * X_SC + id * X_SD + ih * X_SH;
     const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
     for (int64_t m = 0; m < lo; ++m) dst[m] = 0;
+    const T* src = x + b * X_SN + gc * X_SC + id * X_SD + ih * X_SH;
     for (int64_t m = lo; m < hi; ++m) dst[m] = to_acc(src[(m - PW) * X_SW]);
     for (int64_t m = hi; m < XWP; ++m) dst[m] = 0;
   }
@@ -151,7 +164,7 @@ static inline int64_t part_pixels(int64_t) { return PLANE; }
 // Where pixel p of image b reads its window (group g's channel 0), and where it is written.
 static inline int64_t read_at(int64_t, int64_t b, int64_t g, int64_t p) {
   const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
-  return b * RB_SN + g * CIN_G * RB_SC + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
+  return b * RB_SN + g * RB_SG + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
 }
 static inline int64_t write_at(int64_t, int64_t b, int64_t g, int64_t p) {
   const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
@@ -169,18 +182,19 @@ static inline int64_t part_taps(int64_t, int64_t* toff) {
   return TAPS;
 }
 
-// Weights repacked once per call to [g][channel block][ci][tap][NVV] in ACC, zero-padded.
+// Weights repacked once per call to [g][channel block][ci][tap][NVV] in ACC, zero-padded (with
+// pairs: [g][channel block][pair][tap][NVV], the pair's two channels in one word).
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t gb = 0; gb < G * OBLK; ++gb) {
     const int64_t g = gb / OBLK, k0 = (gb % OBLK) * NVV;
     ACC* dst = wp + gb * RC * TAPS * NVV;
-    for (int64_t ci = 0; ci < CIN_G; ++ci)
+    for (int64_t ci = 0; ci < RC; ++ci)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < NVV; ++j) {
           const int64_t ko = k0 + j;
-          *dst++ = ko < COUT_G ? to_acc(w[(g * COUT_G + ko) * W_SN + ci * W_SC + tap_offset(t, W_SD, W_SH, W_SW)])
-                               : (ACC)0;
+          const T* src = w + (g * COUT_G + ko) * W_SN + tap_offset(t, W_SD, W_SH, W_SW);
+          *dst++ = ko < COUT_G ? to_acc(src[ci * W_SC]) : (ACC)0;
         }
   }
 }
@@ -424,9 +438,9 @@ extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restri
           const int64_t o0 = oblk * NVV + v * V;
           if (o0 >= OC) break;
           const int64_t no = OC - o0 < V ? OC - o0 : V;
-          ACC lanes[V];
-          vstore(lanes, tt[v * PB]);
-          for (int64_t l = 0; l < no; ++l) dst[(o0 + l) * OUT_SC] = from_acc(lanes[l]);
+          T vals[V];
+          vstore_t(vals, tt[v * PB]);
+          for (int64_t l = 0; l < no; ++l) dst[(o0 + l) * OUT_SC] = vals[l];
         }
       }
     }

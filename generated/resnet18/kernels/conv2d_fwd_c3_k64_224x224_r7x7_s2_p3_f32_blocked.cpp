@@ -109,6 +109,13 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
+// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
+// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+static inline void vstore_t(T* out, vec v) {
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+}
 
 constexpr int64_t KB = 5, NV = 2;                 // register tile: KB channels x NV vectors
 constexpr int64_t KBLK = (COUT_G + KB - 1) / KB;                          // channel blocks per group
