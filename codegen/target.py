@@ -169,9 +169,10 @@ def default_isa(runs: tuple[str, ...]) -> str:
     On AVX-512 CPUs too: AVX2's code shape (16 registers, register tiles stepped in FMA3
     assembly) is the one whose tiles and algorithm choices were measured, and its VEX-encoded
     instructions run on every AVX-512 CPU. The AVX-512 shape (32 registers, tiles in GCC vector
-    code) is correct (tests/test_variants.py runs it) but has never been timed: on CPUs that
-    split 512-bit FMAs into two 256-bit halves (AMD Zen 4) it can do no more arithmetic per
-    cycle, and its tiles spill where AVX2's do not. CONVGEN_ISA=avx512 opts in.
+    code) is correct (tests/test_variants.py runs it); on AMD Zen 4, which splits 512-bit FMAs
+    into two 256-bit halves, it timed no faster overall (faster on unet3d, slower on dcgan_tconv
+    and r50_stem's backward: BENCHMARKS.md, host class avx512+bf16), and its tiles spill where
+    AVX2's do not. CONVGEN_ISA=avx512 opts in.
     """
     return "avx2" if "avx2" in runs else runs[0]
 
@@ -208,7 +209,7 @@ def isa_note(target: Target) -> str:
     if target.isa == default_isa(runs):
         wider = [isa for isa in runs if ISA_WIDTHS[isa] > ISA_WIDTHS[target.isa]]
         return ("this CPU's default" + (f"; {wider[0]} is opt-in (CONVGEN_ISA={wider[0]}): its code shape "
-                                         f"is tested but untimed" if wider else ""))
+                                         f"is tested, and timed no faster overall on AMD Zen 4" if wider else ""))
     return f"chosen over this CPU's default ({default_isa(runs)})"
 
 
