@@ -31,3 +31,81 @@ template <class T> __device__ __forceinline__ T convgen_shfl_xor(T v, int lanes)
 template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) {
     return __shfl_sync(CONVGEN_FULL_MASK, v, lane);
 }
+
+// --- 16-bit floats and the matrix instruction: mma.sync.aligned.m16n8k16 (sm_80+) -----------------
+// Kernels keep 16-bit operands as raw bits (unsigned short) in shared memory, load fragments with
+// convgen_mma_load_a/_b, multiply with convgen_mma_sync and find their accumulators' places with
+// convgen_mma_acc_row/_col; the layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16".
+// (A simulator build without NVIDIA's half/bfloat16 headers has none of this; f32/f64 kernels build.)
+#if !defined(CONVGEN_SIM) || defined(CONVGEN_SIM_HAVE_FP16)
+typedef __nv_bfloat16 convgen_bf16;
+typedef __half convgen_f16;
+__device__ __forceinline__ float convgen_to_f32(convgen_bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float convgen_to_f32(convgen_f16 v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T convgen_from_f32(float v);   // round to nearest even
+template <> __device__ __forceinline__ convgen_bf16 convgen_from_f32<convgen_bf16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>(float v) { return __float2half(v); }
+
+#define CONVGEN_MMA_M 16
+#define CONVGEN_MMA_N 8
+#define CONVGEN_MMA_K 16
+template <class T> struct convgen_mma_a { unsigned r[4]; };   // a0..a7, two per register, low half first
+template <class T> struct convgen_mma_b { unsigned r[2]; };   // b0..b3
+struct convgen_mma_acc { float c[4]; };                        // c0..c3
+
+__device__ __forceinline__ unsigned convgen_pack2(unsigned short low, unsigned short high) {
+    return static_cast<unsigned>(low) | static_cast<unsigned>(high) << 16;
+}
+// A (16 x 16) from tile[row * ld + k]: lane holds rows lane/4 and lane/4 + 8, columns 2(lane%4) + {0, 1, 8, 9}.
+template <class T>
+__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<T>& a, const unsigned short* tile, int ld, int lane) {
+    const unsigned short* top = tile + (lane >> 2) * ld + 2 * (lane & 3);
+    const unsigned short* bottom = top + 8 * ld;
+    a.r[0] = convgen_pack2(top[0], top[1]);
+    a.r[1] = convgen_pack2(bottom[0], bottom[1]);
+    a.r[2] = convgen_pack2(top[8], top[9]);
+    a.r[3] = convgen_pack2(bottom[8], bottom[9]);
+}
+// B (16 x 8) from tile[col * ld + k]: lane holds column lane/4, rows 2(lane%4) + {0, 1, 8, 9}.
+template <class T>
+__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const unsigned short* tile, int ld, int lane) {
+    const unsigned short* column = tile + (lane >> 2) * ld + 2 * (lane & 3);
+    b.r[0] = convgen_pack2(column[0], column[1]);
+    b.r[1] = convgen_pack2(column[8], column[9]);
+}
+// Where accumulator element e (0..3) of `lane` sits in the 16 x 8 result.
+__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
+__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
+
+#if defined(CONVGEN_SIM)
+#include "sim/mma.h"
+template <class T> struct convgen_sim_bits;
+template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };
+template <> struct convgen_sim_bits<convgen_f16> { typedef ::convgen_sim::F16Bits type; };
+template <class T>
+inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<T>& a, const convgen_mma_b<T>& b) {
+    unsigned short a16[8], b16[4];   // the registers' 16-bit halves in element order (little-endian)
+    std::memcpy(a16, a.r, sizeof a16);
+    std::memcpy(b16, b.r, sizeof b16);
+    ::convgen_sim::matrix_instruction(site, &::convgen_sim::emulate_mma_m16n8k16<typename convgen_sim_bits<T>::type>,
+                                      a16, b16, d.c);
+}
+#define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)
+#else
+// d += a b on the tensor cores, f32 accumulation.
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_bf16>& a,
+                                                 const convgen_mma_b<convgen_bf16>& b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d.c[0]), "+f"(d.c[1]), "+f"(d.c[2]), "+f"(d.c[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_f16>& a,
+                                                 const convgen_mma_b<convgen_f16>& b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d.c[0]), "+f"(d.c[1]), "+f"(d.c[2]), "+f"(d.c[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
+#endif
+#endif

@@ -10,6 +10,7 @@
 #else
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
+#include <hip/hip_bfloat16.h>
 typedef hipStream_t convgen_stream_t;
 #define CONVGEN_WARP 64
 // hip-clang takes the triple chevron as an expression (hipLaunchKernelGGL is a statement)
@@ -24,3 +25,86 @@ typedef hipStream_t convgen_stream_t;
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) { return __shfl_down(v, delta); }
 template <class T> __device__ __forceinline__ T convgen_shfl_xor(T v, int lanes) { return __shfl_xor(v, lanes); }
 template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) { return __shfl(v, lane); }
+
+// --- 16-bit floats and the matrix instruction: v_mfma_f32_16x16x16{bf16_1k,f16} (gfx90a, gfx940) ----
+// The same names as cuda.h's (kernels read alike); the layouts are AMD's for one 16x16x16 block:
+// lane l holds A[l % 16][4(l / 16) + j], B[4(l / 16) + j][l % 16] and D[4(l / 16) + j][l % 16], j < 4.
+#if !defined(CONVGEN_SIM) || defined(CONVGEN_SIM_HAVE_FP16)
+#if defined(CONVGEN_SIM)
+typedef __nv_bfloat16 convgen_bf16;   // the simulator's 16-bit types: NVIDIA's, bit-exact conversions
+typedef __half convgen_f16;
+__device__ __forceinline__ float convgen_to_f32(convgen_bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float convgen_to_f32(convgen_f16 v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T convgen_from_f32(float v);   // round to nearest even
+template <> __device__ __forceinline__ convgen_bf16 convgen_from_f32<convgen_bf16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>(float v) { return __float2half(v); }
+#else
+typedef hip_bfloat16 convgen_bf16;
+typedef __half convgen_f16;
+__device__ __forceinline__ float convgen_to_f32(convgen_bf16 v) { return static_cast<float>(v); }
+__device__ __forceinline__ float convgen_to_f32(convgen_f16 v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T convgen_from_f32(float v);   // round to nearest even
+template <> __device__ __forceinline__ convgen_bf16 convgen_from_f32<convgen_bf16>(float v) { return convgen_bf16(v); }
+template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>(float v) { return __float2half(v); }
+#endif
+
+#define CONVGEN_MMA_M 16
+#define CONVGEN_MMA_N 16
+#define CONVGEN_MMA_K 16
+template <class T> struct convgen_mma_a { unsigned short h[4]; };
+template <class T> struct convgen_mma_b { unsigned short h[4]; };
+struct convgen_mma_acc { float c[4]; };
+
+// A (16 x 16) from tile[row * ld + k]
+template <class T>
+__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<T>& a, const unsigned short* tile, int ld, int lane) {
+    const unsigned short* row = tile + (lane % 16) * ld + 4 * (lane / 16);
+    for (int j = 0; j < 4; ++j) a.h[j] = row[j];
+}
+// B (16 x 16) from tile[col * ld + k]
+template <class T>
+__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const unsigned short* tile, int ld, int lane) {
+    const unsigned short* column = tile + (lane % 16) * ld + 4 * (lane / 16);
+    for (int j = 0; j < 4; ++j) b.h[j] = column[j];
+}
+// Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result.
+__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return 4 * (lane / 16) + e; }
+__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return lane % 16; }
+
+#if defined(CONVGEN_SIM)
+#include "sim/mma.h"
+template <class T> struct convgen_sim_bits;
+template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };
+template <> struct convgen_sim_bits<convgen_f16> { typedef ::convgen_sim::F16Bits type; };
+template <class T>
+inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<T>& a, const convgen_mma_b<T>& b) {
+    ::convgen_sim::matrix_instruction(site, &::convgen_sim::emulate_mfma_16x16x16<typename convgen_sim_bits<T>::type>,
+                                      a.h, b.h, d.c);
+}
+#define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)
+#else
+typedef short convgen_v4i16 __attribute__((ext_vector_type(4)));
+typedef _Float16 convgen_v4f16 __attribute__((ext_vector_type(4)));
+typedef float convgen_v4f32 __attribute__((ext_vector_type(4)));
+// d += a b on the matrix cores, f32 accumulation (cbsz, abid, blgp 0: no broadcast, no swizzle).
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_bf16>& a,
+                                                 const convgen_mma_b<convgen_bf16>& b) {
+    convgen_v4i16 va = {(short)a.h[0], (short)a.h[1], (short)a.h[2], (short)a.h[3]};
+    convgen_v4i16 vb = {(short)b.h[0], (short)b.h[1], (short)b.h[2], (short)b.h[3]};
+    convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
+    vd = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(va, vb, vd, 0, 0, 0);
+    for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
+}
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_f16>& a,
+                                                 const convgen_mma_b<convgen_f16>& b) {
+    convgen_v4f16 va, vb;
+    for (int j = 0; j < 4; ++j) {
+        va[j] = __builtin_bit_cast(_Float16, a.h[j]);
+        vb[j] = __builtin_bit_cast(_Float16, b.h[j]);
+    }
+    convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
+    vd = __builtin_amdgcn_mfma_f32_16x16x16f16(va, vb, vd, 0, 0, 0);
+    for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
+}
+#endif
+#endif

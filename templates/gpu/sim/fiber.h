@@ -9,7 +9,7 @@
 namespace convgen_sim {
 
 enum class State { Ready, AtBarrier, AtCollective, Done };
-enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All };
+enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All, Matrix };
 
 struct Fiber {
     void* sp = nullptr;                 // saved stack pointer while switched out
@@ -21,7 +21,7 @@ struct Fiber {
     Coll coll = Coll::SyncWarp;
     bool has_mask = true;
     unsigned long long mask = 0;
-    long long arg = 0;                  // source lane / delta / lane mask
+    long long arg = 0;                  // source lane / delta / lane mask / matrix emulation
     int width = CONVGEN_SIM_WARP;
     unsigned long long value = 0, result = 0;
 #ifdef CONVGEN_SIM_ASAN

@@ -20,7 +20,8 @@
 //
 // What it proves: indexing, tiling, boundaries, barrier placement, warp logic. What it does not:
 // the vendor compilers' code, hardware rounding (FMA contraction, fast math) or speed.
-// Not emulated yet: matrix instructions (mma.sync, MFMA), async copies.
+// Matrix instructions (mma.sync m16n8k16, MFMA 16x16x16) are emulated in mma.h from the vendors'
+// documented fragment layouts, as warp collectives. Not emulated yet: async copies.
 #pragma once
 
 #if !defined(__x86_64__)
@@ -90,6 +91,7 @@ inline const char* coll_name(Coll c) {
         case Coll::Ballot: return "__ballot";
         case Coll::Any: return "__any";
         case Coll::All: return "__all";
+        case Coll::Matrix: return "matrix instruction";
     }
     return "?";
 }
@@ -160,6 +162,33 @@ inline bool resolve_collectives() {
                                  " (" + b.site + ", mask " + hex(b.mask) + "): divergent warp collective");
                     return false;
                 }
+            }
+            if (a.coll == Coll::Matrix) {   // a matrix instruction: every lane of the warp, then one emulation
+                unsigned long long exists = count == 64 ? ~0ull : ((1ull << count) - 1);
+                if (group != exists || count != CONVGEN_SIM_WARP) {
+                    record_error(std::string("warp ") + std::to_string(first / CONVGEN_SIM_WARP) + ": matrix "
+                                 "instruction at " + a.site + " reached by lanes " + hex(group) + " only; every lane "
+                                 "of a full warp of " + std::to_string(CONVGEN_SIM_WARP) + " must execute it "
+                                 "(lanes present: " + hex(exists) + ")");
+                    return false;
+                }
+                void* lanes[CONVGEN_SIM_WARP];
+                for (unsigned i = 0; i < count; ++i) {
+                    const Fiber& b = w.fibers[first + i];
+                    if (b.arg != a.arg) {
+                        record_error(std::string("warp ") + std::to_string(first / CONVGEN_SIM_WARP) + ": lanes " +
+                                     std::to_string(lead) + " and " + std::to_string(i) + " execute different matrix "
+                                     "instructions at " + a.site);
+                        return false;
+                    }
+                    lanes[i] = reinterpret_cast<void*>(b.value);
+                }
+                reinterpret_cast<void (*)(void* const*)>(a.arg)(lanes);
+                for (unsigned i = 0; i < count; ++i) w.fibers[first + i].state = State::Ready;
+                waiting &= ~group;
+                pending &= ~group;
+                progress = true;
+                continue;
             }
             unsigned long long ballot = 0;
             for (unsigned i = 0; i < count; ++i)

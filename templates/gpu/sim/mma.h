@@ -1,0 +1,150 @@
+// convgen SIMT simulator, part 3: matrix instructions. Included by cuda.h/hip.h under -DCONVGEN_SIM
+// (after simt.h), which turn their `convgen_mma_sync` into one of the emulations below.
+//
+// Each emulation is a warp collective (Coll::Matrix): every lane of a full warp must reach the same
+// call site (simt.h's resolve_collectives checks it, as for shuffles), each lane offering a record
+// with pointers to its own fragment registers. When all have arrived the emulation gathers the
+// whole warp's A, B and C fragments into matrices by the vendor's documented fragment layout,
+// computes D = A B + C in f32 -- every product exact (a 16-bit float has at most 11 significant
+// bits, so a product fits f32's 24), the sum in f32 in k order, starting from C -- and scatters D
+// back by the same layout. The hardware's order of accumulation inside one instruction is not
+// documented; results may differ from a device in the last bits of a sum, never in which element
+// goes where. Every layout is checked to cover each matrix element exactly once.
+#pragma once
+
+#include <cmath>
+
+namespace convgen_sim {
+
+// 16-bit float bits to f32, exactly (no rounding is involved in either direction here).
+struct Bf16Bits {
+    static float to_f32(unsigned short bits) {
+        uint32_t word = static_cast<uint32_t>(bits) << 16;
+        float v;
+        std::memcpy(&v, &word, sizeof v);
+        return v;
+    }
+};
+struct F16Bits {
+    static float to_f32(unsigned short bits) {
+        int exponent = bits >> 10 & 31, mantissa = bits & 1023;
+        float magnitude = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
+                          : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                           : std::ldexp(static_cast<float>(1024 + mantissa), exponent - 25);
+        return bits >> 15 ? -magnitude : magnitude;
+    }
+};
+
+// One lane's operands of a matrix instruction, as registers: `a` and `b` hold 16-bit elements
+// (packed two per 32-bit register on CUDA), `d` holds the f32 accumulator (C in, D out).
+struct MatrixLane {
+    const unsigned short* a;
+    const unsigned short* b;
+    float* d;
+};
+
+template <int M, int N, int K>
+struct Tile {
+    float a[M][K], b[K][N], d[M][N];
+    unsigned char seen_a[M][K] = {}, seen_b[K][N] = {}, seen_d[M][N] = {};
+};
+
+[[noreturn]] inline void layout_bug(const char* what) {
+    std::fprintf(stderr, "convgen simulator: %s fragment layout does not cover the matrix once\n", what);
+    std::abort();   // a defect of this header, not of a kernel
+}
+
+template <int M, int N, int K>
+inline void multiply(Tile<M, N, K>& t, const char* name) {
+    for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k)
+            if (t.seen_a[i][k] != 1) layout_bug(name);
+    for (int k = 0; k < K; ++k)
+        for (int j = 0; j < N; ++j)
+            if (t.seen_b[k][j] != 1) layout_bug(name);
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+            if (t.seen_d[i][j] != 1) layout_bug(name);
+            float sum = t.d[i][j];
+            for (int k = 0; k < K; ++k) sum += t.a[i][k] * t.b[k][j];   // the product is exact in f32
+            t.d[i][j] = sum;
+        }
+}
+
+// PTX ISA, "Matrix Fragments for mma.m16n8k16" (.f16/.bf16 multiplicands, .f32 accumulators), with
+// groupID = lane >> 2 and threadID_in_group = lane % 4:
+//   A (16x16, row): elements a0..a7 (two per register, lower index in the low half);
+//      row = groupID for a0, a1, a4, a5 and groupID + 8 for the others;
+//      col = threadID_in_group * 2 + (i & 1), plus 8 for a4..a7.
+//   B (16x8, col): elements b0..b3; row = threadID_in_group * 2 + (i & 1), plus 8 for b2, b3;
+//      col = groupID.
+//   C, D (16x8): c0..c3; row = groupID for c0, c1 and groupID + 8 for c2, c3;
+//      col = threadID_in_group * 2 + (i & 1).
+template <class Bits>
+inline void emulate_mma_m16n8k16(void* const* lanes) {
+    Tile<16, 8, 16> t;
+    for (int lane = 0; lane < 32; ++lane) {
+        const MatrixLane& l = *static_cast<const MatrixLane*>(lanes[lane]);
+        int group = lane >> 2, in_group = lane & 3;
+        for (int i = 0; i < 8; ++i) {
+            int row = group + ((i & 2) ? 8 : 0), col = in_group * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+            t.a[row][col] = Bits::to_f32(l.a[i]);
+            t.seen_a[row][col]++;
+        }
+        for (int i = 0; i < 4; ++i) {
+            int row = in_group * 2 + (i & 1) + (i >= 2 ? 8 : 0), col = group;
+            t.b[row][col] = Bits::to_f32(l.b[i]);
+            t.seen_b[row][col]++;
+        }
+        for (int i = 0; i < 4; ++i) {
+            int row = group + (i >= 2 ? 8 : 0), col = in_group * 2 + (i & 1);
+            t.d[row][col] = l.d[i];
+            t.seen_d[row][col]++;
+        }
+    }
+    multiply(t, "mma.m16n8k16");
+    for (int lane = 0; lane < 32; ++lane) {
+        const MatrixLane& l = *static_cast<const MatrixLane*>(lanes[lane]);
+        int group = lane >> 2, in_group = lane & 3;
+        for (int i = 0; i < 4; ++i) l.d[i] = t.d[group + (i >= 2 ? 8 : 0)][in_group * 2 + (i & 1)];
+    }
+}
+
+// AMD CDNA2/CDNA3 ISA and AMD's matrix instruction calculator, v_mfma_f32_16x16x16{f16,bf16_1k}
+// (one block, 64 lanes; each lane holds four 16-bit A and B elements in two registers, low half
+// first, and four f32 C/D elements):
+//   A (16x16): lane l, item j holds A[l % 16][4 * (l / 16) + j];
+//   B (16x16): lane l, item j holds B[4 * (l / 16) + j][l % 16];
+//   C, D (16x16): lane l, item j holds D[4 * (l / 16) + j][l % 16].
+template <class Bits>
+inline void emulate_mfma_16x16x16(void* const* lanes) {
+    Tile<16, 16, 16> t;
+    for (int lane = 0; lane < 64; ++lane) {
+        const MatrixLane& l = *static_cast<const MatrixLane*>(lanes[lane]);
+        int across = lane % 16, block = 4 * (lane / 16);
+        for (int j = 0; j < 4; ++j) {
+            t.a[across][block + j] = Bits::to_f32(l.a[j]);
+            t.seen_a[across][block + j]++;
+            t.b[block + j][across] = Bits::to_f32(l.b[j]);
+            t.seen_b[block + j][across]++;
+            t.d[block + j][across] = l.d[j];
+            t.seen_d[block + j][across]++;
+        }
+    }
+    multiply(t, "v_mfma_f32_16x16x16");
+    for (int lane = 0; lane < 64; ++lane) {
+        const MatrixLane& l = *static_cast<const MatrixLane*>(lanes[lane]);
+        for (int j = 0; j < 4; ++j) l.d[j] = t.d[4 * (lane / 16) + j][lane % 16];
+    }
+}
+
+// The calling lane's part of a matrix instruction: waits for the whole warp, which `emulate` then
+// serves at once. `a`, `b`: the lane's 16-bit elements in register order; `d`: its accumulator.
+inline void matrix_instruction(const char* site, void (*emulate)(void* const*), const unsigned short* a,
+                               const unsigned short* b, float* d) {
+    MatrixLane lane{a, b, d};
+    collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
+               reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
+}
+
+}  // namespace convgen_sim
