@@ -1,0 +1,246 @@
+"""The implicit-GEMM GPU kernel (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2) on the matrix
+instructions of templates/gpu/cuda.h and hip.h.
+
+- The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64 for the
+  forward, data, weight and bias gradients, bf16 and f16, with the tolerances of tests/reference.py.
+- The weight gradient's split-K sum is bitwise the same under forward, reversed and shuffled orders.
+- Every rendered variant builds with nvcc for sm_80 and sm_90 with spills as errors and with hipcc
+  for gfx90a, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions.
+(The wrappers themselves and their emulation are tested in test_gpu_mma.py.)
+
+Simulator libraries of both vendors are loaded into one process: entry prefixes name the vendor,
+since g++ makes the static shared-memory arrays of same-named kernels one object across libraries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convgen import sim
+from convgen.codegen.errors import ConvSpecError
+from convgen.codegen.gpu_igemm import axis_phases, igemm_context, render_igemm
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.target import parse_target
+
+from reference import assert_close, generator_for, randn, reduction_terms
+
+HAVE_FP16 = sim.fp16_include_dir() is not None
+
+# (name, input N,C,*spatial, K, kernel, stride, padding (low, high) per axis, dilation, groups)
+CASES = [
+    ("c1", (1, 3, 4, 4), 3, (3, 3), (2, 2), ((2, 2), (2, 2)), (1, 1), 1),              # CASES 1: padding as large as allowed
+    ("c2", (2, 4, 8, 8), 2, (3, 3), (3, 2), ((2, 2), (1, 1)), (4, 4), 2),              # CASES 2: mixed stride, dilation 4, groups
+    ("c5", (1, 4, 5, 5), 1, (2, 3), (1, 1), ((1, 2), (3, 3)), (3, 3), 1),              # CASES 5: 'same', asymmetric padding
+    ("c8", (2, 4, 6, 5), 6, (3, 2), (1, 1), ((0, 0), (0, 0)), (1, 1), 2),              # CASES 8: grouped, non-square
+    ("c13", (2, 2, 4, 20), 2, (3, 5), (1, 10), ((0, 0), (0, 0)), (1, 1), 2),           # CASES 13: stride larger than the kernel
+    ("c19", (4, 8, 50), 16, (5,), (2,), ((2, 2),), (2,), 1),                           # CASES 19: 1-D
+    ("c20", (3, 9, 3, 1, 9), 3, (3, 1, 9), (2, 2, 2), ((0, 0),) * 3, (1, 1, 1), 3),    # CASES 20: 3-D, groups
+    ("ragged", (2, 3, 9, 7), 5, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),          # C=3, K=5: nothing a multiple of 8
+    ("tiles", (2, 20, 6, 6), 70, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),         # several block tiles along M and N
+    # data-gradient stride phases (the CK bug: stride > dilation left slices of dx zero)
+    ("s3d1", (1, 4, 10, 11), 4, (2, 2), (3, 3), ((0, 0), (0, 0)), (1, 1), 1),          # kernel smaller than stride: taps-free residues
+    ("s2d2", (2, 3, 9, 9), 5, (3, 3), (2, 2), ((2, 2), (2, 2)), (2, 2), 1),            # gcd 2: half the residues have no taps
+    ("s3d2", (1, 5, 11, 10), 3, (3, 3), (3, 3), ((1, 1), (2, 2)), (2, 2), 1),          # gcd 1: three phases, steps of 3 taps
+    ("s3d1_1d", (2, 5, 31), 3, (2,), (3,), ((1, 1),), (1,), 1),                        # 1-D, kernel smaller than stride
+    ("s_3d", (1, 3, 5, 6, 7), 4, (2, 2, 3), (2, 3, 2), ((0, 0), (1, 1), (1, 1)), (1, 2, 2), 1),  # 3-D phases, mixed
+    ("split", (2, 3, 1024), 5, (3,), (1,), ((1, 1),), (1,), 1),                        # weight gradient split several ways
+    ("empty", (0, 6, 7, 8), 12, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 3),          # CASES 15: empty batch
+]
+BY_NAME = {c[0]: c for c in CASES}
+DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
+F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
+PARAMS = [(c[0], d) for c in CASES for d in DTYPES if d == "bf16" or c[0] in F16_CASES]
+ORDERS = ("forward", "reverse", "shuffle")
+
+
+def _problem(case, dtype: DType) -> ConvProblem:
+    _, shape, k, kernel, stride, padding, dilation, groups = case
+    return ConvProblem(Op.FWD, shape[0], shape[1], k, tuple(shape[2:]), kernel, stride, padding, dilation,
+                       groups=groups, dtype=dtype, bias=True).validate()
+
+
+def _prefix(vendor: str, name: str, dtype: str) -> str:
+    return f"{vendor}_{name}_{dtype}"
+
+
+def _source(vendor: str, arch: str | None = None) -> str:
+    target = parse_target(f"{vendor}-{arch}" if arch else vendor)
+    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0]), target, _prefix(vendor, n, d)) for n, d in PARAMS)
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    if not HAVE_FP16:
+        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+    d = tmp_path_factory.mktemp("gpu_igemm")
+    return {vendor: sim.build(_source(vendor), d, "igemm", vendor) for vendor in sim.WARP}
+
+
+# ----------------------------------------------------------------------- the kernel's decisions
+
+
+def test_stride_phases_cover_every_input_position_once_with_the_right_taps():
+    for size, out, kernel, stride, pad, dilation in [(10, 3, 2, 3, 0, 1), (9, 5, 3, 2, 2, 2), (11, 3, 3, 3, 1, 2),
+                                                     (31, 11, 2, 3, 1, 1), (7, 4, 3, 2, 1, 1)]:
+        phases = axis_phases(size, out, kernel, stride, pad, dilation)
+        covered = sorted(p.first + stride * t for p in phases for t in range(p.count))
+        assert covered == list(range(size))
+        for p in phases:
+            for t in range(p.count):
+                i = p.first + stride * t
+                expected = [r for r in range(kernel) if (i + pad - r * dilation) % stride == 0]
+                got = [p.tap0 + j * p.tap_step for j in range(p.taps)]
+                assert got == expected
+                for j, r in enumerate(got):
+                    assert p.base + t - j * p.out_step == (i + pad - r * dilation) // stride
+
+
+def test_what_the_kernel_does_not_take_is_refused_by_name():
+    base = _problem(BY_NAME["ragged"], DType.BF16)
+    cuda = parse_target("cuda-sm_80")
+    for change, word in [({"dtype": DType.F32}, "dtype f32"), ({"transposed": True, "output_padding": (0, 0)}, "transposed"),
+                         ({"input_layout": Layout.CHANNELS_LAST}, "layout")]:
+        with pytest.raises(ConvSpecError, match=word):
+            igemm_context(dataclasses.replace(base, **change), cuda, "p")
+    with pytest.raises(ConvSpecError, match="cuda or hip"):
+        igemm_context(base, parse_target("cpu"), "p")
+    with pytest.raises(ConvSpecError, match="prefix"):
+        igemm_context(base, cuda, "not an identifier")
+
+
+# ----------------------------------------------------------------------- against ATen
+
+
+def _reference(case, x, w, b, dy):
+    """ATen's results in float64, padding applied explicitly so asymmetric pairs work too."""
+    _, _, _, _, stride, padding, dilation, groups = case
+    pads = [p for pair in reversed(padding) for p in pair]
+    x64 = F.pad(x.double(), pads)
+    zeros = [0] * len(stride)
+    y = torch.ops.aten.convolution(x64, w.double(), b.double(), list(stride), zeros, list(dilation), False, zeros, groups)
+    dxp, dw, db = torch.ops.aten.convolution_backward(dy.double(), x64, w.double(), [b.numel()], list(stride), zeros,
+                                                      list(dilation), False, zeros, groups, [True, True, True])
+    slices = [slice(None), slice(None)] + [slice(lo, dxp.shape[2 + i] - hi) for i, (lo, hi) in enumerate(padding)]
+    return y, dxp[tuple(slices)], dw, db
+
+
+def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0):
+    p, n = sim.pointer, ctypes.c_longlong(problem.n)
+    y, dx, dw, db = (torch.full(s, float("nan"), dtype=torch_dtype) for s in
+                     (problem.output_shape, problem.input_shape, problem.weight_shape, (problem.k,)))
+    lib.lib[f"{prefix}_bwd_weight_workspace_bytes"].restype = ctypes.c_ulonglong
+    bytes_ = lib.lib[f"{prefix}_bwd_weight_workspace_bytes"](n)
+    workspace = torch.full((bytes_ // 4,), float("nan"), dtype=torch.float32)   # poisoned: every partial is written
+    lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(workspace), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_bias", p(dy), p(db), n, None, order=order, seed=seed)
+    return y, dx, dw, db
+
+
+@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("name,dtype", PARAMS)
+def test_every_pass_matches_aten(libs, vendor, name, dtype):
+    case = BY_NAME[name]
+    problem = _problem(case, DTYPES[dtype][0])
+    torch_dtype = DTYPES[dtype][1]
+    g = generator_for(f"igemm-{vendor}-{name}-{dtype}")
+    x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
+    b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
+    order = ORDERS[(len(name) + (vendor == "hip")) % 3]
+    out = _run(libs[vendor], _prefix(vendor, name, dtype), problem, torch_dtype, x, w, b, dy, order, seed=len(name))
+    terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
+    for what, got, ref in zip(("forward", "grad_input", "grad_weight", "grad_bias"), out, _reference(case, x, w, b, dy)):
+        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {what} ({order})", terms[what])
+
+
+@pytest.mark.parametrize("vendor", list(sim.WARP))
+def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
+    problem = _problem(BY_NAME["split"], DType.BF16)
+    assert igemm_context(problem, parse_target(vendor), "p").split > 1
+    g = generator_for(f"igemm-determinism-{vendor}")
+    x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
+    w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
+    results = [_run(libs[vendor], _prefix(vendor, "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, order, seed)
+               for order, seed in (("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2))]
+    for other in results[1:]:
+        assert torch.equal(results[0][2].view(torch.int16), other[2].view(torch.int16))
+
+
+def test_the_batch_size_is_a_run_time_argument(libs):
+    case = BY_NAME["c2"]
+    problem = _problem(case, DType.BF16)
+    g = generator_for("igemm-batch")
+    x = randn((1, *problem.input_shape[1:]), torch.bfloat16, g)
+    w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
+    y = torch.full((1, *problem.output_shape[1:]), float("nan"), dtype=torch.bfloat16)
+    p = sim.pointer
+    libs["cuda"].call("cuda_c2_bf16_fwd", p(x), p(w), p(b), p(y), ctypes.c_longlong(1), None)
+    assert_close(y, _reference(case, x, w, b, torch.zeros_like(y))[0], torch.bfloat16, "batch 1 forward", 36)
+
+
+# ----------------------------------------------------------------------- the vendors' compilers
+
+
+def _tool(name: str) -> str | None:
+    """A CUDA binary tool from PATH, else from the nvidia-cuda-* pip packages' bin directory."""
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in Path(root).glob(f"*/bin/{name}"):
+            return str(candidate)
+    return None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_path, arch):
+    src = tmp_path / f"igemm_{arch}.cu"
+    src.write_text(_source("cuda", arch))
+    cubin = tmp_path / "igemm.cubin"
+    done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v,-warn-spills,-Werror",
+                           "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(cubin)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = done.stdout + done.stderr
+    assert re.findall(r"(\d+) bytes spill stores", report) and set(re.findall(r"(\d+) bytes spill stores", report)) == {"0"}
+    nvdisasm = _tool("nvdisasm")
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not found (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`): machine code not checked")
+    sass = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
+    # every matrix kernel (fwd, bwd_data, bwd_weight_partial) of every variant uses the tensor cores
+    functions = re.split(r"\n\s*\.text\.", sass)
+    gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E", f)]
+    assert len(gemm_kernels) == 3 * len(PARAMS)
+    for body in gemm_kernels:
+        assert re.search(r"HMMA\.16816\.F32(\.BF16)?", body), body.split(":", 1)[0]
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_use_matrix_cores(tmp_path):
+    src = tmp_path / "igemm_hip.cu"
+    src.write_text(_source("hip", "gfx90a"))
+    done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c", "-save-temps",
+                           "-Rpass-analysis=kernel-resource-usage", "-I", str(sim.gpu_templates_dir()), str(src),
+                           "-o", str(tmp_path / "igemm.o")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "HIP_PLATFORM": "amd"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
+    assembly = next(tmp_path.glob("*gfx90a*.s")).read_text()
+    functions = re.split(r"\n(?=_ZN\w+:)", assembly)
+    gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E\w*:", f)]
+    assert len(gemm_kernels) == 3 * len(PARAMS)
+    for body in gemm_kernels:
+        assert re.search(r"v_mfma_f32_16x16x16(bf16_1k|f16)", body), body.split(":", 1)[0]
