@@ -25,7 +25,9 @@ The workspace contract: `<prefix>_bwd_weight_workspace_bytes(batch)` says how ma
 caller passes to `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace, batch, stream)`
 (SPLIT x the weight's elements x 4 today, whatever the batch). The bias gradient
 (`<prefix>_bwd_bias`) is a plain per-filter sum in f32. f32 and f64 problems stay on the direct
-kernel (codegen/gpu_direct.py). Not yet reached from `lower`/`emit`/dispatch.
+kernel (codegen/gpu_direct.py). Tensors may be contiguous or channels-last (each of input, weight
+and output by its own layout: every access goes through its strides). Not yet reached from
+`lower`/`emit`/dispatch.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_target import GPU_ARCHS
-from .ir import ConvProblem, DType, Layout
+from .ir import ConvProblem, DType
 from .target import Target, TargetKind
 from .version import generator_version
 
@@ -88,6 +90,10 @@ class IgemmContext:
     stride: tuple[int, int, int]
     pad: tuple[int, int, int]
     dilation: tuple[int, int, int]
+    layouts: tuple[str, str, str]
+    x_strides: tuple[int, ...]
+    y_strides: tuple[int, ...]
+    w_strides: tuple[int, ...]
     block_m: int
     block_n: int
     block_k: int
@@ -142,10 +148,13 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str) -> IgemmCon
     if problem.transposed:
         raise ConvSpecError("transposed=True: the implicit-GEMM GPU kernel takes normal convolutions so far "
                             "(a transposed one is the data gradient of a normal one)")
-    if {problem.input_layout, problem.weight_layout, problem.output_layout} != {Layout.CONTIGUOUS}:
-        raise ConvSpecError("layout: the implicit-GEMM GPU kernel takes contiguous (NCHW) tensors so far")
     if not prefix.isidentifier():
         raise ConvSpecError(f"prefix {prefix!r}: entry names must be C identifiers")
+    if problem.groups > 65535:
+        raise ConvSpecError(f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
+                            "at most 65535")
+    from .emit import operand_strides   # the CPU kernels' strides per layout; emit imports this module's peers lazily
+
     in_size, out_size = _three(problem.in_size, 1), _three(problem.out_size, 1)
     kernel, stride = _three(problem.kernel, 1), _three(problem.stride, 1)
     pad, dilation = _three([low for low, _ in problem.padding], 0), _three(problem.dilation, 1)
@@ -162,7 +171,11 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str) -> IgemmCon
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, prefix=prefix, scalar=SCALARS[problem.dtype],
         channels=problem.c, filters=problem.k, groups=problem.groups, in_size=in_size, out_size=out_size,
-        kernel=kernel, stride=stride, pad=pad, dilation=dilation, block_m=BLOCK_M, block_n=BLOCK_N,
+        kernel=kernel, stride=stride, pad=pad, dilation=dilation,
+        layouts=tuple(layout.value for layout in (problem.input_layout, problem.weight_layout, problem.output_layout)),
+        x_strides=operand_strides(problem.input_layout, problem.c, in_size),
+        y_strides=operand_strides(problem.output_layout, problem.k, out_size),
+        w_strides=operand_strides(problem.weight_layout, problem.c // problem.groups, kernel), block_m=BLOCK_M, block_n=BLOCK_N,
         block_k=BLOCK_K, phases=phases, split=split, why=why)
 
 

@@ -33,7 +33,7 @@ from convgen.codegen.gpu_igemm import axis_phases, igemm_context, render_igemm
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.target import parse_target
 
-from reference import assert_close, generator_for, randn, reduction_terms
+from reference import assert_close, channels_last_format, generator_for, randn, reduction_terms
 
 HAVE_FP16 = sim.fp16_include_dir() is not None
 
@@ -60,23 +60,36 @@ CASES = [
 BY_NAME = {c[0]: c for c in CASES}
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
 F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
-PARAMS = [(c[0], d) for c in CASES for d in DTYPES if d == "bf16" or c[0] in F16_CASES]
+# layouts of (input, weight, output): "nchw" all contiguous, "cl" all channels-last, "x_cl" the input only
+LAYOUTS = {"nchw": (Layout.CONTIGUOUS,) * 3, "cl": (Layout.CHANNELS_LAST,) * 3,
+           "x_cl": (Layout.CHANNELS_LAST, Layout.CONTIGUOUS, Layout.CONTIGUOUS)}
+CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl"}
+PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES if d == "bf16" or c[0] in F16_CASES]
+          + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()])
 ORDERS = ("forward", "reverse", "shuffle")
 
 
-def _problem(case, dtype: DType) -> ConvProblem:
+def _problem(case, dtype: DType, layout: str = "nchw") -> ConvProblem:
     _, shape, k, kernel, stride, padding, dilation, groups = case
+    x_layout, w_layout, y_layout = LAYOUTS[layout]
     return ConvProblem(Op.FWD, shape[0], shape[1], k, tuple(shape[2:]), kernel, stride, padding, dilation,
-                       groups=groups, dtype=dtype, bias=True).validate()
+                       groups=groups, dtype=dtype, bias=True, input_layout=x_layout, weight_layout=w_layout,
+                       output_layout=y_layout).validate()
 
 
-def _prefix(vendor: str, name: str, dtype: str) -> str:
-    return f"{vendor}_{name}_{dtype}"
+def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
+    return f"{vendor}_{name}_{dtype}_{layout}"
+
+
+def _memory(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """`t` with its elements in `layout`'s memory order (same logical values)."""
+    return t.contiguous(memory_format=channels_last_format(t.dim())) if layout is Layout.CHANNELS_LAST else t
 
 
 def _source(vendor: str, arch: str | None = None) -> str:
     target = parse_target(f"{vendor}-{arch}" if arch else vendor)
-    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0]), target, _prefix(vendor, n, d)) for n, d in PARAMS)
+    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay))
+                   for n, d, lay in PARAMS)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +123,7 @@ def test_what_the_kernel_does_not_take_is_refused_by_name():
     base = _problem(BY_NAME["ragged"], DType.BF16)
     cuda = parse_target("cuda-sm_80")
     for change, word in [({"dtype": DType.F32}, "dtype f32"), ({"transposed": True, "output_padding": (0, 0)}, "transposed"),
-                         ({"input_layout": Layout.CHANNELS_LAST}, "layout")]:
+                         ({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537")]:
         with pytest.raises(ConvSpecError, match=word):
             igemm_context(dataclasses.replace(base, **change), cuda, "p")
     with pytest.raises(ConvSpecError, match="cuda or hip"):
@@ -137,8 +150,10 @@ def _reference(case, x, w, b, dy):
 
 def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0):
     p, n = sim.pointer, ctypes.c_longlong(problem.n)
-    y, dx, dw, db = (torch.full(s, float("nan"), dtype=torch_dtype) for s in
-                     (problem.output_shape, problem.input_shape, problem.weight_shape, (problem.k,)))
+    x, w, dy = _memory(x, problem.input_layout), _memory(w, problem.weight_layout), _memory(dy, problem.output_layout)
+    y, dx, dw, db = (_memory(torch.full(s, float("nan"), dtype=torch_dtype), layout) for s, layout in
+                     ((problem.output_shape, problem.output_layout), (problem.input_shape, problem.input_layout),
+                      (problem.weight_shape, problem.weight_layout), ((problem.k,), Layout.CONTIGUOUS)))
     lib.lib[f"{prefix}_bwd_weight_workspace_bytes"].restype = ctypes.c_ulonglong
     bytes_ = lib.lib[f"{prefix}_bwd_weight_workspace_bytes"](n)
     workspace = torch.full((bytes_ // 4,), float("nan"), dtype=torch.float32)   # poisoned: every partial is written
@@ -150,19 +165,19 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0):
 
 
 @pytest.mark.parametrize("vendor", list(sim.WARP))
-@pytest.mark.parametrize("name,dtype", PARAMS)
-def test_every_pass_matches_aten(libs, vendor, name, dtype):
+@pytest.mark.parametrize("name,dtype,layout", PARAMS)
+def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
     case = BY_NAME[name]
-    problem = _problem(case, DTYPES[dtype][0])
+    problem = _problem(case, DTYPES[dtype][0], layout)
     torch_dtype = DTYPES[dtype][1]
-    g = generator_for(f"igemm-{vendor}-{name}-{dtype}")
+    g = generator_for(f"igemm-{vendor}-{name}-{dtype}-{layout}")
     x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
     b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
     order = ORDERS[(len(name) + (vendor == "hip")) % 3]
-    out = _run(libs[vendor], _prefix(vendor, name, dtype), problem, torch_dtype, x, w, b, dy, order, seed=len(name))
+    out = _run(libs[vendor], _prefix(vendor, name, dtype, layout), problem, torch_dtype, x, w, b, dy, order, seed=len(name))
     terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
     for what, got, ref in zip(("forward", "grad_input", "grad_weight", "grad_bias"), out, _reference(case, x, w, b, dy)):
-        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {what} ({order})", terms[what])
+        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})", terms[what])
 
 
 @pytest.mark.parametrize("vendor", list(sim.WARP))
@@ -186,7 +201,7 @@ def test_the_batch_size_is_a_run_time_argument(libs):
     w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
     y = torch.full((1, *problem.output_shape[1:]), float("nan"), dtype=torch.bfloat16)
     p = sim.pointer
-    libs["cuda"].call("cuda_c2_bf16_fwd", p(x), p(w), p(b), p(y), ctypes.c_longlong(1), None)
+    libs["cuda"].call("cuda_c2_bf16_nchw_fwd", p(x), p(w), p(b), p(y), ctypes.c_longlong(1), None)
     assert_close(y, _reference(case, x, w, b, torch.zeros_like(y))[0], torch.bfloat16, "batch 1 forward", 36)
 
 

@@ -21,6 +21,9 @@ typedef cudaStream_t convgen_stream_t;
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
 #endif
 
+// A kernel's launch bounds: at most `threads` per block, registers for `blocks` resident per SM.
+#define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+
 #define CONVGEN_FULL_MASK 0xffffffffu
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) {
     return __shfl_down_sync(CONVGEN_FULL_MASK, v, delta);

@@ -21,6 +21,10 @@ typedef hipStream_t convgen_stream_t;
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
 #endif
 
+// A kernel's launch bounds: at most `threads` per block. (HIP's second __launch_bounds__ argument
+// counts waves per execution unit, not blocks per CU: left to the compiler.)
+#define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+
 #define CONVGEN_FULL_MASK 0xffffffffffffffffull
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) { return __shfl_down(v, delta); }
 template <class T> __device__ __forceinline__ T convgen_shfl_xor(T v, int lanes) { return __shfl_xor(v, lanes); }
