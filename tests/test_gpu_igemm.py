@@ -5,7 +5,7 @@ instructions of templates/gpu/cuda.h and hip.h.
   forward, data, weight and bias gradients, bf16 and f16, with the tolerances of tests/reference.py.
 - The weight gradient's split-K sum is bitwise the same under forward, reversed and shuffled orders.
 - Every rendered variant builds with nvcc for sm_80 and sm_90 with spills as errors and with hipcc
-  for gfx90a, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions.
+  for gfx90a and gfx940, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions.
 (The wrappers themselves and their emulation are tested in test_gpu_mma.py.)
 
 Simulator libraries of both vendors are loaded into one process: entry prefixes name the vendor,
@@ -244,18 +244,20 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
-def test_the_kernels_build_with_hipcc_for_gfx90a_and_use_matrix_cores(tmp_path):
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores(tmp_path):
     src = tmp_path / "igemm_hip.cu"
-    src.write_text(_source("hip", "gfx90a"))
-    done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c", "-save-temps",
+    src.write_text(_source("hip", "gfx90a"))   # the HIP source is the same for both archs
+    done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
                            "-Rpass-analysis=kernel-resource-usage", "-I", str(sim.gpu_templates_dir()), str(src),
                            "-o", str(tmp_path / "igemm.o")], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "HIP_PLATFORM": "amd"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
-    assembly = next(tmp_path.glob("*gfx90a*.s")).read_text()
-    functions = re.split(r"\n(?=_ZN\w+:)", assembly)
-    gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E\w*:", f)]
-    assert len(gemm_kernels) == 3 * len(PARAMS)
-    for body in gemm_kernels:
-        assert re.search(r"v_mfma_f32_16x16x16(bf16_1k|f16)", body), body.split(":", 1)[0]
+    # gfx90a spells the instructions v_mfma_f32_16x16x16bf16_1k / ...f16, gfx940 ..._bf16 / ..._f16
+    for arch in ("gfx90a", "gfx940"):
+        assembly = next(tmp_path.glob(f"*{arch}*.s")).read_text()
+        functions = re.split(r"\n(?=_ZN\w+:)", assembly)
+        gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E\w*:", f)]
+        assert len(gemm_kernels) == 3 * len(PARAMS), arch
+        for body in gemm_kernels:
+            assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
