@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,61 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
         assert len(gemm_kernels) == 3 * len(PARAMS), arch
         for body in gemm_kernels:
             assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
+
+
+# ----------------------------------------------------------------------- sanitizers
+
+ASAN_SCRIPT = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import test_gpu_igemm as T
+from convgen import sim
+from convgen.codegen.gpu_igemm import render_igemm
+from convgen.codegen.target import parse_target
+from reference import generator_for, randn
+for vendor in sim.WARP:
+    target = parse_target(vendor)
+    source = "".join(render_igemm(T._problem(T.BY_NAME[n], T.DTYPES[d][0], lay), target, T._prefix(vendor, n, d, lay))
+                     for n, d, lay in T.SANITIZED)
+    lib = sim.build(source, Path(sys.argv[1]), "asan_" + vendor, vendor, sanitize=True)
+    for n, d, lay in T.SANITIZED:
+        problem, torch_dtype = T._problem(T.BY_NAME[n], T.DTYPES[d][0], lay), T.DTYPES[d][1]
+        g = generator_for("asan")
+        x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
+        b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
+        T._run(lib, T._prefix(vendor, n, d, lay), problem, torch_dtype, x, w, b, dy, "shuffle", 3)
+        print("ran", vendor, n, d, lay, flush=True)
+print("all ran")
+"""
+# the edges: ragged channels in channels-last, taps-free phases, several tiles along M and N
+SANITIZED = [("ragged", "bf16", "cl"), ("s3d1", "bf16", "nchw"), ("tiles", "bf16", "x_cl")]
+
+
+def _sanitizer_runtimes() -> list[str] | None:
+    from convgen import knobs
+    found = []
+    for name in ("libasan.so", "libubsan.so"):
+        path = subprocess.run([*knobs.cxx(), f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(path):
+            return None
+        found.append(path)
+    return found
+
+
+def test_the_kernels_run_clean_under_asan_and_ubsan(tmp_path):
+    """Every access of every pass stays inside its tensor, workspace and shared array."""
+    if not HAVE_FP16:
+        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+    runtimes = _sanitizer_runtimes()
+    if runtimes is None:
+        pytest.skip("the host compiler has no libasan/libubsan")
+    script = tmp_path / "asan_run.py"
+    script.write_text(ASAN_SCRIPT)
+    env = {**os.environ, "LD_PRELOAD": ":".join(runtimes), "ASAN_OPTIONS": "detect_leaks=0"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), os.path.dirname(__file__)],
+                          capture_output=True, text=True, env=env)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0 and "all ran" in text, text
+    assert "AddressSanitizer" not in text and "runtime error" not in text, text
+    assert text.count("ran ") == 2 * len(SANITIZED)
