@@ -18,6 +18,7 @@ import ctypes
 import dataclasses
 import importlib.util
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -76,6 +77,33 @@ def _problem(case, dtype: DType, layout: str = "nchw") -> ConvProblem:
     return ConvProblem(Op.FWD, shape[0], shape[1], k, tuple(shape[2:]), kernel, stride, padding, dilation,
                        groups=groups, dtype=dtype, bias=True, input_layout=x_layout, weight_layout=w_layout,
                        output_layout=y_layout).validate()
+
+
+def _random_cases(count: int, seed: int) -> list[tuple]:
+    """Small valid problems drawn over every axis (rank, groups, ragged channels, kernel, stride,
+    dilation, asymmetric padding), the same on every run."""
+    rng, cases = random.Random(seed), []
+    while len(cases) < count:
+        rank, groups = rng.randint(1, 3), rng.randint(1, 3)
+        kernel = tuple(rng.randint(1, 4) for _ in range(rank))
+        stride = tuple(rng.randint(1, 3) for _ in range(rank))
+        dilation = tuple(rng.randint(1, 3) for _ in range(rank))
+        padding = tuple((rng.randint(0, 2), rng.randint(0, 2)) for _ in range(rank))
+        size = tuple(rng.randint(1, 9 if rank < 3 else 5) for _ in range(rank))
+        shape = (rng.randint(1, 3), groups * rng.randint(1, 6), *size)
+        case = (f"rand{len(cases)}", shape, groups * rng.randint(1, 7), kernel, stride, padding, dilation, groups)
+        try:
+            _problem(case, DType.BF16)
+        except ConvSpecError:
+            continue   # the kernel does not fit the padded input: draw again
+        cases.append(case)
+    return cases
+
+
+RANDOM_CASES = _random_cases(8, seed=17)
+BY_NAME.update((c[0], c) for c in RANDOM_CASES)
+PARAMS += [(c[0], "bf16" if i % 2 else "f16", "cl" if i % 3 == 0 and len(c[1]) > 3 else "nchw")
+           for i, c in enumerate(RANDOM_CASES)]
 
 
 def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
