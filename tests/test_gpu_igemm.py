@@ -177,7 +177,8 @@ def _reference(case, x, w, b, dy):
     return y, dxp[tuple(slices)], dw, db
 
 
-def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0):
+def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=None):
+    """Every pass of `prefix`'s kernels on poisoned outputs; `keep` (a dict) receives the workspace."""
     p, n = sim.pointer, ctypes.c_longlong(problem.n)
     x, w, dy = _memory(x, problem.input_layout), _memory(w, problem.weight_layout), _memory(dy, problem.output_layout)
     y, dx, dw, db = (_memory(torch.full(s, float("nan"), dtype=torch_dtype), layout) for s, layout in
@@ -190,6 +191,8 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0):
     lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(workspace), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_bias", p(dy), p(db), n, None, order=order, seed=seed)
+    if keep is not None:
+        keep["workspace"] = workspace
     return y, dx, dw, db
 
 
@@ -216,10 +219,31 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
     g = generator_for(f"igemm-determinism-{vendor}")
     x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
     w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
-    results = [_run(libs[vendor], _prefix(vendor, "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, order, seed)
-               for order, seed in (("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2))]
-    for other in results[1:]:
+    kept = [{} for _ in range(4)]
+    results = [_run(libs[vendor], _prefix(vendor, "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, order, seed,
+                    keep) for (order, seed), keep in zip((("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2)), kept)]
+    for other, keep in zip(results[1:], kept[1:]):
         assert torch.equal(results[0][2].view(torch.int16), other[2].view(torch.int16))
+        assert torch.equal(kept[0]["workspace"].view(torch.int32), keep["workspace"].view(torch.int32))
+
+
+def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_order(libs):
+    """The workspace holds full f32 partials (not rounded to bf16) and grad_weight is their sum in
+    split order, in f32, rounded to bf16 once."""
+    problem = _problem(BY_NAME["split"], DType.BF16)
+    split = igemm_context(problem, parse_target("cuda"), "p").split
+    g = generator_for("igemm-split-rounding")
+    x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
+    w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
+    keep = {}
+    dw = _run(libs["cuda"], _prefix("cuda", "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, "shuffle", 5, keep)[2]
+    partials = keep["workspace"].view(split, *problem.weight_shape)
+    assert torch.isfinite(partials).all()
+    assert not torch.equal(partials, partials.bfloat16().float())   # f32 precision, not bf16
+    total = torch.zeros(problem.weight_shape, dtype=torch.float32)
+    for s in range(split):
+        total += partials[s]
+    assert torch.equal(dw.view(torch.int16), total.bfloat16().view(torch.int16))
 
 
 def test_the_batch_size_is_a_run_time_argument(libs):
