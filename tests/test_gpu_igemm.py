@@ -8,8 +8,7 @@ instructions of templates/gpu/cuda.h and hip.h.
   for gfx90a and gfx940, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions.
 (The wrappers themselves and their emulation are tested in test_gpu_mma.py.)
 
-Simulator libraries of both vendors are loaded into one process: entry prefixes name the vendor,
-since g++ makes the static shared-memory arrays of same-named kernels one object across libraries.
+Entry prefixes name the vendor and the case, so that failures say which library ran.
 """
 
 from __future__ import annotations

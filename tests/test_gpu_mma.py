@@ -4,9 +4,10 @@ them (templates/gpu/sim/mma.h): mma.sync m16n8k16 at warp 32, v_mfma_f32_16x16x1
 A small GEMM kernel built only on the wrappers runs in the simulator against torch. Integer-valued
 inputs make every product and sum exact, so one misplaced fragment element shows as a mismatch;
 random inputs check the f32 accumulation; a lane that skips the instruction is an error.
-Simulator libraries of both vendors are loaded into one process, so the kernel sits in a namespace
-per vendor: g++ makes the static shared-memory arrays of same-named kernels one object across
-libraries (STB_GNU_UNIQUE).
+Both vendors' libraries define the same kernel, `gemm<T>`, and are loaded into one process: the
+simulator must keep each library's `__shared__` arrays its own (g++ would otherwise make the
+function-static arrays of same-named kernels one object across libraries, STB_GNU_UNIQUE, and
+the 64-lane library would overrun the 32-lane one's smaller tile).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ ORDERS = ("forward", "reverse", "shuffle")
 # One warp per CONVGEN_MMA_M x CONVGEN_MMA_N tile of C = A B; A row-major M x K, B given as B^T (N x K).
 GEMM = r"""
 #include "VENDOR.h"
-namespace VENDOR_mma {   // a namespace per vendor: see the module docstring
 template <class T>
 __global__ void gemm(const unsigned short* a, const unsigned short* bt, float* c, int M, int N, int K, int skip_lane) {
     __shared__ unsigned short a_tile[CONVGEN_MMA_M * 16], b_tile[CONVGEN_MMA_N * 16];
@@ -48,10 +48,9 @@ __global__ void gemm(const unsigned short* a, const unsigned short* bt, float* c
     for (int e = 0; e < 4; ++e)
         c[(m0 + convgen_mma_acc_row(lane, e)) * N + n0 + convgen_mma_acc_col(lane, e)] = acc.c[e];
 }
-}  // namespace VENDOR_mma
 #define ENTRY(name, T) \
     extern "C" int name(const unsigned short* a, const unsigned short* bt, float* c, int M, int N, int K, int skip) { \
-        return CONVGEN_LAUNCH(VENDOR_mma::gemm<T>, dim3(M / CONVGEN_MMA_M, N / CONVGEN_MMA_N), CONVGEN_WARP, 0, 0, a, bt, c, M, N, K, skip); \
+        return CONVGEN_LAUNCH(gemm<T>, dim3(M / CONVGEN_MMA_M, N / CONVGEN_MMA_N), CONVGEN_WARP, 0, 0, a, bt, c, M, N, K, skip); \
     }
 ENTRY(VENDOR_gemm_bf16, convgen_bf16)
 ENTRY(VENDOR_gemm_f16, convgen_f16)

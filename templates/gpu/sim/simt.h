@@ -437,8 +437,11 @@ inline T atomic_update(T* address, Op op) {
 #undef __shared__
 #undef __forceinline__
 #undef __launch_bounds__
-#define __global__
-#define __device__
+// Hidden: a kernel's `__shared__` arrays (function statics) stay its library's own when several
+// libraries with same-named kernels are loaded into one process (default visibility would let
+// g++ merge them across libraries as STB_GNU_UNIQUE objects).
+#define __global__ __attribute__((visibility("hidden")))
+#define __device__ __attribute__((visibility("hidden")))
 #define __host__
 #define __shared__ static thread_local
 #define __forceinline__ inline __attribute__((always_inline))
