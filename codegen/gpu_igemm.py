@@ -153,6 +153,13 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str) -> IgemmCon
     if problem.groups > 65535:
         raise ConvSpecError(f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
                             "at most 65535")
+    too_big = {name: count for name, count in (("an input image", problem.c * math.prod(problem.in_size)),
+                                               ("an output image", problem.k * math.prod(problem.out_size)),
+                                               ("the weight", math.prod(problem.weight_shape))) if count >= 2**31}
+    if too_big:
+        raise ConvSpecError("size: the implicit-GEMM GPU kernel indexes within one image and the weight in 32 bits; "
+                            + ", ".join(f"{name} has {count} elements" for name, count in too_big.items())
+                            + " (at most 2^31 - 1)")
     from .emit import operand_strides   # the CPU kernels' strides per layout; emit imports this module's peers lazily
 
     in_size, out_size = _three(problem.in_size, 1), _three(problem.out_size, 1)

@@ -151,7 +151,8 @@ def test_what_the_kernel_does_not_take_is_refused_by_name():
     base = _problem(BY_NAME["ragged"], DType.BF16)
     cuda = parse_target("cuda-sm_80")
     for change, word in [({"dtype": DType.F32}, "dtype f32"), ({"transposed": True, "output_padding": (0, 0)}, "transposed"),
-                         ({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537")]:
+                         ({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537"),
+                         ({"in_size": (1 << 15, 1 << 15)}, "an input image has 3221225472 elements")]:
         with pytest.raises(ConvSpecError, match=word):
             igemm_context(dataclasses.replace(base, **change), cuda, "p")
     with pytest.raises(ConvSpecError, match="cuda or hip"):
