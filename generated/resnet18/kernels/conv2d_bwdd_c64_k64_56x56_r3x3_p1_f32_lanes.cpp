@@ -140,9 +140,18 @@ constexpr int64_t EXD = (OMAXD + 1 > YD ? OMAXD + 1 : YD) + LOD, EXH = (OMAXH + 
 // With pairs, the copy holds each group's grad_output channels in pairs (pair_of), one 32-bit word
 // per pixel and pair: RB_SC is then a pair's stride.
 constexpr bool IN_PLACE = false;     // no border, unit type: read grad_output itself
-constexpr int64_t RB_SW = IN_PLACE ? Y_SW : 1, RB_SH = IN_PLACE ? Y_SH : EXW,
-                  RB_SD = IN_PLACE ? Y_SD : EXH * EXW, RB_SC = IN_PLACE ? Y_SC : EXD * EXH * EXW,
-                  RB_SN = IN_PLACE ? Y_SN : G * RC * EXD * EXH * EXW, RB_SG = RC * RB_SC;
+// A channels-last grad_output is copied channels innermost, [b][EXD][EXH][EXW][YGS] (G * RC used), each row
+// read in order; otherwise the copy is [b][g][RC][EXD][EXH][EXW].
+constexpr bool CH_INNER = Y_SC == 1 && Y_SW > 1;
+// Its pixels lie an odd number of cache lines apart (with many channels): a stride of a power of two
+// lines would map a tile's pixels and taps to a few L1 sets.
+constexpr int64_t YGC = G * RC, LINE = 64 / (int64_t)sizeof(ACC);   // words per pixel, per cache line
+constexpr int64_t YGS = YGC > LINE ? (((YGC + LINE - 1) / LINE) | 1) * LINE : YGC;   // a pixel's stride
+constexpr int64_t RB_SW = IN_PLACE ? Y_SW : CH_INNER ? YGS : 1,
+                  RB_SH = IN_PLACE ? Y_SH : CH_INNER ? EXW * YGS : EXW,
+                  RB_SD = IN_PLACE ? Y_SD : EXH * EXW * (CH_INNER ? YGS : 1),
+                  RB_SC = IN_PLACE ? Y_SC : CH_INNER ? 1 : EXD * EXH * EXW,
+                  RB_SN = IN_PLACE ? Y_SN : (CH_INNER ? YGS : G * RC) * EXD * EXH * EXW, RB_SG = RC * RB_SC;
 constexpr int64_t OUT_SC = X_SC;
 
 // A part's phase per axis, and its pixels per axis and per image.
@@ -233,6 +242,26 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
 // The zero-padded grad_output of every image and channel (or pair of channels),
 // [b][g][RC][EXD][EXH][EXW], by rows.
 static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t n, int nthreads) {
+  if constexpr (CH_INNER) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < n * EXD * EXH; ++r) {
+      const int64_t ph = r % EXH, pd = (r / EXH) % EXD, b = r / (EXH * EXD);
+      const int64_t od = pd - LOD, oh = ph - LOH;
+      ACC* dst = yp + r * EXW * YGS;
+      if (od < 0 || od >= YD || oh < 0 || oh >= YH) {
+        for (int64_t m = 0; m < EXW * YGS; ++m) dst[m] = 0;
+        continue;
+      }
+      for (int64_t m = 0; m < LOW * YGS; ++m) dst[m] = 0;
+      for (int64_t m = 0; m < YW; ++m) {
+        const T* src = gy + b * Y_SN + od * Y_SD + oh * Y_SH + m * Y_SW;   // the pixel's channels, in order
+        ACC* to = dst + (LOW + m) * YGS;
+        for (int64_t o = 0; o < YGC; ++o) to[o] = to_acc(src[o]);
+      }
+      for (int64_t m = (LOW + YW) * YGS; m < EXW * YGS; ++m) dst[m] = 0;
+    }
+    return;
+  }
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t r = 0; r < n * G * RC * EXD * EXH; ++r) {
     const int64_t ph = r % EXH, pd = (r / EXH) % EXD, gk = (r / (EXH * EXD)) % (G * RC), b = r / (EXH * EXD * G * RC);

@@ -141,13 +141,44 @@ constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH +
 // per pixel and pair (pair_of), XCP of them per group: RB_SC is then a pair's stride.
 constexpr bool IN_PLACE = true;
 constexpr int64_t XCP = CIN_G;   // channel pairs (or channels) per group
-constexpr int64_t RB_SW = IN_PLACE ? X_SW : 1, RB_SH = IN_PLACE ? X_SH : XWP,
-                  RB_SD = IN_PLACE ? X_SD : XHP * XWP, RB_SC = IN_PLACE ? X_SC : XDP * XHP * XWP,
-                  RB_SN = IN_PLACE ? X_SN : G * XCP * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
+// A channels-last input is copied channels innermost, [b][XDP][XHP][XWP][XGS] (G * XCP used): each row is read
+// in order (a gather of one channel at a time strides over every pixel's channels); otherwise the
+// copy is [b][g][XCP][XDP][XHP][XWP].
+constexpr bool CH_INNER = false && X_SC == 1 && X_SW > 1;
+// Its pixels lie an odd number of cache lines apart (with many channels): a stride of a power of two
+// lines would map a tile's pixels and taps to a few L1 sets.
+constexpr int64_t XGC = G * XCP, LINE = 64 / (int64_t)sizeof(ACC);   // words per pixel, per cache line
+constexpr int64_t XGS = XGC > LINE ? (((XGC + LINE - 1) / LINE) | 1) * LINE : XGC;   // a pixel's stride
+constexpr int64_t RB_SW = IN_PLACE ? X_SW : CH_INNER ? XGS : 1,
+                  RB_SH = IN_PLACE ? X_SH : CH_INNER ? XWP * XGS : XWP,
+                  RB_SD = IN_PLACE ? X_SD : XHP * XWP * (CH_INNER ? XGS : 1),
+                  RB_SC = IN_PLACE ? X_SC : CH_INNER ? 1 : XDP * XHP * XWP,
+                  RB_SN = IN_PLACE ? X_SN : (CH_INNER ? XGS : G * XCP) * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
 
 // The zero-padded input of every image and channel (or channel pair), [b][g][XCP][XDP][XHP][XWP],
 // one row at a time.
 static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
+  if constexpr (CH_INNER) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < n * XDP * XHP; ++r) {
+      const int64_t ph = r % XHP, pd = (r / XHP) % XDP, b = r / (XHP * XDP);
+      const int64_t id = pd - PD, ih = ph - PH;
+      ACC* dst = xp + r * XWP * XGS;
+      if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
+        for (int64_t m = 0; m < XWP * XGS; ++m) dst[m] = 0;
+        continue;
+      }
+      const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
+      for (int64_t m = 0; m < lo * XGS; ++m) dst[m] = 0;
+      for (int64_t m = lo; m < hi; ++m) {
+        const T* src = x + b * X_SN + id * X_SD + ih * X_SH + (m - PW) * X_SW;   // the pixel's channels, in order
+        ACC* to = dst + m * XGS;
+        for (int64_t ci = 0; ci < XGC; ++ci) to[ci] = to_acc(src[ci]);
+      }
+      for (int64_t m = hi * XGS; m < XWP * XGS; ++m) dst[m] = 0;
+    }
+    return;
+  }
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t r = 0; r < n * G * XCP * XDP * XHP; ++r) {
     const int64_t ph = r % XHP, pd = (r / XHP) % XDP, gc = (r / (XHP * XDP)) % (G * XCP), b = r / (XHP * XDP * G * XCP);
