@@ -130,6 +130,10 @@ def emit(plan: Plan) -> KernelSource | None:
     """The source for `plan`, or None when the plan needs no kernel (algorithm 'empty')."""
     if plan.algorithm == "empty":
         return None
+    if plan.target.kind is not TargetKind.CPU:
+        from .emit_gpu import emit_gpu
+
+        return emit_gpu(plan)
     key = (plan.target.kind, plan.kop, plan.algorithm)
     if key not in TEMPLATES:
         raise ConvgenError(f"emit: no template for target {plan.target.kind.value}, kernel op "

@@ -16,6 +16,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
 | CONVGEN_BF16_DOT       | bf16_dot()         | on where the CPU has AVX512-BF16          |
+| CONVGEN_SIM            | sim()              | unset: CPU kernels (cuda, hip: simulated) |
 | CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
 | CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
 | CUDA_HOME, CUDA_PATH   | cuda_home()        | from nvcc on PATH (NVIDIA's fp16 headers) |
@@ -119,6 +120,24 @@ def bf16_dot() -> bool:
     """Whether bf16 kernels may reduce in pairs on the CPU's bf16 dot-product instruction
     (vdpbf16ps) where it has one (CONVGEN_BF16_DOT, default on; 0 keeps bf16 on f32 FMAs)."""
     return os.environ.get("CONVGEN_BF16_DOT", "").strip() == "" or _flag("CONVGEN_BF16_DOT")
+
+
+SIM_VENDORS = ("cuda", "hip")
+
+
+def sim() -> str:
+    """The GPU vendor whose generated kernels convgen calls on CPU tensors run in the SIMT
+    simulator (CONVGEN_SIM: cuda or hip, for that vendor's default arch, sm_90 or gfx90a), or ""
+    when unset or empty: the CPU kernels. Read on every call (one environment lookup)."""
+    value = os.environ.get("CONVGEN_SIM")
+    if not value:
+        return ""
+    vendor = value.strip().lower()
+    if vendor not in SIM_VENDORS:
+        raise ConvgenError(f"CONVGEN_SIM={value!r} is not a simulator vendor; use one of {', '.join(SIM_VENDORS)} "
+                           f"(the generated CUDA or HIP kernels run in the SIMT simulator), or leave it unset for "
+                           f"the CPU kernels.")
+    return vendor
 
 
 SIM_ORDERS = ("forward", "reverse", "shuffle")   # index = the code convgen_sim_configure takes

@@ -60,16 +60,30 @@ def fp16_include_dir() -> Path | None:
     return _nvcc_include(str(home) if home else None, shutil.which("nvcc"))
 
 
-def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False) -> list[str]:
-    """The g++ command that builds `src` (CUDA or HIP source including cuda.h/hip.h) into a shared
-    library run by the simulator with `vendor`'s warp size."""
+def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False,
+                    cxx_argv: list[str] | None = None) -> list[str]:
+    """The g++ command that builds `src` (CUDA or HIP source with cuda.h/hip.h, included or
+    inline) into a shared library run by the simulator with `vendor`'s warp size."""
     if vendor not in WARP:
         raise ConvgenError(f"simulator vendor {vendor!r}: expected one of {', '.join(WARP)}")
     include = fp16_include_dir()
-    return [*knobs.cxx(), "-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-x", "c++",
+    argv = list(cxx_argv) if cxx_argv is not None else knobs.cxx()
+    return [*argv, "-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-x", "c++",
             "-DCONVGEN_SIM", f"-DCONVGEN_SIM_WARP={WARP[vendor]}", "-I", str(gpu_templates_dir()),
             *(["-isystem", str(include)] if include else []), *(SANITIZE if sanitize else ()),
             src, "-o", out]
+
+
+@functools.lru_cache(maxsize=1)
+def headers_digest() -> str:
+    """sha256 over the simulator's headers (sim/simt.h, sim/fiber.h): part of a simulator
+    build's cache key, since they are compiled into every such artifact."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("simt.h", "fiber.h"):
+        h.update((gpu_templates_dir() / "sim" / name).read_bytes())
+    return h.hexdigest()
 
 
 def build(source: str, directory: Path, name: str, vendor: str, *, sanitize: bool = False) -> "SimLibrary":
