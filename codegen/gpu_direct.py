@@ -67,6 +67,7 @@ class DirectContext:
     dilation: tuple[int, int, int]
     threads: int
     entries: tuple[str, ...]
+    kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
 
 
 def _three(values, fill: int) -> tuple[int, int, int]:
@@ -112,7 +113,16 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
         x=Operand(x[0], x[1], strides(x[2], x[0], x[1])), y=Operand(y[0], y[1], strides(y[2], y[0], y[1])),
         w_strides=strides(p.weight_layout, x[0] // p.groups if p.groups else 0, kernel),
         kernel=kernel, stride=_three(p.stride, 1), pad=_three([low for low, _ in p.padding], 0),
-        dilation=_three(p.dilation, 1), threads=threads, entries=tuple(entries))
+        dilation=_three(p.dilation, 1), threads=threads, entries=tuple(entries),
+        kernels=tuple(sorted({_launches(e, p.transposed) for e in entries})))
+
+
+def _launches(entry: str, transposed: bool) -> str:
+    """The kernel an entry launches: conv_y computes the normal convolution's output, conv_x its
+    data gradient (a transposed convolution swaps the two), conv_w its weight gradient,
+    sum_channels a bias gradient."""
+    return {"fwd": "conv_x" if transposed else "conv_y", "bwd_data": "conv_y" if transposed else "conv_x",
+            "bwd_weight": "conv_w", "bwd_bias": "sum_channels"}[entry]
 
 
 def render_direct(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:
