@@ -100,7 +100,7 @@ def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] 
     if target.kind is not TargetKind.CPU:   # GPU source, built to run in the SIMT simulator
         from . import sim
 
-        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv)
+        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False)
     return [
         *argv,
         "-O3",

@@ -61,14 +61,16 @@ def fp16_include_dir() -> Path | None:
 
 
 def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False,
-                    cxx_argv: list[str] | None = None) -> list[str]:
+                    cxx_argv: list[str] | None = None, debug: bool = True) -> list[str]:
     """The g++ command that builds `src` (CUDA or HIP source with cuda.h/hip.h, included or
-    inline) into a shared library run by the simulator with `vendor`'s warp size."""
+    inline) into a shared library run by the simulator with `vendor`'s warp size; debug=False
+    leaves out -g (a third of the compile time; the runtime's builds, whose simulator messages
+    name sites by themselves)."""
     if vendor not in WARP:
         raise ConvgenError(f"simulator vendor {vendor!r}: expected one of {', '.join(WARP)}")
     include = fp16_include_dir()
     argv = list(cxx_argv) if cxx_argv is not None else knobs.cxx()
-    return [*argv, "-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-x", "c++",
+    return [*argv, "-std=c++17", "-O1", *(["-g"] if debug or sanitize else []), "-fPIC", "-shared", "-pthread", "-x", "c++",
             "-DCONVGEN_SIM", f"-DCONVGEN_SIM_WARP={WARP[vendor]}", "-I", str(gpu_templates_dir()),
             *(["-isystem", str(include)] if include else []), *(SANITIZE if sanitize else ()),
             src, "-o", out]
