@@ -40,7 +40,7 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 class Refused(ConvgenError):
-    """A well-formed request convgen cannot serve (e.g. source for a GPU target): exit 2."""
+    """A well-formed request convgen cannot serve (e.g. a benchmark of a GPU target): exit 2."""
 
 
 # ---------------------------------------------------------------------------------- problems
@@ -273,7 +273,8 @@ def cmd_bench(args) -> int:
 
     target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:
-        raise Refused(f"bench runs on the CPU only; no GPU emitter exists yet (target {target.name()})")
+        raise Refused(f"bench runs on the CPU only; convgen does not run GPU kernels on a device yet (target "
+                      f"{target.name()}; `convgen check --sim` runs them in the simulator)")
     if target.isa not in host_isas():
         raise Refused(f"--target {args.target}: this CPU does not run {target.isa} code (it runs "
                       f"{', '.join(host_isas())}), so bench cannot time it here")

@@ -125,6 +125,7 @@ def bf16_dot() -> bool:
 
 
 SIM_VENDORS = ("cuda", "hip")
+_SIM_KEY = os.environ.encodekey("CONVGEN_SIM") if hasattr(os.environ, "encodekey") else "CONVGEN_SIM"
 
 
 def sim() -> str:
@@ -132,6 +133,11 @@ def sim() -> str:
     simulator (CONVGEN_SIM: cuda or hip, for that vendor's default arch, sm_90 or gfx90a), or ""
     when unset or empty: the CPU kernels. An arch may follow the vendor (cuda-sm_80, hip-gfx940:
     checked by parse_target). Read on every call (one environment lookup)."""
+    try:   # os.environ's own table: a missing key costs no KeyError (os.environ.get costs ~1 µs then)
+        if not os.environ._data.get(_SIM_KEY):
+            return ""
+    except AttributeError:
+        pass
     value = os.environ.get("CONVGEN_SIM")
     if not value:
         return ""
