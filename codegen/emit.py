@@ -2,6 +2,8 @@
 
 Decisions live in the plan; here they are only turned into one context object per template
 (`KernelContext`), so the templates stay short. One strict Jinja environment serves all.
+Plans for CUDA and HIP targets are emitted by codegen/emit_gpu.py (its own table of GPU
+algorithms); the TEMPLATES table below is the CPU's.
 """
 
 from __future__ import annotations
