@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import ConvgenError
 from ..plan import GpuTiling, KOp, Plan
 
 DIRECT_THREADS = 256
@@ -32,9 +33,17 @@ def _results(plan: Plan) -> tuple[str, int, str]:
 
 
 def run_gpu(plan: Plan) -> Plan:
-    """The tiling of `plan` for a CUDA or HIP target."""
+    """The tiling of `plan` for a CUDA or HIP target, by its algorithm (TILINGS)."""
     if plan.algorithm == "empty":
         return plan.decide("tiling", "no kernel: nothing to launch", tiling=None)
+    tile = TILINGS.get(plan.algorithm)
+    if tile is None:
+        raise ConvgenError(f"tiling: no GPU tiling for algorithm {plan.algorithm!r}; GPU tilings: {sorted(TILINGS)}")
+    return tile(plan)
+
+
+def _direct(plan: Plan) -> Plan:
+    """direct: whole warps per block, one thread per result element."""
     gpu = plan.target.gpu
     threads = min(DIRECT_THREADS, gpu.max_threads_per_block) // gpu.warp_size * gpu.warp_size
     what, count, over = _results(plan)
@@ -49,3 +58,7 @@ def run_gpu(plan: Plan) -> Plan:
                                  f"{' (the grid follows the run-time batch)' if per_image else ''}"
                                  f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}",
                        tiling=tiling)
+
+
+# GPU algorithm -> its tiling function (a new GPU algorithm adds its own)
+TILINGS = {"direct": _direct}
