@@ -100,7 +100,8 @@ def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] 
     if target.kind is not TargetKind.CPU:   # GPU source, built to run in the SIMT simulator
         from . import sim
 
-        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False)
+        pch = sim.precompiled_header(target.kind.value, tuple(argv), str(cache.root()))
+        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False, pch=pch)
     return [
         *argv,
         "-O3",

@@ -6,7 +6,7 @@ tests take CASES.md cases (tests/test_cases.py's list and checks) through both v
 forward pass and every output_mask of the backward pass, against ATen in float64 with the
 tolerances of tests/reference.py, and count the simulated launches each call makes (so a silent
 CPU fallback cannot pass). The selection spreads the axes over the cases rather than crossing
-them all (each kernel file takes about 1.5 s to build for the simulator): f32/f64/bf16/f16,
+them all (each kernel file takes about 0.75 s of CPU to build for the simulator): f32/f64/bf16/f16,
 contiguous, channels-last input or weight, non-contiguous input or grad_output, transposed with
 output_padding, groups and depthwise, 'same' padding, 1-D and 3-D, an empty batch; thread and
 block orders forward, reversed and shuffled. Then the public API's other doors (autograd through
