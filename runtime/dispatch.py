@@ -4,11 +4,11 @@ A miss lowers the problem (codegen), emits the source and asks the builder for t
 (which may come from the in-process memo, the disk cache or a ninja build), then loads it with
 ctypes. The batch size is a run-time argument, so a new batch size finds the same artifact.
 
-With CONVGEN_SIM=cuda|hip the target is that vendor's default GPU arch (sm_90, gfx90a): the
-generated GPU kernels are built for the SIMT simulator (runtime/sim.py) and run on the CPU
-tensors' memory, through the same table (keyed by vendor too), cache and counters; each
-simulated launch counts in stats()["sim_launches"]. Ahead-of-time bundles (CPU code) are not
-consulted then.
+With CONVGEN_SIM=cuda|hip the target is that vendor's default GPU arch (sm_90, gfx90a), or the
+arch CONVGEN_SIM names (cuda-sm_80): the generated GPU kernels are built for the SIMT simulator
+(runtime/sim.py) and run on the CPU tensors' memory, through the same table (keyed by
+CONVGEN_SIM's value too), cache and counters; each simulated launch counts in
+stats()["sim_launches"]. Ahead-of-time bundles (CPU code) are not consulted then.
 """
 
 from __future__ import annotations
