@@ -2,6 +2,8 @@
 
 Decisions live in the plan; here they are only turned into one context object per template
 (`KernelContext`), so the templates stay short. One strict Jinja environment serves all.
+Plans for CUDA and HIP targets are emitted by codegen/emit_gpu.py (its own table of GPU
+algorithms); the TEMPLATES table below is the CPU's.
 """
 
 from __future__ import annotations
@@ -130,6 +132,10 @@ def emit(plan: Plan) -> KernelSource | None:
     """The source for `plan`, or None when the plan needs no kernel (algorithm 'empty')."""
     if plan.algorithm == "empty":
         return None
+    if plan.target.kind is not TargetKind.CPU:
+        from .emit_gpu import emit_gpu
+
+        return emit_gpu(plan)
     key = (plan.target.kind, plan.kop, plan.algorithm)
     if key not in TEMPLATES:
         raise ConvgenError(f"emit: no template for target {plan.target.kind.value}, kernel op "

@@ -1,10 +1,23 @@
 """The direct GPU kernel: every pass of a convolution, one GPU thread per result element,
 rendered for CUDA or HIP from `templates/gpu/direct.cu.j2`.
 
-It is the GPU side's reference kernel (clear, not fast): the first kernel the SIMT simulator and
-the vendor compilers run, and what faster GPU kernels will be checked against. It takes normal
-(not transposed) problems in the contiguous layout, f32 or f64 (every sum in double, rounded once),
-rank 1-3 (as 3-D with unit axes in front); the batch size is a run-time argument. Not yet reached from `lower`/`emit`.
+It is the GPU side's reference kernel (clear, not fast): what the SIMT simulator and the vendor
+compilers run first, and what faster GPU kernels are checked against. It takes every problem
+convgen validates: rank 1-3 (as 3-D with unit axes in front), groups, stride, dilation,
+asymmetric padding, transposed convolutions with output_padding (through the same equivalence as
+the CPU passes: a transposed forward is the data gradient of the normal convolution with input
+and output swapped, and so on; see codegen/passes/canonicalise.py), each tensor contiguous or
+channels-last (compile-time strides per tensor), f32/f64/bf16/f16 (bf16 and f16 stored as their
+16-bit patterns, converted by the generator's own round-to-nearest-even functions). Every sum
+runs in double and is rounded once to the result's dtype. The batch size is a run-time argument.
+
+Entries, one per user-level pass, with pointers by role (as the CPU entries), the batch and a
+stream; each returns 0 when its kernels were launched:
+
+    <prefix>_fwd(input, weight, bias, output, batch, stream)          bias may be null
+    <prefix>_bwd_data(grad_output, weight, grad_input, batch, stream)
+    <prefix>_bwd_weight(grad_output, input, grad_weight, batch, stream)
+    <prefix>_bwd_bias(grad_output, grad_bias, batch, stream)
 """
 
 from __future__ import annotations
@@ -12,12 +25,24 @@ from __future__ import annotations
 import dataclasses
 
 from .errors import ConvSpecError
+from .gpu_wrappers import vendor_wrappers
 from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
 from .version import generator_version
 
 THREADS = 256   # threads per block: 8 warps (4 waves), enough for the simulator and any GPU
-SCALARS = {DType.F32: "float", DType.F64: "double"}
+ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_bias")
+STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "unsigned short", DType.F16: "unsigned short"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One activation tensor of the normal convolution (X or Y): channels, 3-D size and the
+    element strides (n, c, d, h, w) of its caller's layout."""
+
+    channels: int
+    size: tuple[int, int, int]
+    strides: tuple[int, int, int, int, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,50 +52,81 @@ class DirectContext:
     problem_key: str
     target: str
     vendor: str
+    wrappers: str          # the vendor's wrapper header, inline (the file is self-contained)
     prefix: str
-    scalar: str
-    channels: int
-    filters: int
+    dtype: str             # f32, f64, bf16, f16
+    storage: str           # the element type in memory
+    transposed: bool
     groups: int
-    in_size: tuple[int, int, int]
-    out_size: tuple[int, int, int]
+    x: Operand             # the normal convolution's input (a transposed problem's output)
+    y: Operand             # its output (a transposed problem's input)
+    w_strides: tuple[int, int, int, int, int]   # weight (Y channel, X channel in group, d, h, w)
     kernel: tuple[int, int, int]
     stride: tuple[int, int, int]
     pad: tuple[int, int, int]
     dilation: tuple[int, int, int]
     threads: int
+    entries: tuple[str, ...]
+    kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
 
 
 def _three(values, fill: int) -> tuple[int, int, int]:
     return (fill,) * (3 - len(values)) + tuple(values)
 
 
-def direct_context(problem: ConvProblem, target: Target, prefix: str) -> DirectContext:
-    """The template context for `problem` on GPU `target`; entries are named `prefix`_fwd,
-    _bwd_data, _bwd_weight and _bwd_bias. ConvSpecError for what this kernel does not take."""
-    if target.kind is TargetKind.CPU:
+def strides(layout: Layout, channels: int, size: tuple[int, int, int]) -> tuple[int, int, int, int, int]:
+    """Element strides (n, c, d, h, w) of a dense tensor of `channels` x `size` in `layout`."""
+    d, h, w = size
+    if layout is Layout.CHANNELS_LAST:
+        return (d * h * w * channels, 1, h * w * channels, w * channels, channels)
+    return (channels * d * h * w, d * h * w, h * w, w, 1)
+
+
+def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads: int = THREADS,
+                   entries: tuple[str, ...] = ENTRIES) -> DirectContext:
+    """The template context for `problem` on GPU `target`: entries `prefix`_<entry> for each of
+    `entries` (a subset of ENTRIES), `threads` per block. ConvSpecError for a CPU target, a bad
+    prefix or entry, or a thread count that is not a multiple of the warp size."""
+    if target.kind is TargetKind.CPU or target.gpu is None:
         raise ConvSpecError(f"target {target.name()}: the direct GPU kernel needs a cuda or hip target")
-    if problem.dtype not in SCALARS:
-        raise ConvSpecError(f"dtype {problem.dtype.value}: the direct GPU kernel takes f32 or f64 so far")
-    if problem.transposed:
-        raise ConvSpecError("transposed=True: the direct GPU kernel takes normal convolutions so far "
-                            "(a transposed one is the data gradient of a normal one)")
-    if {problem.input_layout, problem.weight_layout, problem.output_layout} != {Layout.CONTIGUOUS}:
-        raise ConvSpecError("layout: the direct GPU kernel takes contiguous tensors so far")
     if not prefix.isidentifier():
         raise ConvSpecError(f"prefix {prefix!r}: entry names must be C identifiers")
+    unknown = [e for e in entries if e not in ENTRIES]
+    if unknown or not entries:
+        raise ConvSpecError(f"entries {list(entries)}: expected a non-empty subset of {list(ENTRIES)}")
+    warp = target.gpu.warp_size
+    if threads <= 0 or threads % warp or threads > target.gpu.max_threads_per_block:
+        raise ConvSpecError(f"threads={threads}: threads per block must be a multiple of the warp size {warp} "
+                            f"and at most {target.gpu.max_threads_per_block} on {target.name()}")
+    p = problem
+    if p.transposed:   # the normal convolution whose data gradient this transposed one is
+        x = (p.k, _three(p.out_size, 1), p.output_layout)
+        y = (p.c, _three(p.in_size, 1), p.input_layout)
+    else:
+        x = (p.c, _three(p.in_size, 1), p.input_layout)
+        y = (p.k, _three(p.out_size, 1), p.output_layout)
+    kernel = _three(p.kernel, 1)
     return DirectContext(
-        version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
-        target=target.name(), vendor=target.kind.value, prefix=prefix, scalar=SCALARS[problem.dtype],
-        channels=problem.c, filters=problem.k, groups=problem.groups,
-        in_size=_three(problem.in_size, 1), out_size=_three(problem.out_size, 1),
-        kernel=_three(problem.kernel, 1), stride=_three(problem.stride, 1),
-        pad=_three([low for low, _ in problem.padding], 0), dilation=_three(problem.dilation, 1),
-        threads=THREADS)
+        version=generator_version(), problem_name=p.name(), problem_key=p.kernel_key(), target=target.name(),
+        vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix, dtype=p.dtype.value,
+        storage=STORAGE[p.dtype], transposed=p.transposed, groups=p.groups,
+        x=Operand(x[0], x[1], strides(x[2], x[0], x[1])), y=Operand(y[0], y[1], strides(y[2], y[0], y[1])),
+        w_strides=strides(p.weight_layout, x[0] // p.groups if p.groups else 0, kernel),
+        kernel=kernel, stride=_three(p.stride, 1), pad=_three([low for low, _ in p.padding], 0),
+        dilation=_three(p.dilation, 1), threads=threads, entries=tuple(entries),
+        kernels=tuple(sorted({_launches(e, p.transposed) for e in entries})))
 
 
-def render_direct(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:
+def _launches(entry: str, transposed: bool) -> str:
+    """The kernel an entry launches: conv_y computes the normal convolution's output, conv_x its
+    data gradient (a transposed convolution swaps the two), conv_w its weight gradient,
+    sum_channels a bias gradient."""
+    return {"fwd": "conv_x" if transposed else "conv_y", "bwd_data": "conv_y" if transposed else "conv_x",
+            "bwd_weight": "conv_w", "bwd_bias": "sum_channels"}[entry]
+
+
+def render_direct(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:
     """CUDA or HIP source (by `target`) of the direct kernels for `problem`, with their entries."""
     from .emit import environment
 
-    return environment().get_template("gpu/direct.cu.j2").render(c=direct_context(problem, target, prefix))
+    return environment().get_template("gpu/direct.cu.j2").render(c=direct_context(problem, target, prefix, **options))

@@ -92,6 +92,18 @@ class Tiling:
 
 
 @dataclasses.dataclass(frozen=True)
+class GpuTiling:
+    """How a GPU kernel spreads its work (codegen/passes/tiling_gpu.py): `threads_per_block`
+    threads (a multiple of the warp size), each computing what `per_thread` says; the grid covers
+    the results. `threads_hint` says the same in words (as Tiling's does for the CPU)."""
+
+    threads_per_block: int
+    warps_per_block: int
+    per_thread: str
+    threads_hint: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     problem: ConvProblem
     target: Target
@@ -106,7 +118,7 @@ class Plan:
     layouts: tuple[tuple[str, Layout], ...] = ()   # internal layout per kernel operand kind
     conversions: tuple[str, ...] = ()
     group_strategy: str | None = None
-    tiling: Tiling | None = None
+    tiling: Tiling | GpuTiling | None = None
     batch_is_runtime: bool = True
     requested_algorithm: str | None = None   # a caller's (or the tuner's) pick among the candidates
 

@@ -7,7 +7,10 @@ every success atomically. A compile error raises BuildError with the command, th
 output, the kept source and a one-line repro; failures are never cached.
 
 The artifacts are plain shared libraries with `extern "C"` entry points: load them with
-`ctypes.CDLL(str(path))`.
+`ctypes.CDLL(str(path))`. A CUDA or HIP source (a GPU target's) is built the same way for the
+SIMT simulator (runtime/sim.py's command: the host compiler with -DCONVGEN_SIM and the vendor's
+warp size); its key also covers the simulator's headers. Builds for the vendors' own compilers
+are runtime/gpu_build.py's.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from typing import Sequence
 
 from convgen.codegen.errors import BuildError
 from convgen.codegen.source import KernelSource
-from convgen.codegen.target import Target
+from convgen.codegen.target import Target, TargetKind
 
 from . import cache, knobs
 from .stats import bump
 
+_LANGUAGE = {TargetKind.CPU: "c++", TargetKind.CUDA: "cuda", TargetKind.HIP: "hip"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,199}")
 OUTPUT_LINES = 60  # compiler output lines quoted in an error (the full log is kept on disk)
 
@@ -93,6 +97,11 @@ def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] 
     add may fuse into one FMA (-ffp-contract=fast), which is as deterministic and more accurate.
     """
     argv = list(cxx_argv) if cxx_argv is not None else knobs.cxx()
+    if target.kind is not TargetKind.CPU:   # GPU source, built to run in the SIMT simulator
+        from . import sim
+
+        pch = sim.precompiled_header(target.kind.value, tuple(argv), str(cache.root()))
+        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False, pch=pch)
     return [
         *argv,
         "-O3",
@@ -117,7 +126,15 @@ def source_key(source: KernelSource, cxx_argv: Sequence[str] | None = None) -> s
 
 def _key(source: KernelSource, argv: list[str], identity: str, version: str) -> str:
     command = compile_command("{src}", "{out}", source.target, argv)  # no temp paths in keys
+    if source.target.kind is not TargetKind.CPU:
+        from . import sim
+
+        identity = f"{identity}\nsimulator headers {sim.headers_digest()}"
     return cache.artifact_key(source.text, command, identity, source.target.key(), version)
+
+
+def _suffix(source: KernelSource) -> str:
+    return ".cpp" if source.language == "c++" else ".cu"
 
 
 def _check_source(source: KernelSource) -> None:
@@ -126,10 +143,10 @@ def _check_source(source: KernelSource) -> None:
             f"kernel name {source.name!r} is not usable as a file name; names must match "
             f"{_NAME.pattern} (letters, digits, '_', '.', '-')"
         )
-    if source.language != "c++":
+    if source.language != _LANGUAGE[source.target.kind]:
         raise BuildError(
-            f"kernel {source.name}: language {source.language!r} cannot be built by the host C++ "
-            f"builder (only 'c++' sources are supported here)"
+            f"kernel {source.name}: language {source.language!r} does not match its target "
+            f"{source.target.name()} (expected {_LANGUAGE[source.target.kind]!r})"
         )
 
 
@@ -297,7 +314,7 @@ def _compile_and_publish(base, pending, ninja, argv, identity, version) -> dict[
         for key, source in pending.items():
             sub = key[:16]
             (workdir / sub).mkdir()
-            src, out = f"{sub}/{source.name}.cpp", f"{sub}/{source.name}.so"
+            src, out = f"{sub}/{source.name}{_suffix(source)}", f"{sub}/{source.name}.so"
             (workdir / src).write_text(source.text, encoding="utf-8")
             command = compile_command(src, out, source.target, argv)
             jobs.append(_Job(key, source, src, out, f"{sub}/build.log", f"{sub}/ok", command))
@@ -340,7 +357,7 @@ def _keep_failure(job: _Job, workdir: Path, proc: subprocess.CompletedProcess, a
     if not output:  # the compiler never ran (or said nothing): ninja's own account
         output = (proc.stdout + proc.stderr).strip() or f"ninja exited with status {proc.returncode}"
     failed = cache.root() / "failed"
-    kept = failed / f"{job.source.name}.cpp"
+    kept = failed / f"{job.source.name}{_suffix(job.source)}"
     log = failed / f"{job.source.name}.log"
     # the same command and output, with the kept copy in place of the deleted build directory
     command = compile_command(str(kept), str(failed / f"{job.source.name}.so"), job.source.target, argv)

@@ -332,7 +332,7 @@ def info() -> dict:
         "dir": str(base),
         "entries": len(entries()),
         "bytes": _tree_bytes(base),
-        "failed": len(list((base / "failed").glob("*.cpp"))),
+        "failed": len([p for p in (base / "failed").glob("*") if p.suffix in (".cpp", ".cu")]),
     }
 
 

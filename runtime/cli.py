@@ -3,6 +3,8 @@
     convgen show    --input 8,64,56,56 --weight 128,64,3,3 --padding 1        # generated source
     convgen explain --input 8,64,56,56 --weight 128,64,3,3 --op bwd_weight   # each pass's decisions
     convgen build   --input 8,64,56,56 --weight 128,64,3,3                   # artifact path
+    convgen build   --input 8,64,56,56 --weight 128,64,3,3 --target cuda-sm_90   # nvcc: cubin + resource report
+    convgen check   --input 2,8,9,9 --weight 16,8,3,3 --target hip-gfx90a --sim # every pass against ATen (float64)
     convgen bench   --input 8,64,56,56 --weight 128,64,3,3 --padding 1       # against torch
     convgen bench   --suite standard|weak|all [--dtype bf16 --layout channels_last --json]
     convgen cache info | verify [--remove] | clear
@@ -38,7 +40,7 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 class Refused(ConvgenError):
-    """A well-formed request convgen cannot serve (e.g. source for a GPU target): exit 2."""
+    """A well-formed request convgen cannot serve (e.g. a benchmark of a GPU target): exit 2."""
 
 
 # ---------------------------------------------------------------------------------- problems
@@ -116,10 +118,8 @@ def _lowered(args) -> tuple[ConvProblem, Target, Plan]:
 
 
 def _source(plan: Plan):
-    """The plan's KernelSource; None when it needs no kernel; Refused for targets with no emitter."""
-    if plan.target.kind is not TargetKind.CPU:
-        raise Refused(f"no GPU emitter exists yet: {plan.target.kind.value} source cannot be generated or built "
-                      f"(target {plan.target.name()}); `convgen explain` shows the plan, --target cpu builds it")
+    """The plan's KernelSource (C++ for a CPU target, self-contained CUDA or HIP for a GPU one);
+    None when it needs no kernel."""
     return emit(plan)
 
 
@@ -181,27 +181,47 @@ def cmd_explain(args) -> int:
             f"  groups:      {plan.group_strategy}",
             f"  tiling:      {tiling}",
             f"  batch:       {'run-time argument' if plan.batch_is_runtime else 'compile-time constant'}"]
-    if target.kind is not TargetKind.CPU:
-        out.append(f"  kernel:      none -- no GPU emitter exists yet for {target.name()}; "
-                   f"only cpu kernels can be generated and built now")
+    source = emit(plan)
+    if source is None:
+        out.append(f"  kernel:      none -- {_no_kernel(plan)}")
     else:
-        source = emit(plan)
-        if source is None:
-            out.append(f"  kernel:      none -- {_no_kernel(plan)}")
-        else:
-            params = ", ".join(name for _, name in source.signature)
-            out += [f"  kernel:      {source.name}", f"  entry:       {source.entry}({params})"]
+        params = ", ".join(name for _, name in source.signature)
+        out += [f"  kernel:      {source.name}" + (f" ({source.language}, self-contained)" if target.gpu else ""),
+                f"  entry:       {source.entry}({params})"]
     print("\n".join(out))
     return 0
 
 
 def cmd_build(args) -> int:
-    from . import build
+    """A CPU kernel with the host compiler; a GPU one with its vendor's compiler (nvcc, hipcc),
+    printing the artifact and the compiler's resource report, or with --sim for the simulator."""
+    from . import build, gpu_build
 
     source = _wanted_source(args)
-    if source is not None:
+    if source is None:
+        return 0
+    if source.target.kind is TargetKind.CPU or args.sim:
         print(build.build(source, force=args.force))
+        return 0
+    artifact = gpu_build.build_gpu(source, force=args.force)
+    print(artifact.path)
+    summary = gpu_build.resource_summary(artifact.report)
+    print(f"resources ({source.target.name()}; repro: {artifact.command}):")
+    print("\n".join(f"  {line}" for line in summary) if summary else "  (the compiler reported nothing)")
     return 0
+
+
+def cmd_check(args) -> int:
+    """Every pass of the problem on random data against ATen in float64: one line each; exit 0
+    only if all are within tolerance."""
+    from . import check
+
+    problem = problem_from_args(args)
+    target = parse_target(args.target)
+    padding = args.padding if args.padding.isalpha() else _param("--padding", args.padding)
+    lines, ok = check.run_check(problem, padding, target, args.sim, seed=args.seed)
+    print("\n".join(lines))
+    return 0 if ok else EXIT_FAILED
 
 
 def cmd_cache(args) -> int:
@@ -253,7 +273,8 @@ def cmd_bench(args) -> int:
 
     target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:
-        raise Refused(f"bench runs on the CPU only; no GPU emitter exists yet (target {target.name()})")
+        raise Refused(f"bench runs on the CPU only; convgen does not run GPU kernels on a device yet (target "
+                      f"{target.name()}; `convgen check --sim` runs them in the simulator)")
     if target.isa not in host_isas():
         raise Refused(f"--target {args.target}: this CPU does not run {target.isa} code (it runs "
                       f"{', '.join(host_isas())}), so bench cannot time it here")
@@ -318,7 +339,9 @@ def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentPar
     g.add_argument("--layout", choices=list(LAYOUTS), default="auto",
                    help="nhwc or channels_last: channels-last input, weight and output; auto/nchw: contiguous")
     g.add_argument("--target", default="cpu", metavar="cpu|cuda|hip",
-                   help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it), cpu-avx512, cpu-avx2, cpu-generic, cuda[-sm_80|-sm_86|-sm_89|-sm_90|-sm_90a] (default sm_90), hip[-gfx90a|-gfx940] (default gfx90a); only cpu builds now")
+                   help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it), cpu-avx512, cpu-avx2, cpu-generic, "
+                        "cuda[-sm_80|-sm_86|-sm_89|-sm_90|-sm_90a] (default sm_90), hip[-gfx90a|-gfx940] (default "
+                        "gfx90a)")
     return p
 
 
@@ -334,7 +357,19 @@ def parser() -> argparse.ArgumentParser:
         run=cmd_explain)
     b = sub.add_parser("build", parents=[problem], help="build a problem's kernel and print the artifact's path")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.add_argument("--sim", action="store_true", help="GPU targets: build for the SIMT simulator instead of with "
+                                                      "nvcc/hipcc")
     b.set_defaults(run=cmd_build)
+    c = sub.add_parser("check", parents=[problem],
+                       help="run every pass of a problem on random data against ATen in float64",
+                       description="Runs the problem's kernels for every pass (forward with a bias, data gradient, "
+                                   "weight gradient with the bias gradient fused, bias gradient alone; --op is "
+                                   "ignored) on random data and compares each with ATen in float64: one line per "
+                                   "pass with the relative error and ok/FAIL; exit status 0 only if all pass. GPU "
+                                   "targets run in the SIMT simulator with --sim.")
+    c.add_argument("--sim", action="store_true", help="GPU targets: run the kernels in the SIMT simulator")
+    c.add_argument("--seed", type=int, default=0, help="the random data's seed (default 0)")
+    c.set_defaults(run=cmd_check)
     bench = sub.add_parser(
         "bench", parents=[_problem_flags(False, required=False)], help="time convgen against torch, side by side",
         description="Times forward and backward (grad input, weight and bias together) of a suite of problems, or "

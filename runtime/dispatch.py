@@ -3,6 +3,12 @@
 A miss lowers the problem (codegen), emits the source and asks the builder for the artifact
 (which may come from the in-process memo, the disk cache or a ninja build), then loads it with
 ctypes. The batch size is a run-time argument, so a new batch size finds the same artifact.
+
+With CONVGEN_SIM=cuda|hip the target is that vendor's default GPU arch (sm_90, gfx90a), or the
+arch CONVGEN_SIM names (cuda-sm_80): the generated GPU kernels are built for the SIMT simulator
+(runtime/sim.py) and run on the CPU tensors' memory, through the same table (keyed by
+CONVGEN_SIM's value too), cache and counters; each simulated launch counts in
+stats()["sim_launches"]. Ahead-of-time bundles (CPU code) are not consulted then.
 """
 
 from __future__ import annotations
@@ -16,17 +22,17 @@ from typing import Callable, Container, Mapping, Sequence
 
 import torch
 
-from . import build, bundle, knobs, tuning
+from . import build, bundle, knobs, sim, tuning
 from .stats import bump
 from .codegen.emit import emit
-from .codegen.errors import BuildError
+from .codegen.errors import BuildError, SimulatorError
 from .codegen.ir import ConvProblem
 from .codegen.pipeline import lower
 from .codegen.plan import Plan
 from .codegen.source import KernelSource
-from .codegen.target import Target, host_cpu
+from .codegen.target import Target, TargetKind, host_cpu, parse_target
 
-_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int}
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int, "stream": ctypes.c_void_p}
 
 
 class Kernel:
@@ -79,6 +85,44 @@ class Kernel:
         return run
 
 
+class SimKernel(Kernel):
+    """A GPU kernel's plan entry built for the SIMT simulator: called like a Kernel (pointers by
+    role, the batch; a null stream), each call in the order of CONVGEN_SIM_ORDER/SEED, its
+    launches counted in stats()["sim_launches"], a simulator failure raised as SimulatorError."""
+
+    def __init__(self, source: KernelSource, path: Path):
+        self.source = source
+        self.path = path
+        try:
+            self._sim = sim.SimLibrary(path)
+            getattr(self._sim.lib, source.entry)
+        except (OSError, AttributeError) as e:
+            raise BuildError(f"kernel {source.name}: the simulator artifact {path} could not be loaded ({e}); "
+                             f"run `convgen cache verify` or remove it and retry") from e
+
+    @property
+    def address(self) -> int:
+        raise SimulatorError(f"kernel {self.source.name} runs in the simulator: it has no launcher address")
+
+    def bind(self, roles: Sequence[str], live: Container[str], n: int, nthreads: int) -> Callable[..., None]:
+        library, entry = self._sim, self.source.entry
+        slots = tuple(roles.index(role) if role in live else None
+                      for kind, role in self.source.signature if kind == "ptr")
+
+        def run(*tensors) -> None:
+            before = library.launches()
+            try:
+                library.call(entry, *[ctypes.c_void_p(None if i is None else tensors[i].data_ptr()) for i in slots],
+                             ctypes.c_int64(n), ctypes.c_void_p(None))
+            finally:
+                bump("sim_launches", library.launches() - before)
+        return run
+
+
+def _kernel(source: KernelSource, path: Path) -> Kernel:
+    return Kernel(source, path) if source.target.kind is TargetKind.CPU else SimKernel(source, path)
+
+
 @dataclasses.dataclass
 class Entry:
     plan: Plan
@@ -92,7 +136,8 @@ _loaded: dict[Path, Kernel] = {}
 
 
 def _target_for(problem: ConvProblem) -> Target:
-    return host_cpu()
+    vendor = knobs.sim()
+    return parse_target(vendor) if vendor else host_cpu()
 
 
 def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, KernelSource | None]:
@@ -126,28 +171,29 @@ def _load(source: KernelSource, path: Path) -> Kernel:
     if kernel is not None and kernel.source.entry == source.entry:
         return kernel
     try:
-        kernel = Kernel(source, path)
+        kernel = _kernel(source, path)
     except BuildError as e:
         warnings.warn(f"{e}; rebuilding it", RuntimeWarning, stacklevel=3)
         bump("corrupt_rebuilt")
         path = build.build(source, force=True)
-        kernel = Kernel(source, path)
+        kernel = _kernel(source, path)
     _loaded[path] = kernel
     return kernel
 
 
 def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
     """Entries for all `problems`; every kernel still missing is built in one parallel ninja run."""
+    vendor = knobs.sim()
     with _lock:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
         for p in problems:
-            key = p.key()
+            key = f"{vendor}:{p.key()}" if vendor else p.key()
             entry = _table.get(key) or new.get(key)
             if entry is not None and key in _table:
                 bump("memory_hits")
             if entry is None:
-                served = bundle.serve(p)
+                served = None if vendor else bundle.serve(p)
                 if served is not None:
                     bump("bundle_hits")
                     entry = new[key] = Entry(served.plan, served.source, Kernel(served.source, None, served=served))

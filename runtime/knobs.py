@@ -16,9 +16,12 @@ names the variable, the value and what would be accepted.
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
 | CONVGEN_BF16_DOT       | bf16_dot()         | on where the CPU has AVX512-BF16          |
+| CONVGEN_SIM            | sim()              | unset: CPU kernels (cuda, hip: simulated) |
 | CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
 | CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
 | CUDA_HOME, CUDA_PATH   | cuda_home()        | from nvcc on PATH (NVIDIA's fp16 headers) |
+| CONVGEN_NVCC           | nvcc()             | nvcc on PATH, else $CUDA_HOME/bin/nvcc    |
+| CONVGEN_HIPCC          | hipcc()            | hipcc on PATH, else $ROCM_PATH/bin/hipcc  |
 """
 
 from __future__ import annotations
@@ -121,6 +124,31 @@ def bf16_dot() -> bool:
     return os.environ.get("CONVGEN_BF16_DOT", "").strip() == "" or _flag("CONVGEN_BF16_DOT")
 
 
+SIM_VENDORS = ("cuda", "hip")
+_SIM_KEY = os.environ.encodekey("CONVGEN_SIM") if hasattr(os.environ, "encodekey") else "CONVGEN_SIM"
+
+
+def sim() -> str:
+    """The GPU vendor whose generated kernels convgen calls on CPU tensors run in the SIMT
+    simulator (CONVGEN_SIM: cuda or hip, for that vendor's default arch, sm_90 or gfx90a), or ""
+    when unset or empty: the CPU kernels. An arch may follow the vendor (cuda-sm_80, hip-gfx940:
+    checked by parse_target). Read on every call (one environment lookup)."""
+    try:   # os.environ's own table: a missing key costs no KeyError (os.environ.get costs ~1 µs then)
+        if not os.environ._data.get(_SIM_KEY):
+            return ""
+    except AttributeError:
+        pass
+    value = os.environ.get("CONVGEN_SIM")
+    if not value:
+        return ""
+    vendor = value.strip().lower()
+    if vendor.partition("-")[0] not in SIM_VENDORS:
+        raise ConvgenError(f"CONVGEN_SIM={value!r} is not a simulator vendor; use one of {', '.join(SIM_VENDORS)} "
+                           f"(the generated CUDA or HIP kernels run in the SIMT simulator; an arch may follow, "
+                           f"e.g. cuda-sm_80), or leave it unset for the CPU kernels.")
+    return vendor
+
+
 SIM_ORDERS = ("forward", "reverse", "shuffle")   # index = the code convgen_sim_configure takes
 
 
@@ -146,6 +174,36 @@ def cuda_home() -> Path | None:
         if value:
             return Path(value).expanduser()
     return None
+
+
+def nvcc() -> str | None:
+    """NVIDIA's compiler for `convgen build --target cuda-...`: CONVGEN_NVCC, else nvcc on PATH,
+    else $CUDA_HOME/bin/nvcc (or CUDA_PATH's); None when none exists."""
+    import shutil
+
+    explicit = os.environ.get("CONVGEN_NVCC", "").strip()
+    if explicit:
+        return explicit
+    found = shutil.which("nvcc")
+    home = cuda_home()
+    if found is None and home is not None and (home / "bin" / "nvcc").is_file():
+        found = str(home / "bin" / "nvcc")
+    return found
+
+
+def hipcc() -> str | None:
+    """AMD's compiler for `convgen build --target hip-...`: CONVGEN_HIPCC, else hipcc on PATH,
+    else $ROCM_PATH/bin/hipcc; None when none exists. It always runs with HIP_PLATFORM=amd."""
+    import shutil
+
+    explicit = os.environ.get("CONVGEN_HIPCC", "").strip()
+    if explicit:
+        return explicit
+    found = shutil.which("hipcc")
+    rocm = os.environ.get("ROCM_PATH", "").strip()
+    if found is None and rocm and (Path(rocm) / "bin" / "hipcc").is_file():
+        found = str(Path(rocm) / "bin" / "hipcc")
+    return found
 
 
 def bundles_env() -> str:

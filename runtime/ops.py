@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from . import dispatch, eager
+from . import dispatch, eager, knobs
 from .stats import bump
 from .codegen.errors import ConvSpecError
 from .codegen.ir import ConvProblem, Layout, Op
@@ -61,9 +61,10 @@ def _signature(tensors, args) -> tuple | None:
     for a call too odd to memoize (it takes the full path, which reports what is wrong).
     Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None.
     A tensor counts by type, dtype, whether it is on the CPU, layout, shape and strides: a call
-    on any other device or layout is refused before it could be remembered."""
+    on any other device or layout is refused before it could be remembered. CONVGEN_SIM counts
+    too (a simulated GPU kernel is another kernel)."""
     try:
-        signature = (torch.get_num_threads(), *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
+        signature = (torch.get_num_threads(), knobs.sim(), *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
                      *[None if t is None else (type(t), t.dtype, t.is_cpu, t.layout, t.shape, t.stride())
                        for t in tensors])
         hash(signature)

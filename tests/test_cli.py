@@ -92,20 +92,21 @@ def test_explain_lists_every_pass_and_the_plan(capsys):
     assert "conv2d_bwdw_c4_k6_8x8_r3x3_p1_f32" in out
 
 
-def test_explain_for_a_gpu_target_shows_the_plan_and_says_no_emitter(capsys):
+def test_explain_for_a_gpu_target_shows_the_plan_and_its_kernel(capsys):
     code, out, err = run(capsys, "explain", *SMALL, "--target", "cuda")
     assert code == 0, err
-    assert "[tiling]" in out
-    assert "no GPU emitter" in out
+    assert "[tiling] 256 threads per block" in out
+    assert "self-contained" in out and "entry:       cg_" in out
 
 
-@pytest.mark.parametrize("command", ["show", "build"])
 @pytest.mark.parametrize("target", ["cuda", "hip"])
-def test_gpu_targets_cannot_be_shown_or_built_yet(capsys, command, target):
-    code, out, err = run(capsys, command, *SMALL, "--target", target)
-    assert code != 0
-    assert out == ""
-    assert err.count("\n") == 1 and "no GPU emitter" in err
+def test_gpu_targets_are_shown_and_not_benchmarked(capsys, target):
+    code, out, err = run(capsys, "show", *SMALL, "--target", target)
+    assert code == 0, err
+    assert f"// target:  {target}-" in out and 'extern "C" int cg_' in out
+    code, out, err = run(capsys, "bench", *SMALL, "--target", target)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "CPU only" in err
 
 
 # --- build -----------------------------------------------------------------------------------

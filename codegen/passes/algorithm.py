@@ -1,5 +1,7 @@
 """Pass `algorithm`: which algorithm computes the kernel op (like ATen's backend choice).
 
+GPU targets take their own branch (gpu_algorithms.py); what follows here is the CPU's.
+
 Candidates are listed for every problem so the runtime can tune among them; the heuristic
 choice is recorded with its reason.
 """
@@ -12,7 +14,9 @@ from ..ir import DType, Layout, Op
 from ..errors import ConvgenError
 from ..pipeline import Pass
 from ..plan import KOp, Plan
+from ..target import TargetKind
 from . import tiling
+from .gpu_algorithms import run_gpu
 
 
 def _empty_reason(plan: Plan) -> str | None:
@@ -36,6 +40,8 @@ def run(plan: Plan) -> Plan:
     why_empty = _empty_reason(plan)
     if why_empty:
         return plan.decide("algorithm", why_empty, algorithm="empty", candidates=("empty",))
+    if plan.target.kind is not TargetKind.CPU:
+        return run_gpu(plan)
     if plan.kop is KOp.BIAS:
         return plan.decide("algorithm", "per-channel reduction", algorithm="reduce", candidates=("reduce",))
     g = plan.geometry

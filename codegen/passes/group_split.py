@@ -15,6 +15,12 @@ def run(plan: Plan) -> Plan:
     g = plan.geometry
     if plan.algorithm in ("empty", "reduce"):
         return plan.decide("group_split", "no group structure to split", group_strategy="none")
+    if plan.target.gpu is not None:
+        if g.groups == 1:
+            return plan.decide("group_split", "groups=1: no groups", group_strategy="single")
+        return plan.decide("group_split", f"{g.groups} groups in one launch: each GPU thread finds its group from "
+                                          f"its channel ({g.cin_g} in / {g.cout_g} out channels per group)",
+                           group_strategy="depthwise" if g.cin_g == 1 else "loop")
     if g.groups == 1:
         return plan.decide("group_split", "groups=1: no group loop", group_strategy="single")
     if g.cin_g == 1:

@@ -22,6 +22,10 @@ def run(plan: Plan) -> Plan:
             continue
         layouts.setdefault(operand.kind, operand.layout)
     described = ", ".join(f"{kind}={lay.value}" for kind, lay in sorted(layouts.items()))
+    if plan.target.gpu is not None:
+        return plan.decide("layout", f"operands in the caller's layouts ({described}): the GPU kernel addresses "
+                                     f"each through its own compile-time strides, so no conversion kernel is launched",
+                           layouts=tuple(sorted(layouts.items())), conversions=())
     return plan.decide("layout", f"operands in the caller's layouts ({described}): strided addressing "
                                  f"reads them in place, so no conversion is added",
                        layouts=tuple(sorted(layouts.items())), conversions=())

@@ -1,0 +1,56 @@
+"""The `algorithm` pass's GPU branch: which GPU kernel computes the plan, by rules over a table.
+
+RULES lists the GPU algorithms in order of preference, each with a test of whether it takes the
+plan (None: it does; else why not) and why it is chosen. The first that takes the plan is the
+default; every one that takes it is a candidate. The direct kernel (codegen/gpu_direct.py) takes
+every problem, so it is always last and always a candidate. A new GPU algorithm is a rule here
+and an entry in codegen/emit_gpu.py's ALGORITHMS table (its template and context function).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ..errors import ConvgenError
+from ..plan import KOp, Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuRule:
+    algorithm: str
+    refuses: Callable[[Plan], str | None]   # why it does not take the plan, or None when it does
+    why: str
+
+
+def _direct_refuses(plan: Plan) -> str | None:
+    return None
+
+
+RULES: tuple[GpuRule, ...] = (
+    GpuRule("direct", _direct_refuses,
+            "one GPU thread per result element, every sum in double and rounded once: the reference GPU kernel, "
+            "any shape, layout and dtype"),
+)
+
+_WHAT = {KOp.FWD: "forward", KOp.DGRAD: "data gradient", KOp.WGRAD: "weight gradient",
+         KOp.BIAS: "bias gradient (per-channel sum)"}
+
+
+def run_gpu(plan: Plan) -> Plan:
+    """The algorithm decision for a plan on a CUDA or HIP target (a non-empty one)."""
+    taken = [(rule, rule.refuses(plan)) for rule in RULES]
+    candidates = tuple(rule.algorithm for rule, why_not in taken if why_not is None)
+    refused = "; ".join(f"not {rule.algorithm}: {why_not}" for rule, why_not in taken if why_not is not None)
+    rule = next(rule for rule, why_not in taken if why_not is None)
+    choice, why = rule.algorithm, rule.why
+    if plan.requested_algorithm is not None:
+        if plan.requested_algorithm not in candidates:
+            raise ConvgenError(f"algorithm {plan.requested_algorithm!r} is not a candidate for a {plan.kop.value} "
+                               f"kernel on {plan.target.name()}; candidates: {list(candidates)}")
+        choice, why = plan.requested_algorithm, "requested"
+    warp = plan.target.gpu.warp_size
+    return plan.decide("algorithm", f"GPU {_WHAT[plan.kop]} on {plan.target.name()} (warp {warp}): {choice} ({why})"
+                                    f"{'; ' + refused if refused else ''}; candidates {list(candidates)}; every size "
+                                    f"a compile-time constant except the batch",
+                       algorithm=choice, candidates=candidates)

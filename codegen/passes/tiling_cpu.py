@@ -1,0 +1,444 @@
+"""CPU tiling (the `tiling` pass's CPU branch): register and cache blocking from the target description.
+
+- direct: each thread accumulates a block of rows of one plane; the block is as many rows as
+  fit in half the L2 cache.
+- lanes: a register tile of NV vectors of channels x PB pixels (see lanes_tile; on targets that
+  step tiles in assembly it may take every register); the reduction runs in chunks of channels
+  whose weights stay in L1.
+- pointwise and the gemm weight gradient: see tiling_gemm.py.
+- blocked: a register tile of KB channels x NV vectors of columns. The choice scores every
+  (KB, NV) that fits the register file by the fraction of lanes and channels doing useful work
+  and by the FMA-to-load ratio of the micro-kernel; a work item covers as many columns as keep its
+  input buffer within half the L2 cache.
+- grouplanes (depthwise in channels last): a register tile of NB vectors of channels (the groups)
+  x PB pixels for the forward and data gradient; the weight gradient cut into MIN_ITEMS fixed
+  parts of the output rows.
+A function of problem and target only.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir import DType, Layout
+from ..pipeline import Pass
+from ..plan import KOp, Plan, Tiling
+
+
+# Work items a parallel loop should offer at least, when the problem allows (a few per thread).
+MIN_ITEMS = 16
+# The weight-gradient reduction may be cut into at most this many parts, whose partial sums (at
+# most PARTIAL_BYTES) are added in a fixed order.
+MAX_SPLITS = 8
+PARTIAL_BYTES = 16 << 20
+# Register tiles leave this many vector registers free (addresses, broadcasts: no spills), and
+# count as FMA-bound from this ratio of FMAs to loads on (see register_tile).
+SPARE_REGISTERS = 3
+FMA_PER_LOAD = 1.4
+VECTOR_LOAD_COST = 1.5   # an unaligned vector load, in broadcasts
+# Lanes tiles (accumulators, weight vectors, a broadcast) leave this many registers free: on Zen 3
+# a 2 x 4 tile ran r50_3x3_64 in 14.0 ms, 2 x 5 in 16.6 and 2 x 6 in 20.3 (GCC shuffles and
+# spills the fuller tiles), and 2 x 4 beat 3 x 3 and 1 x 8 by 15-30% on 7-, 33- and 4096-wide rows.
+LANES_SPARE_REGISTERS = 5
+# FMAs per load from which a tile stepped in assembly counts as FMA-bound (see lanes_tile).
+ASM_FMA_PER_LOAD = 12 / 7
+# Rows per work item of the blocked kernels, at most: they share one copy of the rows they read
+# (the data gradient of a 7x7 stride-2 kernel reaches 3-4 grad_output rows per input row, 8 rows
+# copy 7; a 3x3 forward reads 3 input rows per output row, 8 rows copy 10).
+BLOCKED_ROWS = 8
+# Rows (input channel, tap) per work item of the lanes weight gradient: on Zen 3, 144 rows with
+# 256-pixel chunks ran r50_3x3_512 in 16.3 ms against 21.6 with 36 rows and 128-pixel chunks
+# (r50_3x3_64 15.9 against 19.0; deeplab_dil2 within noise).
+WGRAD_ROWS = 144
+# Pointwise (1x1) GEMM: a register tile of MR channels x this many vectors of pixels, and at most
+# this many pixels per work item (the kernel takes fewer when the batch gives too few items).
+POINTWISE_VECTORS = 2
+POINTWISE_MAX_COLS = 128
+# Pixels per chunk of the pointwise weight gradient, at most.
+DOTS_MAX_CHUNK = 512
+# Grouplanes (depthwise, channels last) register tile: at most this many vectors of channels x
+# this many pixels.
+GROUPLANES_VECTORS = 2
+GROUPLANES_PIXELS = 4
+
+
+def _direct(plan: Plan, lanes: int) -> Plan:
+    g, t = plan.geometry, plan.target
+    acc_bytes = plan.problem.dtype.accumulator.itemsize
+    if plan.kop is KOp.WGRAD:
+        tiling = Tiling(vector_lanes=lanes, threads_hint="parallel over (group, out channel, in channel); each "
+                                                         "thread owns its weight gradients, so the reduction order is fixed")
+        return plan.decide("tiling", tiling.threads_hint, tiling=tiling)
+    size = g.y_size if plan.kop is KOp.FWD else g.x_size
+    rows = size[0] * size[1]
+    row_bytes = size[2] * acc_bytes
+    rows_per_tile = max(1, min(rows, (t.l2_bytes // 2) // max(row_bytes, 1)))
+    tiles = math.ceil(rows / rows_per_tile)
+    what = "output" if plan.kop is KOp.FWD else "input-gradient"
+    tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, channel, {what} row tile)",
+                    rows_per_tile=rows_per_tile, row_tiles=tiles)
+    return plan.decide("tiling", f"{what} plane of {rows} rows x {size[2]} in tiles of {rows_per_tile} rows "
+                                 f"({rows_per_tile * row_bytes} B accumulator, half of the {t.l2_bytes} B L2); "
+                                 f"{tiling.threads_hint}", tiling=tiling)
+
+
+def register_tile(channels: int, columns: int, lanes: int, registers: int,
+                  wide: bool = False) -> tuple[int, int, float]:
+    """Best (KB, NV, score) for a KB x NV-vector accumulator tile, one broadcast and NV loads in flight.
+
+    Measured on Zen 3 (AVX2, 16 registers; 2 loads and 2 FMAs per cycle): tiles of several
+    vectors that leave three registers free run faster than fuller ones, which the compiler spills
+    around (5 x 2 beat 6 x 2 and 13 x 1 on wide images; on 7-wide rows 14 x 1 beat 13 x 1 and
+    11 x 1), and a tile is FMA-bound only when its FMAs outnumber its loads (KB broadcasts and NV
+    unaligned vector loads, which cost more, per tap) by about FMA_PER_LOAD. Tiles of three
+    vectors and several channels are left out: 3 x 3 ran 1.5x slower than 5 x 2 on 33-wide rows,
+    where both waste as many lanes, and 1.3x slower than 3 x 2 on the stem's data gradient
+    (30 against 23 ms; 0.67 against 0.74 ms the other way on odd_asym's). One channel of four
+    vectors (depthwise) beat two and three vectors by 10-30%.
+
+    `wide` admits the three-vector tiles, for kernels that keep their totals in memory and only
+    the partial sums in registers (the blocked data gradient): there 3 x 3 ran the stem's data
+    gradient in 11.5 ms against 15.1 for 3 x 2.
+    """
+    best = (1, 1, -1.0)
+    for nv in range(1, 5):
+        for kb in range(1, 17):
+            if nv == 3 and kb > 1 and not wide:
+                continue
+            # a one-vector tile keeps its single vector load in a register: no spare needed
+            if kb * nv + nv + 1 > registers - (0 if nv == 1 else SPARE_REGISTERS):
+                continue
+            col_eff = columns / (math.ceil(columns / (nv * lanes)) * nv * lanes)
+            ch_eff = channels / (math.ceil(channels / kb) * kb)
+            intensity = min(1.0, kb * nv / (kb + VECTOR_LOAD_COST * nv) / FMA_PER_LOAD)
+            score = col_eff * ch_eff * intensity + 1e-3 * kb * nv
+            if score > best[2]:
+                best = (kb, nv, score)
+    return best
+
+
+def _blocked(plan: Plan, lanes: int) -> Plan:
+    """Forward: KB output channels x NV vectors of output columns. Data gradient: KB input channels
+    x NV vectors of input-gradient columns of one stride phase. Either way for RB rows per work
+    item, which share one copy of the rows they read."""
+    g, t = plan.geometry, plan.target
+    acc_bytes = plan.problem.dtype.accumulator.itemsize
+    kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
+    kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
+    budget = t.l2_bytes // 2
+    if plan.kop is KOp.FWD:
+        channels, columns, height = g.cout_g, g.y_size[2], g.y_size[1]
+        halo = ((kw - 1) * dw) // sw + 1
+        def span_of(r: int) -> int:            # input rows that r consecutive output rows read
+            return (r - 1) * sh + (kh - 1) * dh + 1
+        per_row = g.cin_g * g.kernel[0] * sw * acc_bytes   # buffer bytes per output column and input row
+        # the row blocks' buffer within a quarter of the L2: the weights stream through it as well
+        # (r50_3x3_128_s2 ran 19.5 ms with 3 rows in half the L2, 17.0 with one row)
+        limit = budget // 2
+        what = "output"
+    else:
+        channels, columns, height = g.cin_g, math.ceil(g.x_size[2] / sw), g.x_size[1]
+        halo = (sw - 1 + pw) // sw - (pw - (kw - 1) * dw) // sw
+        def span_of(r: int) -> int:            # grad_output rows that r consecutive rows reach
+            return (r - 1 + (kh - 1) * dh) // sh + 1
+        per_row = g.cout_g * g.kernel[0] * acc_bytes       # buffer bytes per grad_output column and row
+        limit = budget
+        what = "input-gradient (per stride phase)"
+    # rows per item: as many as keep the buffer within `limit` at full width, up to BLOCKED_ROWS,
+    # with at least four row blocks per plane for the threads to share
+    full = math.ceil(columns / lanes) * lanes + halo
+    rb = max([r for r in range(1, BLOCKED_ROWS + 1)
+              if r <= max(1, height // 4) and full * per_row * span_of(r) <= limit] or [1])
+    span = span_of(rb)
+    per_col = per_row * span                               # buffer bytes per column
+    kb, nv, score = register_tile(channels, columns, lanes, t.vector_registers, wide=plan.kop is not KOp.FWD)
+    owb = nv * lanes
+    fit = max(owb, (budget // max(per_col, 1) - halo) // owb * owb)
+    cols = min(math.ceil(columns / owb) * owb, fit)
+    tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, group, {what.split()[0]} row"
+                                                     f"{' block' if rb > 1 else ''}, column tile)",
+                    kb=kb, nv=nv, cols=cols, rows_per_tile=rb)
+    rows_note = (f"{rb} output rows per work item share one copy of the {span} input rows they read; "
+                 if plan.kop is KOp.FWD else
+                 f"{rb} input-gradient rows per work item share one copy of the {span} grad_output rows "
+                 f"they reach; ")
+    return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} {what} columns "
+                                 f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
+                                 f"{rows_note}{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) "
+                                 f"stays within half the L2; {tiling.threads_hint}", tiling=tiling)
+
+
+def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
+               pairs: bool = False) -> tuple[int, int, float]:
+    """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
+    NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
+    does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
+    lanes times that intensity.
+
+    `asm`: the tile steps in assembly (templates/cpu/fma_tile.j2), which holds the smaller side and
+    one register for the other, and spills nothing at all 16 registers: there 4 x 3 ran unet3d's
+    forward in 13.0-13.5 ms against 2 x 4's 14.4-15.7 and 2 x 6's 15.1 (r50_3x3_64 13.0 against
+    14.4 and 14.9; r50_3x3_256 12.4 against 14.5 and 18.1; deeplab_dil2 34.8 against 45.0 and
+    46.0), so tiles count as FMA-bound only from 12 FMAs per 7 loads.
+
+    `pairs` (bf16 on vdpbf16ps, 32 registers): the intensity is not capped, so the tile with the
+    most products per load wins: on Zen 4 (1 thread, ms, bf16 forward) 4 x 6 ran r50_3x3_64 in
+    10.2 against 4 x 3's 10.5, 3 x 8's 11.5 and 2 x 14's 12.1; r50_3x3_256 9.1 against 9.3, 9.6
+    and 10.0; unet3d 11.9 against 12.3, 15.9 and 12.9; the weight gradient of r50_3x3_64 10.8
+    against 11.2, 11.8 and 13.1."""
+    best = (1, 1, -1.0)
+    for nv in range(1, 5):
+        for pb in range(1, 15):
+            used = nv * pb + min(nv, pb) + 1 if asm else nv * pb + nv + 1 + LANES_SPARE_REGISTERS
+            if used > registers:
+                continue
+            ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
+            intensity = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD)
+            intensity = intensity if pairs else min(1.0, intensity)
+            score = ch_eff * intensity + 1e-3 * nv * pb
+            if score > best[2]:
+                best = (nv, pb, score)
+    return best
+
+
+def _windows_inside(g) -> bool:
+    """Whether every output pixel's window lies inside the input (no padding to read): then the
+    lanes kernels read the input in place instead of a zero-padded copy."""
+    return not any(g.pad_lo) and all((y - 1) * s + (k - 1) * d + 1 <= x for x, y, k, s, d in
+                                     zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
+
+
+def _lanes(plan: Plan, lanes: int) -> Plan:
+    """Forward: NV vectors of output channels x PB output pixels per register tile. Data gradient:
+    NV vectors of input channels x PB input-gradient pixels of one stride phase."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    fwd = plan.kop is KOp.FWD
+    channels, reduced = (g.cout_g, g.cin_g) if fwd else (g.cin_g, g.cout_g)
+    # bf16 on vdpbf16ps: each step takes a pair of reduced channels (two bf16 in one 32-bit lane),
+    # so the reduction counts pairs, read from copies that interleave them; the EVEX-encoded
+    # instruction lets the tile use all 32 registers
+    pairs = p.dtype is DType.BF16 and t.bf16_dot
+    registers = t.pair_registers if pairs else t.vector_registers
+    nv, pb, score = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs)
+    # Items of a few tiles. When all the weights fit half the L2, consecutive items take the
+    # channel blocks of one run of pixels (whose input stays cached); otherwise they take all the
+    # pixels of one channel block (whose weights stay cached).
+    weight_bytes = g.cout_g * g.cin_g * taps * acc_bytes
+    channel_major = weight_bytes > t.l2_bytes // 2
+    qb = pb * 16
+    # Reduced channels per chunk: the chunk's weights and the part of its input that a run of QB
+    # pixels reads take at most half the L1, so every tile of the run finds them there (and at
+    # most 256 products per partial sum, for accuracy). Measured on r50_1x1_2048_512's forward:
+    # 32 channels (17 KB) ran 7.5-8.4 ms against 9.2-14.8 with 128 (40 KB).
+    read_w = g.x_size[2] if fwd else g.y_size[2]
+    out_w, sw = (g.y_size[2], g.stride[2]) if fwd else (math.ceil(g.x_size[2] / g.stride[2]), 1)
+    reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
+    width = min(read_w + 2 * g.pad_lo[2], qb * sw + reach[2]) if qb < out_w else read_w + 2 * g.pad_lo[2]
+    run_bytes = reach[0] * (math.ceil(qb / out_w) + reach[1]) * width * acc_bytes
+    steps = math.ceil(reduced / 2) if pairs else reduced
+    cc = max(1, min(steps, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes),
+                    max(1, (128 if pairs else 256) // taps)))
+    unit = p.dtype.accumulator is p.dtype
+    if fwd:   # the input needs a padded copy unless every window lies inside it
+        border = not _windows_inside(g)
+    else:     # grad_output does unless every tap's row lies inside it
+        border = any((pl - (k - 1) * d) // s < 0 or (x - 1 + pl) // s > y - 1 for x, y, k, s, pl, d in
+                     zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
+    read = "X" if fwd else "Y"
+    in_place = (read,) if not border and unit else ()
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
+                    pairs=pairs, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                                 f"{'' if fwd else 'stride phase, '}run of pixels)")
+    what = "output" if fwd else "input"
+    return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
+                                 f"({nv * pb} of {registers} registers accumulate; {score:.2f} useful); "
+                                 + (f"bf16 reduced in pairs of channels on vdpbf16ps (two products per f32 lane "
+                                    f"and step, half the steps of f32 FMAs; its arithmetic emulated in C where the "
+                                    f"tile is not stepped in assembly); " if pairs else "") +
+                                 f"{qb} pixels per work item, reduced in chunks of {cc} "
+                                 f"{'channel pairs' if pairs else 'channels'} whose weights stay "
+                                 f"in L1, {'channel block' if channel_major else 'pixel run'} outermost (the "
+                                 f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
+                                 f"half the L2); {'input' if fwd else 'grad_output'} "
+                                 f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 f"{tiling.threads_hint}", tiling=tiling)
+
+
+
+
+
+def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
+    """Weight gradient with NV vectors of output channels x PB (input channel, tap) rows per tile."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    acc_bytes = p.dtype.accumulator.itemsize
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    rows = g.cin_g * taps
+    pairs = p.dtype is DType.BF16 and t.bf16_dot    # (see _lanes: pairs, and 32 registers for their tile)
+    nv, pb, score = lanes_tile(g.cout_g, lanes, t.pair_registers if pairs else t.vector_registers, asm=t.fma_asm,
+                               pairs=pairs)
+    # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
+    # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
+    # input lines.
+    pc = max(lanes, (t.l1_bytes // 2) // (nv * lanes * acc_bytes))
+    per_channel = taps if taps <= WGRAD_ROWS else pb
+    rb = min(math.ceil(rows / pb) * pb, math.ceil(max(1, WGRAD_ROWS // per_channel) * per_channel / pb) * pb)
+    items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / rb)
+    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+    splits = _splits(items, partial_bytes)
+    in_place = ("X",) if _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
+                    threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
+                                 "each item owns its weight gradients and reduces in a fixed order, so results "
+                                 "do not depend on the thread count")
+    return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
+                                 f"tap) rows ({score:.2f} useful); {rb} of the {rows} rows per work item, {items} "
+                                 f"items x {splits} parts of the reduction, chunks of {pc} "
+                                 f"{'pairs of pixels' if pairs else 'pixels'}; grad_output packed pixel-major once "
+                                 f"per call; input "
+                                 f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
+                                    "end with a virtual pixel of zero gradient; the input copy holds each value "
+                                    "with its neighbour a stride along); " if pairs else "")
+                                 + tiling.threads_hint, tiling=tiling)
+
+
+# The depthwise weight gradient takes whole planes as one flat run (unit strides) when its output
+# rows are narrower than this: per-row work and each row's vector padding then cost more than
+# copying the planes. On Zen 3 (f32, ms, planes against rows): 960 channels at 7x7 0.52 against
+# 4.07, 576 at 14x14 3.8 against 6.2, 240 at 28x28 (5x5) 5.6 against 7.7; but 144 at 56x56 6.9
+# against 5.1, 32 at 112x112 8.1 against 5.4.
+PLANES_BELOW_WIDTH = 32
+
+
+def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
+    g, p, t = plan.geometry, plan.problem, plan.target
+    if g.stride == (1, 1, 1) and g.groups > 1 and g.y_size[2] < PLANES_BELOW_WIDTH:
+        taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+        # taps per pass over the plane: their sums, the grad_output vector and one input vector
+        # in registers, SPARE_REGISTERS left free
+        tb = max(1, min(taps, t.vector_registers - 2 - SPARE_REGISTERS))
+        passes = math.ceil(taps / tb)
+        tb = math.ceil(taps / passes)
+        tiling = Tiling(vector_lanes=lanes, kb=tb, planes=True,
+                        threads_hint="parallel over output channels; each item owns its channel's taps and "
+                                     "reduces in a fixed order, so results do not depend on the thread count")
+        return plan.decide("tiling", f"unit strides: per image, input and grad_output planes copied into "
+                                     f"zero-padded buffers of one row pitch, each tap a flat dot product of "
+                                     f"vectors of {lanes}; {tb} taps per pass over the plane ({passes} "
+                                     f"pass{'es' if passes > 1 else ''}); {tiling.threads_hint}", tiling=tiling)
+    unit = p.dtype.accumulator is p.dtype
+    layouts = dict(plan.layouts)
+    in_place = []
+    if unit and layouts["Y"] is Layout.CONTIGUOUS and g.y_size[2] % lanes == 0:
+        in_place.append("Y")
+    if unit and layouts["X"] is Layout.CONTIGUOUS and g.stride[2] == 1:
+        in_place.append("X-row")   # the interior of each input row is copied with one memcpy
+    tiling = Tiling(vector_lanes=lanes, in_place=tuple(in_place),
+                    threads_hint="parallel over output channels; each item owns its channel's taps and reduces "
+                                 "in a fixed order, so results do not depend on the thread count")
+    return plan.decide("tiling", f"rows of {g.y_size[2]} in {math.ceil(g.y_size[2] / lanes)} vectors of {lanes}, "
+                                 f"one vector of partial sums per tap; grad_output rows "
+                                 f"{'read in place' if 'Y' in in_place else 'copied'}, input rows copied "
+                                 f"{'with one memcpy each' if 'X-row' in in_place else 'element by element'}; "
+                                 f"{tiling.threads_hint}", tiling=tiling)
+
+
+def grouplanes_tile(vectors: int, registers: int) -> tuple[int, int]:
+    """(NB, PB) of the grouplanes forward and data gradient: NB vectors of channels x PB pixels,
+    with NB weight vectors and one input vector in registers, SPARE_REGISTERS left free."""
+    nb = max(1, min(GROUPLANES_VECTORS, vectors))
+    pb = max(1, min(GROUPLANES_PIXELS, (registers - SPARE_REGISTERS - nb - 1) // nb))
+    return nb, pb
+
+
+def _grouplanes(plan: Plan, lanes: int) -> Plan:
+    """Depthwise in channels last: the groups in the vector lanes."""
+    g, t = plan.geometry, plan.target
+    vectors = math.ceil(g.groups / lanes)
+    if plan.kop is KOp.WGRAD:
+        splits = MIN_ITEMS
+        tiling = Tiling(vector_lanes=lanes, splits=splits,
+                        threads_hint=f"parallel over {splits} fixed parts of the output rows; each part keeps its "
+                                     f"own sums, added in order at the end, so results do not depend on the thread "
+                                     f"count")
+        return plan.decide("tiling", f"{vectors} vectors of {lanes} channels; per output row, channel vector and "
+                                     f"input row, {g.kernel[2]} vectors of partial sums (one per kernel column) in "
+                                     f"registers, added to the part's sums in double; {tiling.threads_hint}",
+                           tiling=tiling)
+    nb, pb = grouplanes_tile(vectors, t.vector_registers)
+    rows = math.prod(g.y_size[:2]) if plan.kop is KOp.FWD else math.prod(g.x_size[:2])
+    # rows of one image x channel chunks: at least MIN_ITEMS items per image when the channels allow
+    chunks = max(1, min(math.ceil(vectors / nb), math.ceil(MIN_ITEMS / rows)))
+    cch = math.ceil(math.ceil(vectors / chunks) / nb) * nb
+    what = "output" if plan.kop is KOp.FWD else "input-gradient"
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nb, ksb=cch,
+                    threads_hint=f"parallel over (batch, {what} row, chunk of {cch} channel vectors)")
+    return plan.decide("tiling", f"register tile {nb} vectors of {lanes} channels x {pb} "
+                                 f"{'output pixels' if plan.kop is KOp.FWD else 'input-gradient columns of one stride phase'} "
+                                 f"({nb * pb} of {t.vector_registers} registers accumulate); input and output read "
+                                 f"and written in place; {tiling.threads_hint}", tiling=tiling)
+
+
+# Output vectors the depthwise planes kernel accumulates at once (each tap's weight broadcast once
+# for all of them).
+PLANES_VECTORS = 8
+# The planes kernel steps its taps in assembly (fma_tile) for 2-D kernels of more than 9 taps on
+# planes of at least this many vectors, where GCC's vector code spills; elsewhere the C step ran
+# faster on Zen 3 (ms, C against assembly: 3x3 at 7x7, 960 channels, 0.18 against 0.33; 5x5 at
+# 7x7 0.59 against 1.01; 1-D k31 at 4096 2.2 against 3.3; but 5x5 at 28x28, 112 vectors, 2.0
+# against 1.28, and at 14x14, 32 vectors, 1.47 against 1.41).
+PLANES_ASM_VECTORS = 64
+
+
+def _depthwise_planes(plan: Plan, lanes: int) -> Plan:
+    """Depthwise forward or data gradient (multiplier 1, unit strides) over whole zero-padded planes."""
+    g = plan.geometry
+    _, out_h, out_w = g.y_size if plan.kop is KOp.FWD else g.x_size      # the plane each item writes
+    pitch = out_w + (g.kernel[2] - 1) * g.dilation[2]
+    vectors = math.ceil(out_h * pitch / lanes)
+    u = max(1, min(PLANES_VECTORS, vectors))
+    taps = g.kernel[1] * g.kernel[2]
+    asm = plan.target.fma_asm and out_h > 1 and taps > 9 and vectors >= PLANES_ASM_VECTORS
+    tiling = Tiling(vector_lanes=lanes, kb=u, nv=int(asm), planes=True,
+                    threads_hint="parallel over (image, channel) planes")
+    return plan.decide("tiling", f"each plane copied into a zero-padded buffer of row pitch {pitch}: {vectors} "
+                                 f"flat vectors of outputs per plane, {u} at a time in registers over the "
+                                 f"{taps} taps{', stepped in assembly' if asm else ''}; {tiling.threads_hint}",
+                       tiling=tiling)
+
+
+def _splits(items: int, partial_bytes: int) -> int:
+    """Fixed parts a weight-gradient reduction is cut into (their partial sums added in order):
+    doubled while the work items are too few for the threads, up to MAX_SPLITS and PARTIAL_BYTES
+    of partial sums."""
+    splits = 1
+    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
+        splits *= 2
+    return splits
+
+
+
+def run_cpu(plan: Plan) -> Plan:
+    """The tiling of `plan` for a CPU target."""
+    from .tiling_gemm import _gemm_wgrad, _pointwise, _pointwise_wgrad   # (they import this module)
+
+    if plan.algorithm in ("empty", "reduce"):
+        return plan.decide("tiling", "no tiling", tiling=None)
+    lanes = max(1, plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize)
+    if plan.algorithm == "blocked":
+        return _blocked(plan, lanes)
+    if plan.algorithm == "lanes":
+        return _lanes_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _lanes(plan, lanes)
+    if plan.algorithm == "gemm":
+        return _gemm_wgrad(plan, lanes)
+    if plan.algorithm == "pointwise":
+        return _pointwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _pointwise(plan, lanes)
+    if plan.algorithm == "depthwise":
+        return _depthwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _depthwise_planes(plan, lanes)
+    if plan.algorithm == "grouplanes":
+        return _grouplanes(plan, lanes)
+    return _direct(plan, lanes)
+
+

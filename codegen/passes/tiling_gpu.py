@@ -1,0 +1,64 @@
+"""GPU tiling (the `tiling` pass's branch for CUDA and HIP targets): threads per block and what
+each thread computes, from the target's warp size and thread limit.
+
+- direct: one thread per result element (an output, input-gradient or weight-gradient element,
+  or one channel of a bias gradient); DIRECT_THREADS threads per block (whole warps: 8 warps of
+  32, 4 waves of 64), the grid as many blocks as cover the results at the run-time batch size.
+A function of problem and target only.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ConvgenError
+from ..plan import GpuTiling, KOp, Plan
+
+DIRECT_THREADS = 256
+
+
+def _results(plan: Plan) -> tuple[str, int, str]:
+    """(what one thread computes, results per image or in all, what it sums over) of the direct kernel."""
+    g, p = plan.geometry, plan.problem
+    taps = math.prod(g.kernel)
+    if plan.kop is KOp.FWD:
+        return "output element", g.cout * math.prod(g.y_size), f"{g.cin_g * taps} (channel, tap) products"
+    if plan.kop is KOp.DGRAD:
+        return ("input-gradient element", g.cin * math.prod(g.x_size),
+                f"at most {g.cout_g * taps} (channel, tap) products")
+    if plan.kop is KOp.WGRAD:
+        return ("weight-gradient element", g.cout * g.cin_g * taps, f"batch x {math.prod(g.y_size)} output positions")
+    channels = g.cout if plan.operands[0].kind == "Y" else g.cin
+    return "bias-gradient channel", channels, "batch x its channel's pixels"
+
+
+def run_gpu(plan: Plan) -> Plan:
+    """The tiling of `plan` for a CUDA or HIP target, by its algorithm (TILINGS)."""
+    if plan.algorithm == "empty":
+        return plan.decide("tiling", "no kernel: nothing to launch", tiling=None)
+    tile = TILINGS.get(plan.algorithm)
+    if tile is None:
+        raise ConvgenError(f"tiling: no GPU tiling for algorithm {plan.algorithm!r}; GPU tilings: {sorted(TILINGS)}")
+    return tile(plan)
+
+
+def _direct(plan: Plan) -> Plan:
+    """direct: whole warps per block, one thread per result element."""
+    gpu = plan.target.gpu
+    threads = min(DIRECT_THREADS, gpu.max_threads_per_block) // gpu.warp_size * gpu.warp_size
+    what, count, over = _results(plan)
+    per_image = plan.kop in (KOp.FWD, KOp.DGRAD)
+    bias = plan.kop is KOp.WGRAD and plan.problem.bias
+    blocks = math.ceil(count * (plan.problem.n if per_image else 1) / threads)
+    tiling = GpuTiling(threads_per_block=threads, warps_per_block=threads // gpu.warp_size, per_thread=what,
+                       threads_hint=f"one thread per {what}, {count} {'per image' if per_image else 'in all'}")
+    return plan.decide("tiling", f"{threads} threads per block ({threads // gpu.warp_size} warps of {gpu.warp_size}); "
+                                 f"one thread per {what}, summing {over} in double in a fixed order (no atomics, "
+                                 f"no shared memory); {blocks} block(s) at batch {plan.problem.n}"
+                                 f"{' (the grid follows the run-time batch)' if per_image else ''}"
+                                 f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}",
+                       tiling=tiling)
+
+
+# GPU algorithm -> its tiling function (a new GPU algorithm adds its own)
+TILINGS = {"direct": _direct}

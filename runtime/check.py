@@ -1,0 +1,133 @@
+"""`convgen check`: run one problem's kernels, every pass, on fresh random data against ATen in
+float64, and say per pass whether the result is within the dtype's tolerance.
+
+The kernels run through the normal runtime (runtime/ops.py, dispatch, cache): on the CPU for a
+CPU target, in the SIMT simulator (CONVGEN_SIM) for a GPU target given --sim. Passes: the
+forward with a bias, the data gradient, the weight gradient with the bias gradient fused, and
+the bias gradient alone. Tolerance: ‖out − ref‖ / ‖ref‖ at most TOLERANCE[dtype] (the tests'
+bounds: f64 1e-12, f32 1e-6, bf16 1e-2, f16 1e-3), grown by √(terms / 4096) for reductions
+longer than 4096 terms; inputs are drawn in float64 and rounded to the dtype before the
+reference sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+
+from .codegen.errors import ConvSpecError
+from .codegen.ir import ConvProblem, Layout
+from .codegen.target import Target, TargetKind
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}
+SHORT_REDUCTION = 4096
+TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None):
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _environment_for(target: Target, sim: bool) -> dict[str, str | None]:
+    if target.kind is TargetKind.CPU:
+        return {"CONVGEN_SIM": None, "CONVGEN_ISA": target.isa}
+    if not sim:
+        device = "a GPU is present, but convgen does not run GPU kernels on a device yet" if \
+            torch.cuda.is_available() else "this machine has no GPU device"
+        raise ConvSpecError(f"--target {target.name()}: {device}; add --sim to run the generated "
+                            f"{target.kind.value} kernels in the SIMT simulator")
+    return {"CONVGEN_SIM": target.name()}
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.detach().double(), ref.detach().double()
+    if o.numel() == 0:
+        return 0.0
+    if not torch.isfinite(o).all():
+        return math.inf
+    norm = torch.linalg.vector_norm(r).item()
+    diff = torch.linalg.vector_norm(o - r).item()
+    return diff / norm if norm else o.abs().max().item()
+
+
+def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: int = 0) -> tuple[list[str], bool]:
+    """(one line per pass, whether all are within tolerance) for `problem`'s convolution (its op
+    is ignored: every pass runs), called with torch's `padding` argument (ints or 'same')."""
+    import convgen
+    import torch.nn.functional as F
+
+    p = problem
+    dtype = TORCH_DTYPES[p.dtype.value]
+    gen = torch.Generator().manual_seed(seed)
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(p.rank + 2)
+
+    def draw(shape, layout=Layout.CONTIGUOUS):
+        t = torch.randn(tuple(shape), dtype=torch.float64, generator=gen).to(dtype)
+        return t.contiguous(memory_format=fmt) if layout is Layout.CHANNELS_LAST and fmt else t
+
+    x, w, b = draw(p.input_shape, p.input_layout), draw(p.weight_shape, p.weight_layout), draw((p.k,))
+    args = (list(p.stride), padding, list(p.dilation), p.transposed, list(p.output_padding), p.groups)
+    # the float64 reference: explicit (possibly asymmetric) padding, gradients by autograd
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    pads = [v for lo_hi in reversed(p.padding) for v in lo_hi]
+    zeros = [0] * p.rank
+    if p.transposed:
+        y64 = torch.ops.aten.convolution(x64, w64, b64, list(p.stride), [lo for lo, _ in p.padding],
+                                         list(p.dilation), True, list(p.output_padding), p.groups)
+    else:
+        y64 = torch.ops.aten.convolution(F.pad(x64, pads), w64, b64, list(p.stride), zeros, list(p.dilation), False,
+                                         zeros, p.groups)
+    gy = draw(y64.shape, p.output_layout)
+    dx64, dw64, db64 = torch.autograd.grad(y64, (x64, w64, b64), gy.double())
+    over_channels = max(p.weight_shape[0], p.weight_shape[1]) * math.prod(p.kernel)
+    over_images = p.n * max(math.prod(p.in_size), math.prod(p.out_size))
+
+    lines, ok = [], True
+
+    def report(name: str, out, ref, terms: int):
+        nonlocal ok
+        tol = TOLERANCE[dtype] * max(1.0, math.sqrt(terms / SHORT_REDUCTION))
+        err = _rel(out, ref) if tuple(out.shape) == tuple(ref.shape) else math.inf
+        good = err <= tol
+        ok = ok and good
+        lines.append(f"{name:<24} relative error {err:.2e}  (tolerance {tol:.0e})  {'ok' if good else 'FAIL'}")
+
+    with _environment(**_environment_for(target, sim)):
+        from . import dispatch, ops
+
+        # every kernel in one ninja run
+        problems = {q.key(): q for mask in ((True, True, True), (False, False, True))
+                    for q in ops.call_problems(x, w, b, *args, output_mask=mask, grad_output=gy)}
+        dispatch.prepare(list(problems.values()))
+        before = convgen.stats()["sim_launches"]
+        report("fwd (with bias)", convgen.convolution(x, w, b, *args), y64, over_channels)
+        k = [p.k]
+        dx, _, _ = convgen.convolution_backward(gy, x, w, k, *args, [True, False, False])
+        report("bwd_data", dx, dx64, over_channels)
+        _, dw, db = convgen.convolution_backward(gy, x, w, k, *args, [False, True, True])
+        report("bwd_weight (+ bias)", dw, dw64, over_images)
+        report("bwd_bias (fused)", db, db64, over_images)
+        _, _, db_alone = convgen.convolution_backward(gy, x, w, k, *args, [False, False, True])
+        report("bwd_bias (alone)", db_alone, db64, over_images)
+        launches = convgen.stats()["sim_launches"] - before
+    where = (f"in the SIMT simulator ({target.name()}, warp {target.warp_size}, {launches} simulated launches)"
+             if target.kind is not TargetKind.CPU else f"on the CPU ({target.name()})")
+    lines.insert(0, f"{p.name()}: {p.dtype.value}, against ATen in float64, {where}")
+    return lines, ok

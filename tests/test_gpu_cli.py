@@ -1,0 +1,211 @@
+"""The command line for GPU targets: show (self-contained files the vendor compilers build),
+explain (GPU reasons only), build (nvcc/hipcc, resource report, a missing compiler), check (every
+pass against ATen in float64, in the simulator or on the CPU), and the simulator builds' keys.
+
+The show outputs are compiled in one nvcc call per arch (sm_80, sm_90; ptxas spills are errors)
+and one hipcc call (gfx90a). Without nvcc or hipcc those tests are skipped and say which
+compiler is missing (.ci/run installs hipcc; see the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from convgen import build, check, cli, knobs
+from convgen.codegen.emit import emit
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import parse_target
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+# Problems whose kernels the vendor compilers build: every pass, every dtype, both layouts,
+# transposed with output_padding, groups, 1-D and 3-D.
+SHOWN = [
+    ("fwd_f32", ["--input", "2,4,7,7", "--weight", "6,2,3,3", "--groups", "2", "--stride", "2", "--padding", "1",
+                 "--op", "fwd", "--bias"]),
+    ("dgrad_f16_nhwc_t", ["--input", "2,4,7,7", "--weight", "4,3,3,3", "--groups", "2", "--stride", "2", "--padding",
+                          "1", "--output-padding", "1", "--transposed", "--op", "bwd_data", "--dtype", "f16",
+                          "--layout", "nhwc"]),
+    ("wgrad_bf16_bias", ["--input", "2,8,6,6", "--weight", "8,2,3,3", "--groups", "4", "--dilation", "2", "--op",
+                         "bwd_weight", "--bias", "--dtype", "bf16"]),
+    ("bias_f64_3d", ["--input", "2,3,4,5,6", "--weight", "5,3,2,2,2", "--op", "bwd_bias", "--dtype", "f64"]),
+    ("fwd_f16_1d_t", ["--input", "3,4,9", "--weight", "4,2,5", "--stride", "3", "--padding", "2", "--transposed",
+                      "--op", "fwd", "--bias", "--dtype", "f16"]),
+    ("dgrad_bf16_same", ["--input", "1,4,5,5", "--weight", "2,4,2,3", "--padding", "same", "--dilation", "3", "--op",
+                         "bwd_data", "--dtype", "bf16", "--layout", "nhwc"]),
+]
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory):
+    """The show outputs for cuda and hip, written to files."""
+    directory = tmp_path_factory.mktemp("shown")
+    files = {"cuda": [], "hip": []}
+    for vendor, target in (("cuda", "cuda-sm_90"), ("hip", "hip-gfx90a")):
+        for name, flags in SHOWN:
+            code, out, err = run_cli("show", *flags, "--target", target)
+            assert code == 0, err
+            path = directory / f"{vendor}_{name}.cu"
+            path.write_text(out)
+            files[vendor].append(path)
+    return files
+
+
+def test_shown_files_are_self_contained(shown):
+    for vendor, paths in shown.items():
+        for path in paths:
+            text = path.read_text()
+            includes = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#include")]
+            # the simulator (under -DCONVGEN_SIM only) and the vendor's own headers, nothing of convgen's
+            vendor_header = ("<cuda", "<mma.h") if vendor == "cuda" else ("<hip/",)
+            assert '"sim/simt.h"' in includes, (path.name, includes)
+            assert all(i == '"sim/simt.h"' or i.startswith(vendor_header) for i in includes), (path.name, includes)
+            assert "// decisions:" in text and "[tiling]" in text and 'extern "C" int cg_' in text
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_builds_the_shown_files_without_spills(shown, arch, tmp_path):
+    nvcc = knobs.nvcc()
+    if not nvcc or not shutil.which(nvcc):
+        pytest.skip("nvcc is not installed (CONVGEN_NVCC, PATH, CUDA_HOME)")
+    # the shown files are for sm_90; the sm_80 ones differ only in their header comment
+    paths = shown["cuda"]
+    if arch != "sm_90":
+        paths = []
+        for name, flags in SHOWN:
+            code, out, err = run_cli("show", *flags, "--target", f"cuda-{arch}")
+            assert code == 0, err
+            (tmp_path / f"{name}.cu").write_text(out)
+            paths.append(tmp_path / f"{name}.cu")
+    done = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-warn-spills", "-Xptxas", "-Werror",
+                           "-odir", str(tmp_path), *map(str, paths)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
+    assert len(list(tmp_path.glob("*.cubin"))) == len(paths)
+
+
+def test_hipcc_builds_the_shown_files(shown, tmp_path):
+    hipcc = knobs.hipcc()
+    if not hipcc or not shutil.which(hipcc):
+        pytest.skip("hipcc is not installed: apt-get install -y --no-install-recommends hipcc libamdhip64-dev")
+    env = dict(os.environ, HIP_PLATFORM="amd")
+    done = subprocess.run([hipcc, "-x", "hip", "--offload-arch=gfx90a", "-c", *map(str, shown["hip"])],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(list(tmp_path.glob("*.o"))) == len(shown["hip"])
+
+
+# ------------------------------------------------------------------------------- explain
+
+CPU_WORDS = ("register tile", "vector", "OpenMP", "L1", "L2", "zero-padded", "lanes", "parallel over")
+
+
+@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"])
+@pytest.mark.parametrize("op", ["fwd", "bwd_data", "bwd_weight", "bwd_bias"])
+def test_explain_gives_gpu_reasons(target, op):
+    code, out, err = run_cli("explain", "--input", "8,64,56,56", "--weight", "128,64,3,3", "--padding", "1",
+                             "--bias", "--op", op, "--target", target)
+    assert code == 0, err
+    decisions = out.split("decisions, pass by pass:")[1]
+    assert "[algorithm] GPU " in decisions and "threads per block" in decisions
+    warp = "64" if target.startswith("hip") else "32"
+    assert f"warp {warp}" in decisions
+    for word in CPU_WORDS:
+        assert word not in decisions, f"a CPU reason in explain --target {target}: {word!r}\n{decisions}"
+    assert "kernel:      conv2d_" in out and "self-contained" in out and "stream)" in out
+
+
+# ------------------------------------------------------------------------------- build
+
+
+def test_build_prints_artifact_and_resources():
+    flags = ["--input", "2,4,6,6", "--weight", "4,4,3,3", "--op", "bwd_weight", "--bias"]
+    if knobs.nvcc() and shutil.which(knobs.nvcc()):
+        code, out, err = run_cli("build", *flags, "--target", "cuda-sm_90")
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].endswith(".cubin") and os.path.isfile(lines[0])
+        assert "registers" in out and "spill" in out
+    if knobs.hipcc() and shutil.which(knobs.hipcc()):
+        code, out, err = run_cli("build", *flags, "--target", "hip-gfx90a")
+        assert code == 0, err
+        assert out.splitlines()[0].endswith(".o") and "VGPRs" in out and "LDS" in out
+    code, out, err = run_cli("build", *flags, "--target", "hip", "--sim")
+    assert code == 0, err
+    assert out.strip().endswith(".so")
+
+
+@pytest.mark.parametrize("target, compiler, variable", [("cuda-sm_80", "nvcc", "CONVGEN_NVCC"),
+                                                        ("hip-gfx90a", "hipcc", "CONVGEN_HIPCC")])
+def test_build_without_the_compiler_names_it(target, compiler, variable, monkeypatch, tmp_path):
+    flags = ["--input", "1,2,5,5", "--weight", "3,2,3,3", "--target", target, "--force"]
+    for name in ("CONVGEN_NVCC", "CONVGEN_HIPCC", "CUDA_HOME", "CUDA_PATH", "ROCM_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))     # an empty directory: no compiler on PATH
+    code, out, err = run_cli("build", *flags)
+    assert code == 1 and out == ""
+    assert f"{compiler} not found" in err and variable in err
+    monkeypatch.setenv(variable, str(tmp_path / "missing" / compiler))
+    code, out, err = run_cli("build", *flags)
+    assert code == 1 and variable in err and "does not exist" in err
+
+
+# ------------------------------------------------------------------------------- check
+
+CHECKED = ["--input", "2,4,6,5", "--weight", "6,2,3,2", "--groups", "2", "--stride", "2", "--padding", "1"]
+
+
+@pytest.mark.parametrize("target, dtype", [("cuda-sm_80", "f32"), ("hip", "bf16"), ("cpu", "f64")])
+def test_check_runs_every_pass(target, dtype):
+    code, out, err = run_cli("check", *CHECKED, "--target", target, "--dtype", dtype,
+                             *(["--sim"] if not target.startswith("cpu") else []))
+    assert code == 0, out + err
+    lines = out.strip().splitlines()
+    assert len(lines) == 6 and all(line.endswith(" ok") for line in lines[1:]), out
+    for name in ("fwd", "bwd_data", "bwd_weight", "bwd_bias (fused)", "bwd_bias (alone)"):
+        assert any(line.startswith(name) for line in lines[1:]), out
+    if target != "cpu":
+        assert "simulated launches" in lines[0] and "5 simulated launches" in lines[0]
+
+
+def test_check_fails_when_out_of_tolerance(monkeypatch):
+    monkeypatch.setattr(check, "TOLERANCE", {k: 0.0 for k in check.TOLERANCE})
+    code, out, err = run_cli("check", *CHECKED, "--target", "cuda-sm_80", "--sim")
+    assert code == 1 and out.count("FAIL") == 5, out + err
+
+
+def test_check_of_a_gpu_target_needs_sim():
+    code, out, err = run_cli("check", *CHECKED, "--target", "hip-gfx90a")
+    assert code == 2 and "--sim" in err and "hip-gfx90a" in err
+
+
+# ------------------------------------------------------------------------------- simulator builds
+
+
+def test_simulator_builds_are_keyed_by_vendor_arch_and_warp():
+    problem = ConvProblem(Op.FWD, 1, 2, 3, (5, 5), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1),
+                          dtype=DType.F32, input_layout=Layout.CONTIGUOUS).validate()
+    sources = {t: emit(lower(problem, parse_target(t))) for t in ("cuda-sm_90", "cuda-sm_80", "hip-gfx90a", "cpu")}
+    keys = {t: build.source_key(s) for t, s in sources.items()}
+    assert len(set(keys.values())) == 4
+    commands = {t: build.compile_command("a.cu", "a.so", s.target) for t, s in sources.items()}
+    assert "-DCONVGEN_SIM" in commands["cuda-sm_90"] and "-DCONVGEN_SIM_WARP=32" in commands["cuda-sm_90"]
+    assert "-DCONVGEN_SIM_WARP=64" in commands["hip-gfx90a"]
+    assert "-DCONVGEN_SIM" not in commands["cpu"]
+    # the simulator's header comes precompiled (built once per cache, compiler and header version)
+    pch = commands["hip-gfx90a"][commands["hip-gfx90a"].index("-DCONVGEN_SIM_WARP=64") + 2]
+    assert "sim-pch" in pch and os.path.isfile(os.path.join(pch, "sim", "simt.h.gch"))
+    assert sources["cuda-sm_90"].language == "cuda" and sources["hip-gfx90a"].language == "hip"

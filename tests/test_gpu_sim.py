@@ -1,0 +1,216 @@
+"""Generated GPU kernels run in the SIMT simulator through the normal runtime (CONVGEN_SIM).
+
+With CONVGEN_SIM=cuda (sm_90, warp 32) or =hip (gfx90a, waves of 64), every convgen call on CPU
+tensors builds the problem's CUDA or HIP kernels for the simulator and runs them there. These
+tests take CASES.md cases (tests/test_cases.py's list and checks) through both vendors, for the
+forward pass and every output_mask of the backward pass, against ATen in float64 with the
+tolerances of tests/reference.py, and count the simulated launches each call makes (so a silent
+CPU fallback cannot pass). The selection spreads the axes over the cases rather than crossing
+them all (each kernel file takes about 0.75 s of CPU to build for the simulator): f32/f64/bf16/f16,
+contiguous, channels-last input or weight, non-contiguous input or grad_output, transposed with
+output_padding, groups and depthwise, 'same' padding, 1-D and 3-D, an empty batch; thread and
+block orders forward, reversed and shuffled. Then the public API's other doors (autograd through
+nn modules and convert(), enabled(), the torch.library ops), a hypothesis property over random
+valid problems, and bad values of CONVGEN_SIM.
+
+Every kernel of the matrix builds up front in one ninja run per vendor.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import convgen
+from convgen import dispatch
+from convgen.codegen.errors import ConvgenError
+from convgen.ops import call_problems
+import test_cases as cases
+import test_properties as props
+
+DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
+
+# (vendor, CASES.md case, dtype, operand layout variant, thread/block order)
+MATRIX = [
+    ("cuda", "02-mixed-stride-padding-dilation4-groups2", "f32", "contiguous", "forward"),
+    ("cuda", "05-same-padding-even-kernel-asymmetric", "f64", "contiguous", "forward"),
+    ("cuda", "07-depthwise-multiplier2", "f64", "channels_last", "reverse"),
+    ("cuda", "16-transposed-output-padding", "bf16", "contiguous", "shuffle"),
+    ("cuda", "19a-1d-stride2-padding2-dilation2", "f16", "noncontig_input", "forward"),
+    ("cuda", "20a-3d-3x1x9-groups3-stride1", "f32", "contiguous", "shuffle"),
+    ("cuda", "15a-empty-batch0", "f64", "contiguous", "forward"),
+    ("hip", "01-padding-as-large-as-kernel-allows", "f64", "contiguous", "reverse"),
+    ("hip", "02-mixed-stride-padding-dilation4-groups2", "bf16", "channels_last", "forward"),
+    ("hip", "03-even-kernel-per-axis-dilation", "f32", "channels_last_weight", "shuffle"),
+    ("hip", "13-stride-larger-than-kernel", "f64", "noncontig_grad", "forward"),
+    ("hip", "17-transposed-groups4", "f32", "channels_last", "shuffle"),
+    ("hip", "20a-3d-3x1x9-groups3-stride1", "f16", "contiguous", "reverse"),
+    ("hip", "15b-empty-channels0", "f32", "contiguous", "forward"),
+]
+# launches per check_case: forward 1; over the 7 masks, the input gradient 4, the weight gradient
+# 4 (plus its fused bias gradient 2), the bias gradient alone 2
+LAUNCHES = 13
+
+
+def _params():
+    for vendor, case_id, dtype, variant, order in MATRIX:
+        yield pytest.param(vendor, cases.BY_ID[case_id], DTYPES[dtype], variant, order,
+                           id=f"{vendor}-{case_id}-{dtype}-{variant}-{order}")
+
+
+@pytest.fixture(scope="module")
+def prebuilt():
+    """Every kernel of the matrix, built in one ninja run per vendor."""
+    for vendor in ("cuda", "hip"):
+        problems = {}
+        for v, case_id, dtype, variant, _ in MATRIX:
+            if v != vendor:
+                continue
+            ops = cases.operands(cases.BY_ID[case_id], DTYPES[dtype], variant)
+            for mask in cases.MASKS:
+                for p in call_problems(ops.x, ops.w, ops.b, *cases.BY_ID[case_id].args(), output_mask=mask,
+                                       grad_output=ops.gy):
+                    problems[p.key()] = p
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CONVGEN_SIM", vendor)
+            dispatch.prepare(list(problems.values()))
+    return convgen.stats()["builds"]
+
+
+@pytest.mark.parametrize("vendor, case, dtype, variant, order", list(_params()))
+def test_case_in_the_simulator(vendor, case, dtype, variant, order, prebuilt, monkeypatch):
+    monkeypatch.setenv("CONVGEN_SIM", vendor)
+    monkeypatch.setenv("CONVGEN_SIM_ORDER", order)
+    monkeypatch.setenv("CONVGEN_SIM_SEED", "7")
+    ops = cases.operands(case, dtype, variant)
+    before = convgen.stats()
+    cases.check_case(case, dtype, ops)
+    after = convgen.stats()
+    empty = 0 in (case.input[0], case.input[1])
+    assert after["sim_launches"] - before["sim_launches"] == (0 if empty else LAUNCHES)
+    assert after["builds"] == before["builds"], "the prebuild missed a kernel of this test"
+
+
+def test_prebuild_covered_the_matrix(prebuilt):
+    assert convgen.stats()["builds"] == prebuilt
+
+
+# ------------------------------------------------------------------------------- the other doors
+
+CASE2 = cases.BY_ID["02-mixed-stride-padding-dilation4-groups2"]   # built above for cuda, f32, contiguous
+
+
+def _case2_tensors(requires_grad: bool):
+    ops = cases.operands(CASE2, torch.float32, "contiguous")
+    return ops.x.requires_grad_(requires_grad), ops.w.requires_grad_(requires_grad), \
+        ops.b.requires_grad_(requires_grad), ops.gy
+
+
+def _grads64(x, w, b, gy):
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y = CASE2.aten().forward(*leaves)
+    return y.detach(), torch.autograd.grad(y, leaves, gy.double())
+
+
+def test_autograd_modules_enabled_and_library_ops(prebuilt, monkeypatch):
+    """Module with convert(), enabled() around torch's own F.conv2d, and torch.ops.convgen: all
+    served by the simulated cuda kernels (the launches are counted), all matching float64 ATen."""
+    monkeypatch.setenv("CONVGEN_SIM", "cuda")
+    x, w, b, gy = _case2_tensors(True)
+    y64, (dx64, dw64, db64) = _grads64(x, w, b, gy)
+    stride, padding, dilation, _, _, groups = CASE2.args()
+
+    module = torch.nn.Conv2d(4, 2, 3, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    with torch.no_grad():
+        module.weight.copy_(w)
+        module.bias.copy_(b)
+    convgen.convert(module)
+    start = convgen.stats()["sim_launches"]
+    xm = x.detach().clone().requires_grad_()
+    y = module(xm)
+    y.backward(gy)
+    cases.assert_close(y, y64, torch.float32, "convert(): forward")
+    cases.assert_close(xm.grad, dx64, torch.float32, "convert(): grad_input")
+    cases.assert_close(module.weight.grad, dw64, torch.float32, "convert(): grad_weight")
+    cases.assert_close(module.bias.grad, db64, torch.float32, "convert(): grad_bias")
+    assert convgen.stats()["sim_launches"] - start == 4   # forward; data, weight and fused bias gradients
+
+    start = convgen.stats()
+    with convgen.enabled():
+        y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+        grads = torch.autograd.grad(y, (x, w, b), gy)
+    after = convgen.stats()
+    assert after["aten_forward"] > start["aten_forward"] and after["aten_backward"] > start["aten_backward"]
+    assert after["sim_launches"] - start["sim_launches"] == 4
+    cases.assert_close(y, y64, torch.float32, "enabled(): forward")
+    for g, r, name in zip(grads, (dx64, dw64, db64), ("grad_input", "grad_weight", "grad_bias")):
+        cases.assert_close(g, r, torch.float32, f"enabled(): {name}")
+
+    start = convgen.stats()["sim_launches"]
+    y = torch.ops.convgen.convolution(x.detach(), w.detach(), b.detach(), list(stride), list(padding),
+                                      [dilation] * 2, False, [0, 0], groups)
+    cases.assert_close(y, y64, torch.float32, "torch.ops.convgen.convolution")
+    assert convgen.stats()["sim_launches"] - start == 1
+
+
+def test_sim_and_cpu_kernels_are_kept_apart(prebuilt, monkeypatch):
+    """The same call with and without CONVGEN_SIM: the dispatch table and the call memo tell the
+    simulated kernel from the CPU one (only the former launches in the simulator)."""
+    x, w, b, _ = _case2_tensors(False)
+    args = CASE2.args()
+    monkeypatch.setenv("CONVGEN_SIM", "cuda")
+    start = convgen.stats()["sim_launches"]
+    y_sim = convgen.convolution(x, w, b, *args)
+    assert convgen.stats()["sim_launches"] == start + 1
+    monkeypatch.delenv("CONVGEN_SIM")
+    y_cpu = convgen.convolution(x, w, b, *args)
+    assert convgen.stats()["sim_launches"] == start + 1
+    monkeypatch.setenv("CONVGEN_SIM", "cuda")
+    convgen.convolution(x, w, b, *args)
+    assert convgen.stats()["sim_launches"] == start + 2
+    cases.assert_close(y_sim, y_cpu.double(), torch.float32, "simulated against CPU")
+
+
+@pytest.mark.parametrize("value", ["metal", "cpu", "1", "sycl-sm_90"])
+def test_bad_convgen_sim_names_the_knob_value_and_choices(value, monkeypatch):
+    monkeypatch.setenv("CONVGEN_SIM", value)
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    with pytest.raises(ConvgenError) as e:
+        convgen.conv2d(x, w)
+    message = str(e.value)
+    assert "CONVGEN_SIM" in message and repr(value) in message and "cuda" in message and "hip" in message
+
+
+def test_unsupported_arch_in_convgen_sim_is_named(monkeypatch):
+    monkeypatch.setenv("CONVGEN_SIM", "cuda-sm_70")
+    with pytest.raises(ValueError) as e:
+        convgen.conv2d(torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3))
+    assert "sm_70" in str(e.value) and "sm_80" in str(e.value)
+
+
+# ------------------------------------------------------------------------------- property
+
+
+@settings(props.SLOW, max_examples=6, derandomize=True, database=None)
+@given(data=st.data())
+def test_random_valid_problems_in_the_simulator(data):
+    """Random valid small problems (tests/test_properties.py's strategy: every axis, f32/f64,
+    every layout, a random output_mask) in the simulator of a random vendor and order."""
+    rank = data.draw(st.sampled_from([1, 2, 3]), label="rank")
+    transposed = data.draw(st.booleans(), label="transposed")
+    call = data.draw(props.valid_calls(rank, transposed), label="call")
+    props.assume(not props.torch_refuses(call) and not props.cases_md_refuses(call))
+    vendor = data.draw(st.sampled_from(["cuda", "hip"]), label="vendor")
+    order = data.draw(st.sampled_from(["forward", "reverse", "shuffle"]), label="order")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONVGEN_SIM", vendor)
+        mp.setenv("CONVGEN_SIM_ORDER", order)
+        start = convgen.stats()["sim_launches"]
+        props.check_against_torch(call, [(True, True, True), call.mask])
+        empty = 0 in call.input_shape[:2] or call.out_channels == 0
+        assert empty or convgen.stats()["sim_launches"] > start
