@@ -240,11 +240,13 @@ int64_t n, int nthreads) {
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
     vec* tot = (vec*)scratch(RB * NV * V);             // the item's sums so far, [row tile][NV][PB]
-    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * (PC + RB));   // chunk pixels' windows, then rows' offsets
-    if (items && (!tot || !at)) failed = 1;
+    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * (PC + 2 * RB));   // chunk pixels' windows, rows' offsets
+    int64_t* wo = at ? at + PC + RB : nullptr;                                 // (input, then weight gradient)
+    ACC* kr = (ACC*)std::malloc(sizeof(ACC) * NVV * RB);                       // the item's sums, [channel][row]
+    if (items && (!tot || !at || !kr)) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      if (!tot || !at) continue;
+      if (!tot || !at || !kr) continue;
       const int64_t split = item % SPLITS, rblk = (item / SPLITS) % RBLK;
       const int64_t kblk = (item / (SPLITS * RBLK)) % KBLK, g = item / (SPLITS * RBLK * KBLK);
       const int64_t r0 = rblk * RB, rn = CT - r0 < RB ? CT - r0 : RB;
@@ -334,19 +336,46 @@ int64_t n, int nthreads) {
           tt[11] += acc3_2;
         }
       }
-      for (int64_t r = 0; r < rn; ++r) {
-        const int64_t q = r0 + r, at = channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW);
-        const vec* tt = tot + (r / PB) * PB * NV + r % PB;
-        for (int64_t v = 0; v < NV; ++v) {
-          ACC lanes[V];
-          vstore(lanes, tt[v * PB]);
-          for (int64_t l = 0; l < V; ++l) {
-            const int64_t k = kblk * NVV + v * V + l;
-            if (k >= COUT_G) break;
-            if (SPLITS > 1)
-              part[(split * G * COUT_G + g * COUT_G + k) * CT + q] = lanes[l];
-            else
-              gw[(g * COUT_G + k) * W_SN + at] = from_acc(lanes[l]);
+      if constexpr (W_SC == 1 && W_SW > 1) {
+        // Channels-last weights: the item's sums turned output-channel major (kr[channel][row])
+        // and written one output channel at a time, a tap's channels together. Row by row, the
+        // NVV channels of a row lie a whole filter apart, which for power-of-two filter sizes
+        // falls into a few L1 sets (r50_3x3_512, Zen 4, 2 threads: 14.3 ms against 15.5).
+        for (int64_t r = 0; r < rn; ++r) {
+          const vec* tt = tot + (r / PB) * PB * NV + r % PB;
+          for (int64_t v = 0; v < NV; ++v) {
+            ACC lanes[V];
+            vstore(lanes, tt[v * PB]);
+            for (int64_t l = 0; l < V; ++l) kr[(v * V + l) * RB + r] = lanes[l];
+          }
+          wo[r] = channel_tap_offset(r0 + r, W_SC, W_SD, W_SH, W_SW);
+        }
+        for (int64_t kk = 0; kk < NVV && kblk * NVV + kk < COUT_G; ++kk) {
+          const int64_t k = kblk * NVV + kk;
+          const ACC* src = kr + kk * RB;
+          if (SPLITS > 1) {
+            ACC* dst = part + (split * G * COUT_G + g * COUT_G + k) * CT + r0;
+            for (int64_t r = 0; r < rn; ++r) dst[r] = src[r];
+          } else {
+            T* dst = gw + (g * COUT_G + k) * W_SN;
+            for (int64_t r = 0; r < rn; ++r) dst[wo[r]] = from_acc(src[r]);
+          }
+        }
+      } else {   // contiguous weights: a row's (channel, tap) is adjacent to the next row's
+        for (int64_t r = 0; r < rn; ++r) {
+          const int64_t q = r0 + r, at = channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW);
+          const vec* tt = tot + (r / PB) * PB * NV + r % PB;
+          for (int64_t v = 0; v < NV; ++v) {
+            ACC lanes[V];
+            vstore(lanes, tt[v * PB]);
+            for (int64_t l = 0; l < V; ++l) {
+              const int64_t k = kblk * NVV + v * V + l;
+              if (k >= COUT_G) break;
+              if (SPLITS > 1)
+                part[(split * G * COUT_G + g * COUT_G + k) * CT + q] = lanes[l];
+              else
+                gw[(g * COUT_G + k) * W_SN + at] = from_acc(lanes[l]);
+            }
           }
         }
       }
@@ -363,6 +392,7 @@ int64_t n, int nthreads) {
     }
     std::free(tot);
     std::free(at);
+    std::free(kr);
   }
   std::free(gyt);
   std::free(xp);
