@@ -31,6 +31,7 @@ from convgen import dispatch
 from convgen.codegen.errors import ConvgenError
 from convgen.ops import call_problems
 import test_cases as cases
+from gpu_plans import call_launches
 import test_properties as props
 
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -52,9 +53,11 @@ MATRIX = [
     ("hip", "20a-3d-3x1x9-groups3-stride1", "f16", "contiguous", "reverse"),
     ("hip", "15b-empty-channels0", "f32", "contiguous", "forward"),
 ]
-# launches per check_case: forward 1; over the 7 masks, the input gradient 4, the weight gradient
-# 4 (plus its fused bias gradient 2), the bias gradient alone 2
+# launches per check_case (tests/gpu_plans.py): with the direct kernel (f32, f64), forward 1; over
+# the 7 masks, the input gradient 4, the weight gradient 4 (plus its fused bias gradient 2), the bias
+# gradient alone 2. bf16/f16 take igemm: a launch per stride phase, two per weight gradient.
 LAUNCHES = 13
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def _params():
@@ -88,11 +91,15 @@ def test_case_in_the_simulator(vendor, case, dtype, variant, order, prebuilt, mo
     monkeypatch.setenv("CONVGEN_SIM_ORDER", order)
     monkeypatch.setenv("CONVGEN_SIM_SEED", "7")
     ops = cases.operands(case, dtype, variant)
+    launches, algorithms = call_launches(ops, case, vendor, cases.MASKS)
+    empty = 0 in (case.input[0], case.input[1])
+    if not empty:
+        assert algorithms == ({"igemm"} if dtype in LOW_PRECISION else {"direct"})
+        assert launches == LAUNCHES or dtype in LOW_PRECISION
     before = convgen.stats()
     cases.check_case(case, dtype, ops)
     after = convgen.stats()
-    empty = 0 in (case.input[0], case.input[1])
-    assert after["sim_launches"] - before["sim_launches"] == (0 if empty else LAUNCHES)
+    assert after["sim_launches"] - before["sim_launches"] == (0 if empty else launches)
     assert after["builds"] == before["builds"], "the prebuild missed a kernel of this test"
 
 

@@ -3,7 +3,8 @@
 RULES lists the GPU algorithms in order of preference, each with a test of whether it takes the
 plan (None: it does; else why not) and why it is chosen. The first that takes the plan is the
 default; every one that takes it is a candidate. The direct kernel (codegen/gpu_direct.py) takes
-every problem, so it is always last and always a candidate. A new GPU algorithm is a rule here
+every problem, so it is always last and always a candidate; igemm (codegen/gpu_igemm.py) takes
+bf16/f16 problems on the matrix instructions, f32/f64 stay on direct. A new GPU algorithm is a rule here
 and an entry in codegen/emit_gpu.py's ALGORITHMS table (its template and context function).
 """
 
@@ -27,7 +28,18 @@ def _direct_refuses(plan: Plan) -> str | None:
     return None
 
 
+def _igemm_refuses(plan: Plan) -> str | None:
+    from ..gpu_igemm import refusal   # the kernel's own limits, one place
+
+    return refusal(plan.problem, plan.target)
+
+
 RULES: tuple[GpuRule, ...] = (
+    GpuRule("igemm", _igemm_refuses,
+            "bf16/f16 on the tensor cores: an implicit GEMM, 64x64x32 block tiles, 4 warps of 32x32 from the "
+            "target's matrix instruction, f32 accumulation rounded once; data gradients by stride phases, weight "
+            "gradients split-K with f32 partials summed in order (a transposed problem through the normal "
+            "convolution's equivalent pass)"),
     GpuRule("direct", _direct_refuses,
             "one GPU thread per result element, every sum in double and rounded once: the reference GPU kernel, "
             "any shape, layout and dtype"),
