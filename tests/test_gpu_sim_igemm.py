@@ -87,3 +87,44 @@ def test_stride_phases_are_all_launched():
     ops = cases.operands(case, torch.bfloat16, "contiguous")
     launches, _ = call_launches(ops, case, "cuda", [(True, False, False)])
     assert launches == 1 + 9   # the forward, then 3 x 3 phases
+
+
+WORKSPACE_SCRIPT = r"""
+import ctypes, resource, sys
+from pathlib import Path
+import torch
+from convgen import sim
+from convgen.codegen.emit import emit
+from convgen.codegen.errors import SimulatorError
+from convgen.codegen.ir import ConvProblem, DType, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import parse_target
+
+# a weight gradient whose split-K workspace (2048 x 2048 x 9 f32, one split) is 151 MB
+problem = ConvProblem(Op.BWD_WEIGHT, 1, 2048, 2048, (3, 3), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1),
+                      dtype=DType.BF16).validate()
+source = emit(lower(problem, parse_target("cuda")))
+library = sim.build(source.text, Path(sys.argv[1]), "workspace", "cuda")
+x, gy = torch.zeros(1, 2048, 3, 3, dtype=torch.bfloat16), torch.zeros(1, 2048, 1, 1, dtype=torch.bfloat16)
+gw = torch.zeros(2048, 2048, 3, 3, dtype=torch.bfloat16)
+size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (64 << 20), resource.RLIM_INFINITY))   # 64 MB more, no more
+try:
+    library.call(source.entry, sim.pointer(gy), sim.pointer(x), sim.pointer(gw), ctypes.c_int64(1), ctypes.c_void_p(None))
+except SimulatorError as e:
+    print("SimulatorError:", e)
+"""
+
+
+def test_a_failed_workspace_allocation_is_a_clear_error(tmp_path):
+    """The plan entry allocates the split-K workspace itself; when that fails (here: an address-space
+    limit in a child process) it returns a status, and the runtime raises SimulatorError naming the
+    entry and the bytes, without launching anything."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WORKSPACE_SCRIPT, str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SimulatorError:" in done.stdout and "workspace: could not allocate 150994944 bytes" in done.stdout, \
+        done.stdout + done.stderr
+    assert "cg_conv2d_bwdw_c2048_k2048_3x3_r3x3_bf16_igemm" in done.stdout
