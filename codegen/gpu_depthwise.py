@@ -109,6 +109,21 @@ def shrink_tile(th: int, tw: int, shared_bytes, what: str) -> tuple[int, int]:
     return th, tw
 
 
+def choose_tile(rows: int, cols: int, pixels: int, min_cols: int, shared_bytes, what: str) -> tuple[int, int]:
+    """A TH x TW tile (powers of two, TH x TW <= pixels) over a rows x cols image that stages the
+    fewest shared-memory elements per useful pixel (square-ish tiles where windows overlap), with
+    rows of at least `min_cols` (coalesced reads along a contiguous row) where the image is that wide."""
+    best, widest = None, min(pixels, pow2_at_least(cols))
+    tw = min(min_cols, widest)
+    while tw <= widest:
+        th, tw_fit = shrink_tile(min(pow2_at_least(rows), max(1, pixels // tw)), tw, shared_bytes, what)
+        cost = shared_bytes(th, tw_fit) / (min(th, rows) * min(tw_fit, cols))
+        if best is None or cost < best[0]:
+            best = (cost, th, tw_fit)
+        tw *= 2
+    return best[1], best[2]
+
+
 def check_common(problem: ConvProblem, target: Target, prefix: str, kernel_name: str) -> None:
     """What every GPU kernel of this family refuses, by name."""
     if target.kind is TargetKind.CPU:
@@ -135,9 +150,9 @@ def split_ways(blocks: int, items_per_image: int, target: Target) -> tuple[int, 
     by_units = -(-2 * units // blocks)
     split = max(1, min(MAX_SPLIT, by_units, 4 * items_per_image))
     unit = "SM" if target.kind is TargetKind.CUDA else "CU"
-    return split, (f"weight gradient: {blocks} blocks of outputs; the batch x {items_per_image} tiles per image "
-                   f"split {split} ways (about two blocks per {unit} of {units}, at most four per image's tiles "
-                   f"per split at batch 1), partials summed in split order")
+    return split, (f"weight gradient: {blocks} blocks of outputs; the reduction over batch x {items_per_image} "
+                   f"tiles per image split {split} ways (about two blocks per {unit} of {units}, at most 4 x one "
+                   f"image's tiles), partials summed in split order")
 
 
 def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseContext:
@@ -174,9 +189,9 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
         wh, ww = window(th, tw)
         return acc_bytes * ct * (kernel[0] * wh * ww + max(taps, th * tw))
 
-    tw = min(pow2_at_least(out_size[2]), pixels)
-    th = min(pow2_at_least(out_size[1]), max(1, pixels // tw))
-    th, tw = shrink_tile(th, tw, fwd_bytes, f"kernel {problem.kernel}, dilation {problem.dilation}")
+    what = f"kernel {problem.kernel}, dilation {problem.dilation}"
+    min_cols = 1 if channels_last else 32   # contiguous rows: a warp's worth of consecutive pixels
+    th, tw = choose_tile(out_size[1], out_size[2], pixels, min_cols, fwd_bytes, what)
 
     per_axis = [axis_phases(*args) for args in zip(in_size, out_size, kernel, stride, pad, dilation)]
     phases = tuple(Phase((d, h, w)) for d in per_axis[0] for h in per_axis[1] for w in per_axis[2])
@@ -187,9 +202,7 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
         return acc_bytes * ct * (planes * (dth + reach[1]) * (dtw + reach[2]) + taps)
 
     counts = [max((a.count for a in axis), default=1) for axis in per_axis]
-    dtw = min(pow2_at_least(counts[2]), pixels)
-    dth = min(pow2_at_least(counts[1]), max(1, pixels // dtw))
-    dth, dtw = shrink_tile(dth, dtw, data_bytes, f"kernel {problem.kernel}, dilation {problem.dilation}")
+    dth, dtw = choose_tile(counts[1], counts[2], pixels, min_cols, data_bytes, what)
 
     tiles_per_image = out_size[0] * -(-out_size[1] // th) * -(-out_size[2] // tw)
     split, split_why = split_ways(-(-problem.k // ct), tiles_per_image, target)
@@ -199,7 +212,8 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
            f"{order}; input window {fwd_bytes(th, tw)} bytes of shared memory",
            f"data gradient: {len(phases)} stride phases, tiles of {ct} channel(s) x {dth}x{dtw} positions, "
            f"each gathering only its phase's taps from {data_bytes(dth, dtw)} bytes of staged grad_output",
-           f"weight gradient: {lanes} thread(s) per (channel, tap) over a tile's pixels, reduced by shuffles; "
+           f"weight gradient: {lanes} thread(s) per (channel, tap) over a tile's pixels"
+           + (", reduced by shuffles; " if lanes > 1 else "; ") +
            f"{THREADS // (ct * lanes)} tap slots, {-(-taps // (THREADS // (ct * lanes)))} sums per thread",
            split_why)
     return DepthwiseContext(

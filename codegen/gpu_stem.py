@@ -23,7 +23,7 @@ import dataclasses
 import math
 
 from .errors import ConvSpecError
-from .gpu_depthwise import SCALARS, THREADS, check_common, pow2_at_least, shrink_tile, split_ways, three
+from .gpu_depthwise import SCALARS, THREADS, check_common, choose_tile, pow2_at_least, split_ways, three
 from .ir import ConvProblem, Layout
 from .target import Target
 from .version import generator_version
@@ -98,9 +98,9 @@ def stem_context(problem: ConvProblem, target: Target, prefix: str) -> StemConte
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
         return acc_bytes * (cg * kernel[0] * wh * ww + kt * th * tw)
 
-    tw = min(pow2_at_least(out_size[2]), TILE_PIXELS)
-    th = min(pow2_at_least(out_size[1]), max(1, TILE_PIXELS // tw))
-    th, tw = shrink_tile(th, tw, shared_bytes, f"kernel {problem.kernel}, dilation {problem.dilation}")
+    min_cols = 1 if problem.input_layout is Layout.CHANNELS_LAST else 16   # contiguous rows: 64-byte runs at least
+    th, tw = choose_tile(out_size[1], out_size[2], TILE_PIXELS, min_cols, shared_bytes,
+                         f"kernel {problem.kernel}, dilation {problem.dilation}")
     blocks = problem.groups * -(-kg // kt)
     tiles_per_image = out_size[0] * -(-out_size[1] // th) * -(-out_size[2] // tw)
     split, split_why = split_ways(blocks, tiles_per_image, target)

@@ -7,8 +7,9 @@ few-channel (stem) weight gradient (codegen/gpu_stem.py, templates/gpu/stem_wgra
   bias gradients of few-channel ones. f32, f64, bf16, f16; contiguous and channels-last.
 - Both weight gradients are bitwise the same under forward, reversed and shuffled thread and
   block orders (workspace included), and are the in-order sum of their partials, rounded once.
-- Every rendered variant builds with nvcc for sm_80 and sm_90 with spills as errors, and with
-  hipcc for gfx90a without scratch.
+- Every rendered variant, and full-size MobileNetV2, EfficientNet and ResNet-50 stem layers, builds
+  with nvcc for sm_80 and sm_90 with spills as errors (no stack frame either), and with hipcc for
+  gfx90a without scratch.
 """
 
 from __future__ import annotations
@@ -65,7 +66,18 @@ STEM = [
     ("split", (2, 3, 40, 40), 8, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),         # several splits with work
     ("empty", (0, 3, 7, 8), 12, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 3),          # CASES 15: empty batch
 ]
-CASES = {("depthwise", c[0]): c for c in DEPTHWISE} | {("stem", c[0]): c for c in STEM}
+# full-size layers: compiled only (their default tiles must not spill), never simulated
+FULL_SIZE = [
+    ("depthwise", ("mbv2_s2", (32, 96, 112, 112), 96, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 96)),   # MobileNetV2
+    ("depthwise", ("effnet_5x5", (32, 240, 28, 28), 240, (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), 240)),  # EfficientNet
+    ("stem", ("resnet224", (32, 3, 224, 224), 64, (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), 1)),         # ResNet-50's stem
+]
+CASES = ({("depthwise", c[0]): c for c in DEPTHWISE} | {("stem", c[0]): c for c in STEM}
+         | {(kind, c[0]): c for kind, c in FULL_SIZE})
+COMPILED_ONLY = [("depthwise", "mbv2_s2", "bf16", "nchw"), ("depthwise", "mbv2_s2", "f32", "cl"),
+                 ("depthwise", "effnet_5x5", "f16", "cl"), ("depthwise", "effnet_5x5", "f64", "nchw"),
+                 ("stem", "resnet224", "f32", "nchw"), ("stem", "resnet224", "bf16", "cl"),
+                 ("stem", "resnet224", "f64", "nchw")]
 DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64),
           "bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
 LAYOUTS = {"nchw": (Layout.CONTIGUOUS,) * 3, "cl": (Layout.CHANNELS_LAST,) * 3,
@@ -256,7 +268,7 @@ def test_the_batch_size_is_a_run_time_argument(libs):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_kernels_build_with_nvcc_without_spills(tmp_path, arch):
     src = tmp_path / f"depthwise_{arch}.cu"
-    src.write_text(_source("cuda", arch))
+    src.write_text(_source("cuda", arch, PARAMS + COMPILED_ONLY))
     done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v,-warn-spills,-Werror",
                            "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "depthwise.cubin")],
                           capture_output=True, text=True)
@@ -264,14 +276,14 @@ def test_the_kernels_build_with_nvcc_without_spills(tmp_path, arch):
     assert done.returncode == 0, report
     spills = re.findall(r"(\d+) bytes spill stores", report)
     kernels = {"depthwise": 5, "stem": 3}   # fwd, bwd_data, bwd_weight_partial, bwd_weight_sum, bwd_bias
-    assert len(spills) == sum(kernels[kind] for kind, *_ in PARAMS) and set(spills) == {"0"}
+    assert len(spills) == sum(kernels[kind] for kind, *_ in PARAMS + COMPILED_ONLY) and set(spills) == {"0"}
     assert set(re.findall(r"(\d+) bytes stack frame", report)) == {"0"}   # no local memory either
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
 def test_the_kernels_build_with_hipcc_for_gfx90a(tmp_path):
     src = tmp_path / "depthwise_hip.cu"
-    src.write_text(_source("hip", "gfx90a"))
+    src.write_text(_source("hip", "gfx90a", PARAMS + COMPILED_ONLY))
     done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c", "-Rpass-analysis=kernel-resource-usage",
                            "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "depthwise.o")],
                           capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"})
