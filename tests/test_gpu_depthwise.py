@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -93,6 +94,9 @@ EXTRA = {
 }
 PARAMS = [(kind, c[0], "f32", "nchw") for kind, cases in (("depthwise", DEPTHWISE), ("stem", STEM)) for c in cases]
 PARAMS += [(kind, *rest) for kind, extra in EXTRA.items() for rest in extra]
+# the edges for the sanitizers: taps-free phases with mixed layouts, two channel tiles in
+# channels-last, a stem with asymmetric padding and dilation in channels-last
+SANITIZED = [("depthwise", "s3", "f32", "x_cl"), ("depthwise", "wide_cl", "f32", "cl"), ("stem", "mixed", "f16", "cl")]
 RENDER = {"depthwise": render_depthwise, "stem": render_stem}
 ORDERS = ("forward", "reverse", "shuffle")
 
@@ -250,6 +254,26 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, kind
     assert torch.equal(results[0]["grad_weight"].reshape(problem.k, -1), total)
 
 
+@pytest.mark.parametrize("kind,name", [("stem", "resnet"), ("depthwise", "mb_s2")])
+def test_bf16_weight_gradients_round_once_after_summing_f32_partials_in_split_order(libs, kind, name):
+    """The workspace holds f32 partials (not rounded to bf16); grad_weight is their sum in split
+    order, in f32, rounded to bf16 once."""
+    problem = _problem(CASES[kind, name], DType.BF16)
+    context = (depthwise_context if kind == "depthwise" else stem_context)(problem, parse_target("cuda"), "p")
+    assert context.split > 1
+    x, w, b, dy = _data(problem, torch.bfloat16, f"{kind}-rounding")
+    keep = {}
+    dw = _run(libs["cuda"], _prefix("cuda", kind, name, "bf16", "nchw"), kind, problem, torch.bfloat16, x, w, b, dy,
+              "shuffle", 5, keep)["grad_weight"]
+    partials = keep["workspace"].view(context.split, problem.k, -1)
+    assert torch.isfinite(partials).all()
+    assert not torch.equal(partials, partials.bfloat16().float())   # f32 precision, not bf16
+    total = torch.zeros(partials.shape[1:], dtype=torch.float32)
+    for s in range(context.split):
+        total += partials[s]
+    assert torch.equal(dw.reshape(problem.k, -1).view(torch.int16), total.bfloat16().view(torch.int16))
+
+
 def test_the_batch_size_is_a_run_time_argument(libs):
     case = CASES["depthwise", "mb_s2"]
     problem = _problem(case, DType.F32)
@@ -289,3 +313,42 @@ def test_the_kernels_build_with_hipcc_for_gfx90a(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
+
+
+# ----------------------------------------------------------------------- sanitizers
+
+ASAN_SCRIPT = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import test_gpu_depthwise as T
+from convgen import sim
+for vendor in ("hip",):   # one vendor keeps the test short; warp 64 is the less travelled width
+    lib = sim.build(T._source(vendor, None, T.SANITIZED), Path(sys.argv[1]), "asan_" + vendor, vendor, sanitize=True)
+    for kind, n, d, lay in T.SANITIZED:
+        problem, torch_dtype = T._problem(T.CASES[kind, n], T.DTYPES[d][0], lay), T.DTYPES[d][1]
+        x, w, b, dy = T._data(problem, torch_dtype, "asan")
+        T._run(lib, T._prefix(vendor, kind, n, d, lay), kind, problem, torch_dtype, x, w, b, dy, "shuffle", 3)
+        print("ran", vendor, kind, n, d, lay, flush=True)
+print("all ran")
+"""
+
+
+def test_the_kernels_run_clean_under_asan_and_ubsan(tmp_path):
+    """Every access of every pass stays inside its tensor, workspace and shared array."""
+    from test_gpu_igemm import _sanitizer_runtimes
+
+    if not HAVE_FP16:
+        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+    runtimes = _sanitizer_runtimes()
+    if runtimes is None:
+        pytest.skip("the host compiler has no libasan/libubsan")
+    script = tmp_path / "asan_run.py"
+    script.write_text(ASAN_SCRIPT)
+    env = {**os.environ, "LD_PRELOAD": ":".join(runtimes), "ASAN_OPTIONS": "detect_leaks=0"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), os.path.dirname(__file__)],
+                          capture_output=True, text=True, env=env)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0 and "all ran" in text, text
+    assert "AddressSanitizer" not in text and "runtime error" not in text, text
+    assert text.count("ran ") == len(SANITIZED)
