@@ -195,7 +195,7 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
 
     per_axis = [axis_phases(*args) for args in zip(in_size, out_size, kernel, stride, pad, dilation)]
     phases = tuple(Phase((d, h, w)) for d in per_axis[0] for h in per_axis[1] for w in per_axis[2])
-    reach = [max((a.taps - 1) * a.out_step for a in axis) if axis else 0 for axis in per_axis]
+    reach = [max([0] + [(a.taps - 1) * a.out_step for a in axis]) for axis in per_axis]   # 0: no taps at all
     planes = max((a.taps for a in per_axis[0]), default=0) or 1   # grad_output depth planes a position gathers
 
     def data_bytes(dth, dtw):

@@ -24,7 +24,7 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_depthwise import SCALARS, THREADS, check_common, choose_tile, pow2_at_least, split_ways, three
-from .ir import ConvProblem, Layout
+from .ir import ConvProblem, DType, Layout
 from .target import Target
 from .version import generator_version
 
@@ -112,7 +112,7 @@ def stem_context(problem: ConvProblem, target: Target, prefix: str) -> StemConte
     return StemContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, prefix=prefix, scalar=scalar, acc=acc,
-        half=acc == "float" and scalar != "float", channels=problem.c, filters=problem.k, groups=problem.groups,
+        half=problem.dtype in (DType.BF16, DType.F16), channels=problem.c, filters=problem.k, groups=problem.groups,
         in_size=in_size, out_size=out_size, kernel=kernel, stride=stride, pad=pad, dilation=dilation,
         layouts=tuple(layout.value for layout in layouts),
         x_strides=operand_strides(problem.input_layout, problem.c, in_size),

@@ -53,6 +53,7 @@ DEPTHWISE = [
     ("tiles", (1, 2, 20, 70), 2, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),         # several tiles per image
     ("split", (4, 4, 20, 20), 4, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 4),         # weight gradient split several ways
     ("wide_cl", (2, 40, 5, 6), 40, (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 1), 40),      # channels-last: two channel tiles
+    ("lonely", (1, 2, 1, 4), 2, (1, 3), (2, 1), ((1, 1), (1, 1)), (1, 1), 2),          # no tap reaches any input row: dx all zeros
     ("empty", (0, 6, 7, 8), 6, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 6),           # CASES 15: empty batch
 ]
 # few input channels per group: the weight gradient only
@@ -151,14 +152,16 @@ def test_what_the_kernels_do_not_take_is_refused_by_name():
             context(problem, cuda, "not an identifier")
 
 
-def test_the_tiles_follow_the_layout_and_fit_shared_memory():
+def test_the_tiles_follow_the_layout_and_the_windows():
     cuda = parse_target("cuda-sm_80")
-    nchw = depthwise_context(_problem(CASES["depthwise", "mb_s1"], DType.F32), cuda, "p")
-    cl = depthwise_context(_problem(CASES["depthwise", "wide_cl"], DType.F32, "cl"), cuda, "p")
-    assert (nchw.ct, nchw.lanes) == (1, 32)   # a channel's pixels across the threads
-    assert (cl.ct, cl.lanes) == (32, 1)       # a run of channels across the threads
-    stem = stem_context(_problem(CASES["stem", "resnet"], DType.F64), cuda, "p")
-    assert stem.kt == 16 and stem.split > 1
+    nchw = depthwise_context(_problem(CASES["depthwise", "mbv2_s2"], DType.F32), cuda, "p")
+    cl = depthwise_context(_problem(CASES["depthwise", "mbv2_s2"], DType.F32, "cl"), cuda, "p")
+    assert (nchw.ct, nchw.lanes, nchw.tile) == (1, 32, (16, 32))   # a channel's pixels, rows a warp wide
+    assert (cl.ct, cl.lanes, cl.tile) == (32, 1, (4, 4))           # a run of channels, square pixel tiles
+    stem = stem_context(_problem(CASES["stem", "resnet224"], DType.F32), cuda, "p")
+    assert (stem.kt, stem.tile) == (16, (8, 16)) and stem.split > 1   # not 1 x 128: a 7x7 window overlaps
+    # an axis whose every residue is taps-free (input 1, padding 1, stride 2): a window of one row, not zero
+    assert depthwise_context(_problem(CASES["depthwise", "lonely"], DType.F32), cuda, "p").data_window[1] == 1
 
 
 # ----------------------------------------------------------------------- against ATen
