@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -95,6 +96,33 @@ EXTRA = {
 }
 PARAMS = [(kind, c[0], "f32", "nchw") for kind, cases in (("depthwise", DEPTHWISE), ("stem", STEM)) for c in cases]
 PARAMS += [(kind, *rest) for kind, extra in EXTRA.items() for rest in extra]
+
+
+def _random_params(count: int, seed: int) -> list[tuple]:
+    """Small valid problems of both kinds drawn over every axis (rank, channels, multiplier or
+    groups, kernel, stride, dilation, asymmetric padding, batch 1-3, dtype, layouts), the same on
+    every run; they join CASES."""
+    rng, params = random.Random(seed), []
+    while len(params) < count:
+        kind, rank = ("depthwise", "stem")[len(params) % 2], rng.randint(1, 3)
+        if kind == "depthwise":
+            c = groups = rng.randint(1, 40)
+            k = c * rng.choice([1, 1, 2, 3])
+        else:
+            groups = rng.randint(1, 3)
+            c, k = groups * rng.randint(1, 4), groups * rng.randint(1, 40)
+        case = (f"rand{len(params)}", (rng.randint(1, 3), c, *(rng.randint(1, 12 if rank < 3 else 6) for _ in range(rank))),
+                k, tuple(rng.randint(1, 5) for _ in range(rank)), tuple(rng.randint(1, 4) for _ in range(rank)),
+                tuple((rng.randint(0, 3), rng.randint(0, 3)) for _ in range(rank)),
+                tuple(rng.randint(1, 3) for _ in range(rank)), groups)
+        dtype, layout = rng.choice(list(DTYPES)), rng.choice(list(LAYOUTS)) if rank > 1 else "nchw"
+        try:
+            _problem(case, DTYPES[dtype][0], layout)
+        except ConvSpecError:
+            continue   # the kernel does not fit the padded input: draw again
+        CASES[kind, case[0]] = case
+        params.append((kind, case[0], dtype, layout))
+    return params
 # the edges for the sanitizers: taps-free phases with mixed layouts, two channel tiles in
 # channels-last, a stem with asymmetric padding and dilation in channels-last
 SANITIZED = [("depthwise", "s3", "f32", "x_cl"), ("depthwise", "wide_cl", "f32", "cl"), ("stem", "mixed", "f16", "cl")]
@@ -108,6 +136,9 @@ def _problem(case, dtype: DType, layout: str = "nchw") -> ConvProblem:
     return ConvProblem(Op.FWD, shape[0], shape[1], k, tuple(shape[2:]), kernel, stride, padding, dilation,
                        groups=groups, dtype=dtype, bias=True, input_layout=x_layout, weight_layout=w_layout,
                        output_layout=y_layout).validate()
+
+
+PARAMS += _random_params(8, seed=17)
 
 
 def _prefix(vendor: str, kind: str, name: str, dtype: str, layout: str) -> str:
