@@ -27,9 +27,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .errors import ConvgenError
+from .errors import ConvgenError, ConvSpecError
+from .gpu_depthwise import THREADS as DEPTHWISE_THREADS
+from .gpu_depthwise import depthwise_context
 from .gpu_direct import direct_context
 from .gpu_igemm import igemm_context
+from .gpu_stem import stem_context
 from .ir import Op
 from .plan import Plan
 from .source import KernelSource
@@ -45,9 +48,28 @@ class GpuAlgorithm:
     workspace: tuple[str, ...] = ()
 
 
+def _fixed_threads(context: Callable, threads_of_kernel: int, entries_taken: tuple[str, ...]) -> Callable:
+    """A context function for kernels whose block size is fixed and that render all their entries
+    (depthwise, stem): checks `threads` and `entries` against them."""
+    def context_for(problem, target, prefix, *, threads, entries):
+        if threads != threads_of_kernel:
+            raise ConvSpecError(f"threads={threads}: this kernel's block is {threads_of_kernel} threads")
+        if not entries or any(e not in entries_taken for e in entries):
+            raise ConvSpecError(f"entries {list(entries)}: expected a non-empty subset of {list(entries_taken)}")
+        return context(problem, target, prefix)
+    return context_for
+
+
 ALGORITHMS: dict[str, GpuAlgorithm] = {
     "direct": GpuAlgorithm("gpu/direct.cu.j2", direct_context),
     "igemm": GpuAlgorithm("gpu/igemm.cu.j2", igemm_context, workspace=("bwd_weight",)),
+    "depthwise": GpuAlgorithm("gpu/depthwise.cu.j2",
+                              _fixed_threads(depthwise_context, DEPTHWISE_THREADS,
+                                             ("fwd", "bwd_data", "bwd_weight", "bwd_bias")),
+                              workspace=("bwd_weight",)),
+    "stem": GpuAlgorithm("gpu/stem_wgrad.cu.j2",
+                         _fixed_threads(stem_context, DEPTHWISE_THREADS, ("bwd_weight", "bwd_bias")),
+                         workspace=("bwd_weight",)),
 }
 
 # the entries a user-level pass calls, in order, and their pointer parameters by role

@@ -35,6 +35,7 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_igemm import Phase, axis_phases
+from .gpu_wrappers import vendor_wrappers
 from .gpu_target import GPU_ARCHS
 from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
@@ -58,6 +59,7 @@ class DepthwiseContext:
     problem_key: str
     target: str
     vendor: str
+    wrappers: str          # the vendor's wrapper header, inline (the file is self-contained)
     prefix: str
     scalar: str
     acc: str
@@ -218,7 +220,8 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
            split_why)
     return DepthwiseContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
-        target=target.name(), vendor=target.kind.value, prefix=prefix, scalar=scalar, acc=acc,
+        target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value),
+        prefix=prefix, scalar=scalar, acc=acc,
         half=problem.dtype in (DType.BF16, DType.F16), channels=problem.c, filters=problem.k,
         groups=problem.groups, in_size=in_size, out_size=out_size, kernel=kernel, stride=stride, pad=pad,
         dilation=dilation, layouts=tuple(layout.value for layout in layouts),

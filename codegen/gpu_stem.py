@@ -24,6 +24,7 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_depthwise import SCALARS, THREADS, check_common, choose_tile, pow2_at_least, split_ways, three
+from .gpu_wrappers import vendor_wrappers
 from .ir import ConvProblem, DType, Layout
 from .target import Target
 from .version import generator_version
@@ -41,6 +42,7 @@ class StemContext:
     problem_key: str
     target: str
     vendor: str
+    wrappers: str          # the vendor's wrapper header, inline (the file is self-contained)
     prefix: str
     scalar: str
     acc: str
@@ -111,7 +113,8 @@ def stem_context(problem: ConvProblem, target: Target, prefix: str) -> StemConte
     layouts = (problem.input_layout, problem.weight_layout, problem.output_layout)
     return StemContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
-        target=target.name(), vendor=target.kind.value, prefix=prefix, scalar=scalar, acc=acc,
+        target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value),
+        prefix=prefix, scalar=scalar, acc=acc,
         half=problem.dtype in (DType.BF16, DType.F16), channels=problem.c, filters=problem.k, groups=problem.groups,
         in_size=in_size, out_size=out_size, kernel=kernel, stride=stride, pad=pad, dilation=dilation,
         layouts=tuple(layout.value for layout in layouts),

@@ -42,7 +42,7 @@ SHOWN = [
     ("dgrad_f16_nhwc_t", ["--input", "2,4,7,7", "--weight", "4,3,3,3", "--groups", "2", "--stride", "2", "--padding",
                           "1", "--output-padding", "1", "--transposed", "--op", "bwd_data", "--dtype", "f16",
                           "--layout", "nhwc"]),
-    ("wgrad_bf16_bias", ["--input", "2,8,6,6", "--weight", "8,2,3,3", "--groups", "4", "--dilation", "2", "--op",
+    ("wgrad_bf16_bias", ["--input", "2,16,6,6", "--weight", "8,8,3,3", "--groups", "2", "--dilation", "2", "--op",
                          "bwd_weight", "--bias", "--dtype", "bf16"]),
     ("bias_f64_3d", ["--input", "2,3,4,5,6", "--weight", "5,3,2,2,2", "--op", "bwd_bias", "--dtype", "f64"]),
     ("fwd_f16_1d_t", ["--input", "3,4,9", "--weight", "4,2,5", "--stride", "3", "--padding", "2", "--transposed",
@@ -54,8 +54,19 @@ SHOWN = [
     ("dgrad_f16_s3d2", ["--input", "2,3,11,10", "--weight", "5,3,3,3", "--stride", "3", "--dilation", "2", "--padding",
                         "1", "--op", "bwd_data", "--dtype", "f16"]),
 ]
-# bf16/f16 problems run on igemm (tensor cores / matrix cores): their matrix kernels must use them
-LOW_PRECISION = {name for name, flags in SHOWN if any(d in flags for d in ("bf16", "f16"))}
+SHOWN += [
+    ("dw_wgrad_f32_nhwc", ["--input", "2,6,9,9", "--weight", "12,1,3,3", "--groups", "6", "--stride", "2", "--padding",
+                           "1", "--op", "bwd_weight", "--bias", "--layout", "nhwc"]),
+    ("dw_dgrad_bf16", ["--input", "2,6,9,9", "--weight", "6,1,5,5", "--groups", "6", "--stride", "2", "--padding", "2",
+                       "--op", "bwd_data", "--dtype", "bf16"]),
+    ("stem_wgrad_f16", ["--input", "2,3,16,16", "--weight", "8,3,7,7", "--stride", "2", "--padding", "3", "--op",
+                        "bwd_weight", "--bias", "--dtype", "f16"]),
+]
+# the algorithm each shown file must have: depthwise problems the depthwise kernels, few-channel weight
+# gradients the stem kernel, other bf16/f16 problems igemm (tensor cores / matrix cores), the rest direct
+ALGORITHM = {name: "depthwise" if name.startswith("dw_") else "stem" if name.startswith("stem_")
+             else "igemm" if any(d in flags for d in ("bf16", "f16")) else "direct" for name, flags in SHOWN}
+LOW_PRECISION = {name for name, algorithm in ALGORITHM.items() if algorithm == "igemm"}   # HMMA / v_mfma inside
 GEMM_KERNEL = r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E"
 
 
@@ -84,9 +95,9 @@ def test_shown_files_are_self_contained(shown):
             assert '"sim/simt.h"' in includes, (path.name, includes)
             assert all(i.startswith('"sim/') or i.startswith(vendor_header) for i in includes), (path.name, includes)
             assert "// decisions:" in text and "[tiling]" in text and 'extern "C" int cg_' in text
-            low = path.stem.split("_", 1)[1] in LOW_PRECISION
-            assert f"algorithm {'igemm' if low else 'direct'}" in text, path.name
-            if "bwd_weight_workspace_bytes" in text:   # the plan entry allocates the split-K workspace itself
+            assert f"algorithm {ALGORITHM[path.stem.split('_', 1)[1]]}\n" in text, path.name
+            if "_bwd_weight(convgen_pointer" in text and "algorithm direct" not in text:
+                # the plan entry allocates the split-K workspace itself
                 assert "convgen_malloc_async(&workspace" in text and "convgen_free_async(workspace" in text
 
 
@@ -236,9 +247,9 @@ def test_check_runs_every_pass(target, dtype):
     for name in ("fwd", "bwd_data", "bwd_weight", "bwd_bias (fused)", "bwd_bias (alone)"):
         assert any(line.startswith(name) for line in lines[1:]), out
     if target != "cpu":
-        # direct: a launch per pass; igemm (bf16): fwd 1, bwd_data 4 stride phases, bwd_weight 2 (partials,
-        # ordered sum) and its fused bias 1, bwd_bias 1
-        launches = 9 if dtype == "bf16" else 5
+        # 2 channels per group: the weight gradient is the stem kernel's (partials, ordered sum: 2 launches)
+        # and its fused bias 1; f32: direct for the rest, a launch each; bf16: igemm, bwd_data 4 stride phases
+        launches = 1 + (4 if dtype == "bf16" else 1) + 2 + 1 + 1
         assert "simulated launches" in lines[0] and f"{launches} simulated launches" in lines[0]
 
 

@@ -8,7 +8,8 @@ cannot pass. tests/test_gpu_sim.py runs a few more bf16/f16 cases through the sa
 
 The cases spread the axes igemm has to get right: stride phases with stride 3 and dilation 2
 (residues with and without taps: the CK bug that left slices of dx zero), ragged channel counts
-(3 in, 5 out: nothing a multiple of 8), groups, 1-D and 3-D, contiguous, channels-last and
+(5 in, 7 out: nothing a multiple of 8; more than 4 channels per group, or the weight gradient
+would be the stem kernel's), groups, 1-D and 3-D, contiguous, channels-last and
 non-contiguous operands, transposed convolutions (a transposed forward is igemm's data gradient
 with the bias added, with output_padding), thread and block orders forward, reversed and shuffled.
 """
@@ -25,8 +26,13 @@ import test_cases as cases
 from gpu_plans import call_launches
 
 OWN = {c.id: c for c in (
-    # stride 3, dilation 2, padding 1: gcd 1, three phases per axis, taps 3 apart; C=3, K=5 ragged
-    cases.Case("igemm-s3d2-ragged", (2, 3, 11, 10), 5, (3, 3), stride=3, padding=1, dilation=2),
+    # stride 3, dilation 2, padding 1: gcd 1, three phases per axis, taps 3 apart; C=5, K=7 ragged (more
+    # than 4 channels, so that the weight gradient is igemm's, not the stem kernel's)
+    cases.Case("igemm-s3d2-ragged", (2, 5, 11, 10), 7, (3, 3), stride=3, padding=1, dilation=2),
+    # grouped, non-square kernel, 5 channels per group
+    cases.Case("igemm-grouped-nonsquare", (2, 10, 6, 5), 6, (3, 2), groups=2),
+    # 3-D, groups, mixed stride: phases along two axes
+    cases.Case("igemm-3d-groups2", (2, 10, 3, 4, 6), 4, (2, 2, 3), stride=(1, 2, 2), padding=(0, 1, 1), groups=2),
     # a transposed stride-3 convolution with output_padding 2: its forward runs igemm's stride phases
     cases.Case("igemm-transposed-s3-op2", (2, 4, 4, 5), 6, (3, 2), stride=3, padding=1, output_padding=2,
                transposed=True),
@@ -38,9 +44,9 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 MATRIX = [
     ("cuda", "igemm-s3d2-ragged", "bf16", "contiguous", "shuffle"),
     ("hip", "igemm-s3d2-ragged", "f16", "channels_last", "reverse"),
-    ("cuda", "08-grouped-nonsquare", "f16", "channels_last", "forward"),
+    ("cuda", "igemm-grouped-nonsquare", "f16", "channels_last", "forward"),
     ("hip", "19a-1d-stride2-padding2-dilation2", "bf16", "noncontig_grad", "shuffle"),
-    ("cuda", "20b-3d-3x1x9-groups3-stride2", "bf16", "channels_last_weight", "reverse"),
+    ("cuda", "igemm-3d-groups2", "bf16", "channels_last_weight", "reverse"),
     ("hip", "17-transposed-groups4", "bf16", "channels_last", "shuffle"),
     ("cuda", "igemm-transposed-s3-op2", "f16", "noncontig_input", "forward"),
 ]

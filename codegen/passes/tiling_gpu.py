@@ -86,5 +86,29 @@ def _igemm(plan: Plan) -> Plan:
                        tiling=tiling)
 
 
+def _fixed_block(plan: Plan, what: str, context) -> Plan:
+    """depthwise, stem: their kernel's fixed block, its tiles and split in the context's own words."""
+    context = context(plan.problem, plan.target, "p")
+    gpu = plan.target.gpu
+    unit = "warps" if gpu.warp_size == 32 else "waves"
+    tiling = GpuTiling(threads_per_block=context.threads, warps_per_block=context.threads // gpu.warp_size,
+                       per_thread=what, threads_hint=f"{context.threads} threads per block; {what}")
+    return plan.decide("tiling", f"{context.threads} threads per block ({context.threads // gpu.warp_size} {unit} of "
+                                 f"{gpu.warp_size}); " + "; ".join(context.why), tiling=tiling)
+
+
+def _depthwise(plan: Plan) -> Plan:
+    from ..gpu_depthwise import depthwise_context
+
+    return _fixed_block(plan, "a block per tile of channels x output pixels (or a stride phase's positions)",
+                        depthwise_context)
+
+
+def _stem(plan: Plan) -> Plan:
+    from ..gpu_stem import stem_context
+
+    return _fixed_block(plan, "(filter, channel, tap) sums kept in registers over staged pixel tiles", stem_context)
+
+
 # GPU algorithm -> its tiling function (a new GPU algorithm adds its own)
-TILINGS = {"direct": _direct, "igemm": _igemm}
+TILINGS = {"direct": _direct, "igemm": _igemm, "depthwise": _depthwise, "stem": _stem}
