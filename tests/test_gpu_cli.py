@@ -191,6 +191,21 @@ def test_explain_bf16_on_cuda_sm_90_gives_the_igemm_reasons(op, words):
         assert word not in decisions, f"a CPU reason in explain --target cuda-sm_90: {word!r}\n{decisions}"
 
 
+@pytest.mark.parametrize("flags, op, algorithm", [
+    (["--input", "8,32,56,56", "--weight", "32,1,3,3", "--groups", "32", "--padding", "1"], "bwd_data", "depthwise"),
+    (["--input", "8,3,224,224", "--weight", "64,3,7,7", "--stride", "2", "--padding", "3"], "bwd_weight", "stem"),
+])
+@pytest.mark.parametrize("target", ["cuda-sm_90", "hip-gfx90a"])
+def test_explain_depthwise_and_stem(flags, op, algorithm, target):
+    code, out, err = run_cli("explain", *flags, "--op", op, "--target", target, "--dtype", "bf16")
+    assert code == 0, err
+    decisions = out.split("decisions, pass by pass:")[1]
+    assert f"): {algorithm} (" in decisions and f"algorithm:   {algorithm}" in out
+    assert "threads per block" in decisions and "split" in decisions
+    for word in CPU_WORDS:
+        assert word not in decisions, f"a CPU reason in explain --target {target}: {word!r}\n{decisions}"
+
+
 def test_explain_f32_stays_on_direct():
     code, out, err = run_cli("explain", "--input", "2,4,7,7", "--weight", "6,4,3,3", "--target", "cuda-sm_90")
     assert code == 0, err
