@@ -14,8 +14,12 @@ file is the plan's header comment (problem, key, reasons), the algorithm's sourc
 the vendor wrappers: no include outside the vendor's own headers) and one plan entry
 `cg_<name>(pointers of the plan's operands by role, batch, stream)` that calls the pass's entries
 (for a weight gradient with a bias, the weight and then the bias gradient's), returning the first
-non-zero status. A second GPU algorithm is one ALGORITHMS entry plus a rule in
-codegen/passes/gpu_algorithms.py.
+non-zero status. An entry that needs scratch memory (igemm's split-K weight gradient) is listed
+in its algorithm's `workspace`: the plan entry asks `<prefix>_<entry>_workspace_bytes(batch)`,
+allocates that on the stream through the wrappers' `convgen_malloc_async` (cudaMallocAsync,
+hipMallocAsync, malloc in the simulator), passes it after the pointers and frees it with
+`convgen_free_async` behind the launches; a failed allocation returns the vendor's status. A new GPU
+algorithm is one ALGORITHMS entry plus a rule in codegen/passes/gpu_algorithms.py.
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .errors import ConvgenError
+from .errors import ConvgenError, ConvSpecError
+from .gpu_depthwise import THREADS as DEPTHWISE_THREADS
+from .gpu_depthwise import depthwise_context
 from .gpu_direct import direct_context
+from .gpu_igemm import igemm_context
+from .gpu_stem import stem_context
 from .ir import Op
 from .plan import Plan
 from .source import KernelSource
@@ -35,10 +43,33 @@ from .version import generator_version
 class GpuAlgorithm:
     template: str
     context: Callable   # (problem, target, prefix, *, threads, entries) -> the template's context `c`
+    # entries that take a scratch workspace: `<prefix>_<entry>(pointers..., float* workspace, batch,
+    # stream)` with `<prefix>_<entry>_workspace_bytes(batch)`; the plan entry allocates it on the stream
+    workspace: tuple[str, ...] = ()
+
+
+def _fixed_threads(context: Callable, threads_of_kernel: int, entries_taken: tuple[str, ...]) -> Callable:
+    """A context function for kernels whose block size is fixed and that render all their entries
+    (depthwise, stem): checks `threads` and `entries` against them."""
+    def context_for(problem, target, prefix, *, threads, entries):
+        if threads != threads_of_kernel:
+            raise ConvSpecError(f"threads={threads}: this kernel's block is {threads_of_kernel} threads")
+        if not entries or any(e not in entries_taken for e in entries):
+            raise ConvSpecError(f"entries {list(entries)}: expected a non-empty subset of {list(entries_taken)}")
+        return context(problem, target, prefix)
+    return context_for
 
 
 ALGORITHMS: dict[str, GpuAlgorithm] = {
     "direct": GpuAlgorithm("gpu/direct.cu.j2", direct_context),
+    "igemm": GpuAlgorithm("gpu/igemm.cu.j2", igemm_context, workspace=("bwd_weight",)),
+    "depthwise": GpuAlgorithm("gpu/depthwise.cu.j2",
+                              _fixed_threads(depthwise_context, DEPTHWISE_THREADS,
+                                             ("fwd", "bwd_data", "bwd_weight", "bwd_bias")),
+                              workspace=("bwd_weight",)),
+    "stem": GpuAlgorithm("gpu/stem_wgrad.cu.j2",
+                         _fixed_threads(stem_context, DEPTHWISE_THREADS, ("bwd_weight", "bwd_bias")),
+                         workspace=("bwd_weight",)),
 }
 
 # the entries a user-level pass calls, in order, and their pointer parameters by role
@@ -75,13 +106,27 @@ def _header(plan: Plan, algorithm: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plan_entry(plan: Plan, prefix: str, entry: str, entries: tuple[str, ...]) -> str:
+def _plan_entry(plan: Plan, prefix: str, entry: str, entries: tuple[str, ...], workspace: tuple[str, ...]) -> str:
     roles = [op.role for op in plan.operands]
     params = ", ".join(f"void* {role}" for role in roles)
     calls = []
     for name in entries:
         args = ", ".join(f"convgen_pointer{{{role if role in roles else 'nullptr'}}}" for role in ENTRY_ROLES[name])
-        calls.append(f"    if (int status = {prefix}_{name}({args}, batch, stream)) return status;")
+        if name not in workspace:
+            calls.append(f"    if (int status = {prefix}_{name}({args}, batch, stream)) return status;")
+            continue
+        calls.append(   # scratch memory on the caller's stream, freed behind the launches that use it
+            f"    {{  // {name}'s workspace\n"
+            f"        unsigned long long bytes = {prefix}_{name}_workspace_bytes(batch);\n"
+            "        void* workspace = nullptr;\n"
+            "        if (bytes != 0) {\n"
+            "            if (int status = convgen_malloc_async(&workspace, bytes, (convgen_stream_t)stream)) return status;\n"
+            "        }\n"
+            f"        int status = {prefix}_{name}({args}, static_cast<float*>(workspace), batch, stream);\n"
+            "        int freed = bytes != 0 ? convgen_free_async(workspace, (convgen_stream_t)stream) : 0;\n"
+            "        if (status != 0) return status;\n"
+            "        if (freed != 0) return freed;\n"
+            "    }")
     return ("\n// The plan's entry: the caller's pointers by role, the batch size, a stream; 0 when launched.\n"
             "struct convgen_pointer {  // a pointer by role, for an entry's parameter of any element type\n"
             "    void* p;\n    template <class U> operator U*() const { return static_cast<U*>(p); }\n};\n"
@@ -103,6 +148,6 @@ def emit_gpu(plan: Plan) -> KernelSource:
     context = algorithm.context(plan.problem, plan.target, prefix, threads=plan.tiling.threads_per_block,
                                 entries=entries)
     body = environment().get_template(algorithm.template).render(c=context)
-    text = _header(plan, plan.algorithm) + "\n" + body + _plan_entry(plan, prefix, entry, entries)
+    text = _header(plan, plan.algorithm) + "\n" + body + _plan_entry(plan, prefix, entry, entries, algorithm.workspace)
     return KernelSource(name=name, text=text, entry=entry, signature=gpu_signature(plan), target=plan.target,
                         language=plan.target.kind.value)

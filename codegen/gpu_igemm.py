@@ -1,5 +1,5 @@
 """The implicit-GEMM GPU kernel on matrix instructions: forward, data gradient and weight gradient
-of bf16/f16 convolutions with f32 accumulation, rendered for CUDA or HIP from
+of bf16/f16 convolutions (normal or transposed) with f32 accumulation, rendered for CUDA or HIP from
 `templates/gpu/igemm.cu.j2`.
 
 Every pass is one GEMM per group, its operands gathered from the tensors while they are loaded
@@ -26,8 +26,12 @@ caller passes to `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace
 (SPLIT x the weight's elements x 4 today, whatever the batch). The bias gradient
 (`<prefix>_bwd_bias`) is a plain per-filter sum in f32. f32 and f64 problems stay on the direct
 kernel (codegen/gpu_direct.py). Tensors may be contiguous or channels-last (each of input, weight
-and output by its own layout: every access goes through its strides). Not yet reached from
-`lower`/`emit`/dispatch.
+and output by its own layout: every access goes through its strides). A transposed problem runs
+through the same equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the
+normal convolution's data gradient (plus the bias), its data gradient the normal forward, its
+weight gradient the normal one with input and grad_output swapped, its bias gradient a sum over
+the normal input. The `algorithm` pass chooses it (codegen/passes/gpu_algorithms.py) and
+codegen/emit_gpu.py's plan entry allocates the workspace on the stream.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_target import GPU_ARCHS
-from .ir import ConvProblem, DType
+from .gpu_wrappers import vendor_wrappers
+from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
 from .version import generator_version
 
 SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16"}
 BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32   # 2 x 2 warps of 32 x 32; BLOCK_K: two 16-deep instructions
 MAX_SPLIT = 64
+ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +85,10 @@ class IgemmContext:
     problem_key: str
     target: str
     vendor: str
+    wrappers: str          # the vendor's wrapper header, inline (the file is self-contained)
     prefix: str
     scalar: str
+    transposed: bool       # the entries map a transposed problem's roles onto the normal convolution
     channels: int
     filters: int
     groups: int
@@ -100,6 +108,8 @@ class IgemmContext:
     phases: tuple[Phase, ...]
     split: int
     why: tuple[str, ...]
+    entries: tuple[str, ...]
+    kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
 
 
 def _three(values, fill: int) -> tuple[int, int, int]:
@@ -123,71 +133,128 @@ def axis_phases(size: int, out: int, kernel: int, stride: int, pad: int, dilatio
     return phases
 
 
-def _split(problem: ConvProblem, target: Target, out_pixels: int) -> tuple[int, str]:
+@dataclasses.dataclass(frozen=True)
+class Normal:
+    """The normal convolution X (*) W -> Y that a problem's kernels compute (a transposed problem's
+    output is X, its input Y, as in codegen/passes/canonicalise.py), in 3-D form."""
+
+    channels: int               # X's
+    filters: int                # Y's
+    groups: int
+    in_size: tuple[int, int, int]
+    out_size: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    pad: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+    layouts: tuple[Layout, Layout, Layout]   # X, W, Y
+
+    @classmethod
+    def of(cls, p: ConvProblem) -> "Normal":
+        x = (p.k, p.out_size, p.output_layout) if p.transposed else (p.c, p.in_size, p.input_layout)
+        y = (p.c, p.in_size, p.input_layout) if p.transposed else (p.k, p.out_size, p.output_layout)
+        return cls(x[0], y[0], p.groups, _three(x[1], 1), _three(y[1], 1), _three(p.kernel, 1), _three(p.stride, 1),
+                   _three([low for low, _ in p.padding], 0), _three(p.dilation, 1), (x[2], p.weight_layout, y[2]))
+
+    def phases(self) -> tuple[Phase, ...]:
+        per_axis = [axis_phases(*args) for args in zip(self.in_size, self.out_size, self.kernel, self.stride,
+                                                        self.pad, self.dilation)]
+        return tuple(Phase((d, h, w)) for d in per_axis[0] for h in per_axis[1] for w in per_axis[2])
+
+
+def _split(normal: Normal, target: Target) -> tuple[int, str]:
     units = target.gpu.sm_count if target.gpu else GPU_ARCHS[target.isa].sm_count
-    kg, cg = problem.k // problem.groups, problem.c // problem.groups
-    taps = math.prod(problem.kernel)
-    tiles = -(-kg // BLOCK_M) * -(-(cg * taps) // BLOCK_N) * problem.groups
-    by_units = -(-2 * units // tiles)
+    groups = normal.groups
+    kg, cg = normal.filters // groups, normal.channels // groups
+    taps, out_pixels = math.prod(normal.kernel), math.prod(normal.out_size)
+    tiles = -(-kg // BLOCK_M) * -(-(cg * taps) // BLOCK_N) * groups
+    by_units = -(-2 * units // tiles) if tiles else 1
     by_depth = max(1, out_pixels // (4 * BLOCK_K))
-    split = max(1, min(MAX_SPLIT, by_units, by_depth, 65535 // problem.groups))
+    split = max(1, min(MAX_SPLIT, by_units, by_depth, 65535 // max(groups, 1)))
     return split, (f"weight gradient: {tiles} output tiles; split the batch x {out_pixels} pixels reduction "
-                   f"{split} ways (about two blocks per {'SM' if target.kind is TargetKind.CUDA else 'CU'} of "
-                   f"{units}, at least {4 * BLOCK_K} pixels of one image per split), partials summed in order")
+                   f"{split} way{'' if split == 1 else 's'} (about two blocks per {'SM' if target.kind is TargetKind.CUDA else 'CU'} of "
+                   f"{units}, at least {4 * BLOCK_K} pixels of one image per split), f32 partials in a workspace "
+                   f"summed in split order by a second kernel (no atomics)")
 
 
-def igemm_context(problem: ConvProblem, target: Target, prefix: str) -> IgemmContext:
-    """The template context for `problem` on GPU `target`; entries are named `prefix`_fwd,
-    _bwd_data, _bwd_weight (+ _bwd_weight_workspace_bytes) and _bwd_bias. ConvSpecError for what
-    this kernel does not take."""
+def refusal(problem: ConvProblem, target: Target) -> str | None:
+    """Why the implicit-GEMM kernel does not take `problem` on `target` (parameter, value, rule), or None."""
     if target.kind is TargetKind.CPU:
-        raise ConvSpecError(f"target {target.name()}: the implicit-GEMM GPU kernel needs a cuda or hip target")
+        return f"target {target.name()}: the implicit-GEMM GPU kernel needs a cuda or hip target"
     if problem.dtype not in SCALARS:
-        raise ConvSpecError(f"dtype {problem.dtype.value}: the implicit-GEMM GPU kernel takes bf16 or f16 (matrix "
-                            "instructions); f32 and f64 run on the direct GPU kernel")
-    if problem.transposed:
-        raise ConvSpecError("transposed=True: the implicit-GEMM GPU kernel takes normal convolutions so far "
-                            "(a transposed one is the data gradient of a normal one)")
-    if not prefix.isidentifier():
-        raise ConvSpecError(f"prefix {prefix!r}: entry names must be C identifiers")
+        return (f"dtype {problem.dtype.value}: the implicit-GEMM GPU kernel takes bf16 or f16 (matrix "
+                "instructions); f32 and f64 run on the direct GPU kernel")
     if problem.groups > 65535:
-        raise ConvSpecError(f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
-                            "at most 65535")
+        return (f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
+                "at most 65535")
     too_big = {name: count for name, count in (("an input image", problem.c * math.prod(problem.in_size)),
                                                ("an output image", problem.k * math.prod(problem.out_size)),
                                                ("the weight", math.prod(problem.weight_shape))) if count >= 2**31}
     if too_big:
-        raise ConvSpecError("size: the implicit-GEMM GPU kernel indexes within one image and the weight in 32 bits; "
-                            + ", ".join(f"{name} has {count} elements" for name, count in too_big.items())
-                            + " (at most 2^31 - 1)")
+        return ("size: the implicit-GEMM GPU kernel indexes within one image and the weight in 32 bits; "
+                + ", ".join(f"{name} has {count} elements" for name, count in too_big.items())
+                + " (at most 2^31 - 1)")
+    return None
+
+
+def reasons(problem: ConvProblem, target: Target) -> tuple[str, ...]:
+    """The block tile, the data gradient's stride phases and the weight gradient's split, in words."""
+    normal = Normal.of(problem)
+    phases = normal.phases()
+    with_taps = [p for p in phases if all(a.taps for a in p.axes)]
+    unit = "warps" if target.kind is TargetKind.CUDA else "waves"
+    return (f"tiles {BLOCK_M}x{BLOCK_N}x{BLOCK_K}, 4 {unit} of {BLOCK_M // 2}x{BLOCK_N // 2}, one shared-memory stage",
+            f"data gradient: {len(phases)} stride phases ({len(with_taps)} with taps, the rest written as zeros): "
+            + " ".join(p.name() for p in phases),
+            _split(normal, target)[1])
+
+
+def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
+    """The kernels an entry launches (a transposed problem's forward is the normal data gradient,
+    its data gradient the normal forward)."""
+    return {"fwd": ("bwd_data",) if transposed else ("fwd",), "bwd_data": ("fwd",) if transposed else ("bwd_data",),
+            "bwd_weight": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
+
+
+def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads: int | None = None,
+                  entries: tuple[str, ...] = ENTRIES) -> IgemmContext:
+    """The template context for `problem` on GPU `target`; entries `prefix`_<entry> for each of
+    `entries` (a subset of ENTRIES; bwd_weight with its _workspace_bytes), only the kernels they
+    launch rendered. `threads`, if given, must be the kernel's 4 warps (waves). ConvSpecError for
+    what this kernel does not take."""
+    why_not = refusal(problem, target)
+    if why_not:
+        raise ConvSpecError(why_not)
+    if not prefix.isidentifier():
+        raise ConvSpecError(f"prefix {prefix!r}: entry names must be C identifiers")
+    unknown = [e for e in entries if e not in ENTRIES]
+    if unknown or not entries:
+        raise ConvSpecError(f"entries {list(entries)}: expected a non-empty subset of {list(ENTRIES)}")
+    warp = target.gpu.warp_size
+    if threads is not None and threads != 4 * warp:
+        raise ConvSpecError(f"threads={threads}: the implicit-GEMM kernel's block is 4 warps of {warp} "
+                            f"({4 * warp} threads) on {target.name()}")
     from .emit import operand_strides   # the CPU kernels' strides per layout; emit imports this module's peers lazily
 
-    in_size, out_size = _three(problem.in_size, 1), _three(problem.out_size, 1)
-    kernel, stride = _three(problem.kernel, 1), _three(problem.stride, 1)
-    pad, dilation = _three([low for low, _ in problem.padding], 0), _three(problem.dilation, 1)
-    per_axis = [axis_phases(*args) for args in zip(in_size, out_size, kernel, stride, pad, dilation)]
-    phases = tuple(Phase((d, h, w)) for d in per_axis[0] for h in per_axis[1] for w in per_axis[2])
-    split, split_why = _split(problem, target, math.prod(out_size))
-    with_taps = [p for p in phases if all(a.taps for a in p.axes)]
-    why = (f"tiles {BLOCK_M}x{BLOCK_N}x{BLOCK_K}, 4 {'warps' if target.kind is TargetKind.CUDA else 'waves'} of "
-           f"{BLOCK_M // 2}x{BLOCK_N // 2}, one shared-memory stage",
-           f"data gradient: {len(phases)} stride phases ({len(with_taps)} with taps, the rest written as zeros): "
-           + " ".join(p.name() for p in phases),
-           split_why)
+    normal = Normal.of(problem)
+    x_layout, w_layout, y_layout = normal.layouts
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
-        target=target.name(), vendor=target.kind.value, prefix=prefix, scalar=SCALARS[problem.dtype],
-        channels=problem.c, filters=problem.k, groups=problem.groups, in_size=in_size, out_size=out_size,
-        kernel=kernel, stride=stride, pad=pad, dilation=dilation,
-        layouts=tuple(layout.value for layout in (problem.input_layout, problem.weight_layout, problem.output_layout)),
-        x_strides=operand_strides(problem.input_layout, problem.c, in_size),
-        y_strides=operand_strides(problem.output_layout, problem.k, out_size),
-        w_strides=operand_strides(problem.weight_layout, problem.c // problem.groups, kernel), block_m=BLOCK_M, block_n=BLOCK_N,
-        block_k=BLOCK_K, phases=phases, split=split, why=why)
+        target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix,
+        scalar=SCALARS[problem.dtype], transposed=problem.transposed, channels=normal.channels,
+        filters=normal.filters, groups=normal.groups, in_size=normal.in_size, out_size=normal.out_size,
+        kernel=normal.kernel, stride=normal.stride, pad=normal.pad, dilation=normal.dilation,
+        layouts=tuple(layout.value for layout in normal.layouts),
+        x_strides=operand_strides(x_layout, normal.channels, normal.in_size),
+        y_strides=operand_strides(y_layout, normal.filters, normal.out_size),
+        w_strides=operand_strides(w_layout, normal.channels // normal.groups if normal.groups else 0, normal.kernel),
+        block_m=BLOCK_M, block_n=BLOCK_N, block_k=BLOCK_K, phases=normal.phases(), split=_split(normal, target)[0],
+        why=reasons(problem, target), entries=tuple(entries),
+        kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 
-def render_igemm(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:
+def render_igemm(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:
     """CUDA or HIP source (by `target`) of the implicit-GEMM kernels for `problem`, with their entries."""
     from .emit import environment
 
-    return environment().get_template("gpu/igemm.cu.j2").render(c=igemm_context(problem, target, prefix))
+    return environment().get_template("gpu/igemm.cu.j2").render(c=igemm_context(problem, target, prefix, **options))

@@ -16,7 +16,7 @@ import dataclasses
 class MatrixInstruction:
     """One warp-level matrix multiply-accumulate: D(m x n, accumulate) += A(m x k) B(k x n).
 
-    name: the instruction (`mma.sync.aligned.m16n8k16` on CUDA, `v_mfma_f32_32x32x8bf16_1k` ...).
+    name: the instruction (`mma.sync.aligned.m16n8k16` on CUDA, `v_mfma_f32_16x16x16bf16_1k` ...).
     inputs: the operand dtypes it takes ("f16", "bf16"); accumulate: the accumulator dtype.
     """
 
@@ -58,17 +58,20 @@ class GpuArch:
 
 
 _MMA = MatrixInstruction("mma.sync.aligned.m16n8k16", 16, 8, 16, ("f16", "bf16"))
-_MFMA = MatrixInstruction("v_mfma_f32_32x32x8bf16_1k", 32, 32, 8, ("f16", "bf16"))
+# the MFMA shape the implicit-GEMM kernel uses (hip.h): gfx90a spells it v_mfma_f32_16x16x16bf16_1k
+# (and _16x16x16f16), gfx940 v_mfma_f32_16x16x16_bf16
+_MFMA_GFX90A = MatrixInstruction("v_mfma_f32_16x16x16bf16_1k", 16, 16, 16, ("f16", "bf16"))
+_MFMA_GFX940 = MatrixInstruction("v_mfma_f32_16x16x16_bf16", 16, 16, 16, ("f16", "bf16"))
 
 
 def _cuda(arch: str, part: str, smem_block: int, smem_sm: int, sms: int, **extra) -> GpuArch:
     return GpuArch("cuda", arch, part, 32, smem_block, smem_sm, 255, 65536, 1024, sms, _MMA, True, **extra)
 
 
-def _hip(arch: str, part: str, cus: int) -> GpuArch:
+def _hip(arch: str, part: str, cus: int, mfma: MatrixInstruction) -> GpuArch:
     # CDNA2/3: 64 KiB LDS per CU and per workgroup; 512 VGPRs per lane (256 arch + 256 acc);
     # 4 SIMDs x 512 VGPRs x 64 lanes per CU. No async global-to-LDS copy in the wrappers yet.
-    return GpuArch("hip", arch, part, 64, 65536, 65536, 512, 4 * 512 * 64, 1024, cus, _MFMA, False)
+    return GpuArch("hip", arch, part, 64, 65536, 65536, 512, 4 * 512 * 64, 1024, cus, mfma, False)
 
 
 GPU_ARCHS: dict[str, GpuArch] = {a.arch: a for a in (
@@ -77,8 +80,8 @@ GPU_ARCHS: dict[str, GpuArch] = {a.arch: a for a in (
     _cuda("sm_89", "L40S", 101376, 102400, 142),
     _cuda("sm_90", "H100 SXM", 232448, 233472, 132, tma=True),
     _cuda("sm_90a", "H100 SXM", 232448, 233472, 132, tma=True, wgmma=True),
-    _hip("gfx90a", "MI250X (one die)", 110),
-    _hip("gfx940", "MI300A", 228),
+    _hip("gfx90a", "MI250X (one die)", 110, _MFMA_GFX90A),
+    _hip("gfx940", "MI300A", 228, _MFMA_GFX940),
 )}
 
 DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx90a"}

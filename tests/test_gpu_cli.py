@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 
@@ -22,6 +23,8 @@ from convgen.codegen.emit import emit
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import parse_target
+
+from test_gpu_igemm import _tool   # nvdisasm from the CUDA toolkit or the nvidia-cuda-nvdisasm wheel
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -39,14 +42,32 @@ SHOWN = [
     ("dgrad_f16_nhwc_t", ["--input", "2,4,7,7", "--weight", "4,3,3,3", "--groups", "2", "--stride", "2", "--padding",
                           "1", "--output-padding", "1", "--transposed", "--op", "bwd_data", "--dtype", "f16",
                           "--layout", "nhwc"]),
-    ("wgrad_bf16_bias", ["--input", "2,8,6,6", "--weight", "8,2,3,3", "--groups", "4", "--dilation", "2", "--op",
+    ("wgrad_bf16_bias", ["--input", "2,16,6,6", "--weight", "8,8,3,3", "--groups", "2", "--dilation", "2", "--op",
                          "bwd_weight", "--bias", "--dtype", "bf16"]),
     ("bias_f64_3d", ["--input", "2,3,4,5,6", "--weight", "5,3,2,2,2", "--op", "bwd_bias", "--dtype", "f64"]),
     ("fwd_f16_1d_t", ["--input", "3,4,9", "--weight", "4,2,5", "--stride", "3", "--padding", "2", "--transposed",
                       "--op", "fwd", "--bias", "--dtype", "f16"]),
     ("dgrad_bf16_same", ["--input", "1,4,5,5", "--weight", "2,4,2,3", "--padding", "same", "--dilation", "3", "--op",
                          "bwd_data", "--dtype", "bf16", "--layout", "nhwc"]),
+    ("fwd_bf16_nhwc", ["--input", "2,5,9,9", "--weight", "7,5,3,3", "--stride", "2", "--padding", "1", "--op", "fwd",
+                       "--bias", "--dtype", "bf16", "--layout", "nhwc"]),
+    ("dgrad_f16_s3d2", ["--input", "2,3,11,10", "--weight", "5,3,3,3", "--stride", "3", "--dilation", "2", "--padding",
+                        "1", "--op", "bwd_data", "--dtype", "f16"]),
 ]
+SHOWN += [
+    ("dw_wgrad_f32_nhwc", ["--input", "2,6,9,9", "--weight", "12,1,3,3", "--groups", "6", "--stride", "2", "--padding",
+                           "1", "--op", "bwd_weight", "--bias", "--layout", "nhwc"]),
+    ("dw_dgrad_bf16", ["--input", "2,6,9,9", "--weight", "6,1,5,5", "--groups", "6", "--stride", "2", "--padding", "2",
+                       "--op", "bwd_data", "--dtype", "bf16"]),
+    ("stem_wgrad_f16", ["--input", "2,3,16,16", "--weight", "8,3,7,7", "--stride", "2", "--padding", "3", "--op",
+                        "bwd_weight", "--bias", "--dtype", "f16"]),
+]
+# the algorithm each shown file must have: depthwise problems the depthwise kernels, few-channel weight
+# gradients the stem kernel, other bf16/f16 problems igemm (tensor cores / matrix cores), the rest direct
+ALGORITHM = {name: "depthwise" if name.startswith("dw_") else "stem" if name.startswith("stem_")
+             else "igemm" if any(d in flags for d in ("bf16", "f16")) else "direct" for name, flags in SHOWN}
+LOW_PRECISION = {name for name, algorithm in ALGORITHM.items() if algorithm == "igemm"}   # HMMA / v_mfma inside
+GEMM_KERNEL = r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E"
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +93,12 @@ def test_shown_files_are_self_contained(shown):
             # the simulator (under -DCONVGEN_SIM only) and the vendor's own headers, nothing of convgen's
             vendor_header = ("<cuda", "<mma.h") if vendor == "cuda" else ("<hip/",)
             assert '"sim/simt.h"' in includes, (path.name, includes)
-            assert all(i == '"sim/simt.h"' or i.startswith(vendor_header) for i in includes), (path.name, includes)
+            assert all(i.startswith('"sim/') or i.startswith(vendor_header) for i in includes), (path.name, includes)
             assert "// decisions:" in text and "[tiling]" in text and 'extern "C" int cg_' in text
+            assert f"algorithm {ALGORITHM[path.stem.split('_', 1)[1]]}\n" in text, path.name
+            if "_bwd_weight(convgen_pointer" in text and "algorithm direct" not in text:
+                # the plan entry allocates the split-K workspace itself
+                assert "convgen_malloc_async(&workspace" in text and "convgen_free_async(workspace" in text
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -95,6 +120,18 @@ def test_nvcc_builds_the_shown_files_without_spills(shown, arch, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "warning" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
     assert len(list(tmp_path.glob("*.cubin"))) == len(paths)
+    nvdisasm = _tool("nvdisasm")
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not found (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`): machine code not checked")
+    for path in paths:
+        if path.stem.split("_", 1)[1] not in LOW_PRECISION:
+            continue
+        cubin = next(tmp_path.glob(f"{path.stem}*.cubin"))
+        sass = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
+        gemms = [f for f in re.split(r"\n\s*\.text\.", sass) if re.match(GEMM_KERNEL, f)]
+        assert gemms, f"{path.name}: no matrix kernel in the cubin"
+        for body in gemms:
+            assert re.search(r"HMMA\.16816\.F32(\.BF16)?", body), (path.name, body.split(":", 1)[0])
 
 
 def test_hipcc_builds_the_shown_files(shown, tmp_path):
@@ -102,10 +139,18 @@ def test_hipcc_builds_the_shown_files(shown, tmp_path):
     if not hipcc or not shutil.which(hipcc):
         pytest.skip("hipcc is not installed: apt-get install -y --no-install-recommends hipcc libamdhip64-dev")
     env = dict(os.environ, HIP_PLATFORM="amd")
-    done = subprocess.run([hipcc, "-x", "hip", "--offload-arch=gfx90a", "-c", *map(str, shown["hip"])],
+    done = subprocess.run([hipcc, "-x", "hip", "--offload-arch=gfx90a", "-c", "-save-temps", *map(str, shown["hip"])],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(list(tmp_path.glob("*.o"))) == len(shown["hip"])
+    assert all((tmp_path / f"{path.stem}.o").is_file() for path in shown["hip"])
+    for path in shown["hip"]:   # igemm's matrix kernels issue gfx90a's v_mfma_f32_16x16x16{bf16_1k,f16}
+        if path.stem.split("_", 1)[1] not in LOW_PRECISION:
+            continue
+        assembly = next(tmp_path.glob(f"{path.stem}*gfx90a*.s")).read_text()
+        gemms = [f for f in re.split(r"\n(?=_ZN\w+:)", assembly) if re.match(GEMM_KERNEL + r"\w*:", f)]
+        assert gemms, f"{path.name}: no matrix kernel in the assembly"
+        for body in gemms:
+            assert re.search(r"v_mfma_f32_16x16x16(bf16_1k|f16)\b", body), (path.name, body.split(":", 1)[0])
 
 
 # ------------------------------------------------------------------------------- explain
@@ -126,6 +171,45 @@ def test_explain_gives_gpu_reasons(target, op):
     for word in CPU_WORDS:
         assert word not in decisions, f"a CPU reason in explain --target {target}: {word!r}\n{decisions}"
     assert "kernel:      conv2d_" in out and "self-contained" in out and "stream)" in out
+
+
+@pytest.mark.parametrize("op, words", [
+    ("fwd", ["tensor cores", "64x64x32", "4 warps of 32x32"]),
+    ("bwd_data", ["stride phases", "4 stride phases (4 with taps"]),
+    ("bwd_weight", ["split-K", "split the batch x", "partials in a workspace summed in split order"]),
+])
+def test_explain_bf16_on_cuda_sm_90_gives_the_igemm_reasons(op, words):
+    code, out, err = run_cli("explain", "--input", "8,64,56,56", "--weight", "128,64,3,3", "--padding", "1",
+                             "--stride", "2", "--op", op, "--target", "cuda-sm_90", "--dtype", "bf16")
+    assert code == 0, err
+    decisions = out.split("decisions, pass by pass:")[1]
+    assert "): igemm (" in decisions and "candidates ['igemm', 'direct']" in decisions
+    assert "algorithm:   igemm" in out
+    for word in words:
+        assert word in decisions, (word, decisions)
+    for word in CPU_WORDS:
+        assert word not in decisions, f"a CPU reason in explain --target cuda-sm_90: {word!r}\n{decisions}"
+
+
+@pytest.mark.parametrize("flags, op, algorithm", [
+    (["--input", "8,32,56,56", "--weight", "32,1,3,3", "--groups", "32", "--padding", "1"], "bwd_data", "depthwise"),
+    (["--input", "8,3,224,224", "--weight", "64,3,7,7", "--stride", "2", "--padding", "3"], "bwd_weight", "stem"),
+])
+@pytest.mark.parametrize("target", ["cuda-sm_90", "hip-gfx90a"])
+def test_explain_depthwise_and_stem(flags, op, algorithm, target):
+    code, out, err = run_cli("explain", *flags, "--op", op, "--target", target, "--dtype", "bf16")
+    assert code == 0, err
+    decisions = out.split("decisions, pass by pass:")[1]
+    assert f"): {algorithm} (" in decisions and f"algorithm:   {algorithm}" in out
+    assert "threads per block" in decisions and "split" in decisions
+    for word in CPU_WORDS:
+        assert word not in decisions, f"a CPU reason in explain --target {target}: {word!r}\n{decisions}"
+
+
+def test_explain_f32_stays_on_direct():
+    code, out, err = run_cli("explain", "--input", "2,4,7,7", "--weight", "6,4,3,3", "--target", "cuda-sm_90")
+    assert code == 0, err
+    assert "algorithm:   direct" in out and "not igemm: dtype f32" in out
 
 
 # ------------------------------------------------------------------------------- build
@@ -178,7 +262,10 @@ def test_check_runs_every_pass(target, dtype):
     for name in ("fwd", "bwd_data", "bwd_weight", "bwd_bias (fused)", "bwd_bias (alone)"):
         assert any(line.startswith(name) for line in lines[1:]), out
     if target != "cpu":
-        assert "simulated launches" in lines[0] and "5 simulated launches" in lines[0]
+        # 2 channels per group: the weight gradient is the stem kernel's (partials, ordered sum: 2 launches)
+        # and its fused bias 1; f32: direct for the rest, a launch each; bf16: igemm, bwd_data 4 stride phases
+        launches = 1 + (4 if dtype == "bf16" else 1) + 2 + 1 + 1
+        assert "simulated launches" in lines[0] and f"{launches} simulated launches" in lines[0]
 
 
 def test_check_fails_when_out_of_tolerance(monkeypatch):

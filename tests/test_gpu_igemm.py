@@ -150,7 +150,7 @@ def test_stride_phases_cover_every_input_position_once_with_the_right_taps():
 def test_what_the_kernel_does_not_take_is_refused_by_name():
     base = _problem(BY_NAME["ragged"], DType.BF16)
     cuda = parse_target("cuda-sm_80")
-    for change, word in [({"dtype": DType.F32}, "dtype f32"), ({"transposed": True, "output_padding": (0, 0)}, "transposed"),
+    for change, word in [({"dtype": DType.F32}, "dtype f32"),
                          ({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537"),
                          ({"in_size": (1 << 15, 1 << 15)}, "an input image has 3221225472 elements")]:
         with pytest.raises(ConvSpecError, match=word):
@@ -159,6 +159,10 @@ def test_what_the_kernel_does_not_take_is_refused_by_name():
         igemm_context(base, parse_target("cpu"), "p")
     with pytest.raises(ConvSpecError, match="prefix"):
         igemm_context(base, cuda, "not an identifier")
+    with pytest.raises(ConvSpecError, match="threads=256"):
+        igemm_context(base, cuda, "p", threads=256)
+    with pytest.raises(ConvSpecError, match="entries"):
+        igemm_context(base, cuda, "p", entries=("bwd_everything",))
 
 
 # ----------------------------------------------------------------------- against ATen

@@ -31,6 +31,7 @@ from convgen import dispatch
 from convgen.codegen.errors import ConvgenError
 from convgen.ops import call_problems
 import test_cases as cases
+from gpu_plans import call_launches
 import test_properties as props
 
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -52,9 +53,12 @@ MATRIX = [
     ("hip", "20a-3d-3x1x9-groups3-stride1", "f16", "contiguous", "reverse"),
     ("hip", "15b-empty-channels0", "f32", "contiguous", "forward"),
 ]
-# launches per check_case: forward 1; over the 7 masks, the input gradient 4, the weight gradient
-# 4 (plus its fused bias gradient 2), the bias gradient alone 2
+# launches per check_case (tests/gpu_plans.py): with the direct kernel (f32, f64), forward 1; over
+# the 7 masks, the input gradient 4, the weight gradient 4 (plus its fused bias gradient 2), the bias
+# gradient alone 2. bf16/f16 take igemm: a launch per stride phase, two per weight gradient; depthwise
+# problems take the depthwise kernels, few-channel weight gradients the stem kernel (every dtype).
 LAUNCHES = 13
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def _params():
@@ -88,12 +92,30 @@ def test_case_in_the_simulator(vendor, case, dtype, variant, order, prebuilt, mo
     monkeypatch.setenv("CONVGEN_SIM_ORDER", order)
     monkeypatch.setenv("CONVGEN_SIM_SEED", "7")
     ops = cases.operands(case, dtype, variant)
+    launches, algorithms = call_launches(ops, case, vendor, cases.MASKS)
+    empty = 0 in (case.input[0], case.input[1])
+    if not empty:   # bf16/f16 never fall back to direct; f32/f64 never reach igemm (depthwise and stem take both)
+        assert ("direct" if dtype in LOW_PRECISION else "igemm") not in algorithms, algorithms
+        assert launches == LAUNCHES or algorithms != {"direct"}
     before = convgen.stats()
     cases.check_case(case, dtype, ops)
     after = convgen.stats()
-    empty = 0 in (case.input[0], case.input[1])
-    assert after["sim_launches"] - before["sim_launches"] == (0 if empty else LAUNCHES)
+    assert after["sim_launches"] - before["sim_launches"] == (0 if empty else launches)
     assert after["builds"] == before["builds"], "the prebuild missed a kernel of this test"
+
+
+@pytest.mark.parametrize("case_id, dtype, expected", [
+    ("07-depthwise-multiplier2", "f64", {"depthwise"}),                      # every pass
+    ("01-padding-as-large-as-kernel-allows", "f64", {"direct", "stem"}),     # C=3: the weight gradient on stem
+    ("20a-3d-3x1x9-groups3-stride1", "f16", {"igemm", "stem"}),             # 3 channels per group
+    ("02-mixed-stride-padding-dilation4-groups2", "bf16", {"igemm", "stem"}),
+    ("16-transposed-output-padding", "bf16", {"igemm"}),                     # transposed: not stem, not depthwise
+])
+def test_the_matrix_reaches_each_gpu_algorithm(case_id, dtype, expected):
+    case = cases.BY_ID[case_id]
+    ops = cases.operands(case, DTYPES[dtype], "contiguous")
+    for vendor in ("cuda", "hip"):
+        assert call_launches(ops, case, vendor, cases.MASKS)[1] == expected
 
 
 def test_prebuild_covered_the_matrix(prebuilt):
@@ -138,7 +160,9 @@ def test_autograd_modules_enabled_and_library_ops(prebuilt, monkeypatch):
     cases.assert_close(xm.grad, dx64, torch.float32, "convert(): grad_input")
     cases.assert_close(module.weight.grad, dw64, torch.float32, "convert(): grad_weight")
     cases.assert_close(module.bias.grad, db64, torch.float32, "convert(): grad_bias")
-    assert convgen.stats()["sim_launches"] - start == 4   # forward; data, weight and fused bias gradients
+    # forward; data gradient; weight gradient on the stem kernel (2 channels per group: partials, ordered
+    # sum) and its fused bias gradient
+    assert convgen.stats()["sim_launches"] - start == 5
 
     start = convgen.stats()
     with convgen.enabled():
@@ -146,7 +170,7 @@ def test_autograd_modules_enabled_and_library_ops(prebuilt, monkeypatch):
         grads = torch.autograd.grad(y, (x, w, b), gy)
     after = convgen.stats()
     assert after["aten_forward"] > start["aten_forward"] and after["aten_backward"] > start["aten_backward"]
-    assert after["sim_launches"] - start["sim_launches"] == 4
+    assert after["sim_launches"] - start["sim_launches"] == 5
     cases.assert_close(y, y64, torch.float32, "enabled(): forward")
     for g, r, name in zip(grads, (dx64, dw64, db64), ("grad_input", "grad_weight", "grad_bias")):
         cases.assert_close(g, r, torch.float32, f"enabled(): {name}")

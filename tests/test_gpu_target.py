@@ -16,10 +16,12 @@ GPU_SPELLINGS = [
     ("cuda-sm_89", "cuda-sm_89", 32, (16, 8, 16), True),
     ("cuda-sm_90", "cuda-sm_90", 32, (16, 8, 16), True),
     ("cuda-sm_90a", "cuda-sm_90a", 32, (16, 8, 16), True),
-    ("hip", "hip-gfx90a", 64, (32, 32, 8), False),
-    ("hip-gfx90a", "hip-gfx90a", 64, (32, 32, 8), False),
-    ("hip-gfx940", "hip-gfx940", 64, (32, 32, 8), False),
+    ("hip", "hip-gfx90a", 64, (16, 16, 16), False),
+    ("hip-gfx90a", "hip-gfx90a", 64, (16, 16, 16), False),
+    ("hip-gfx940", "hip-gfx940", 64, (16, 16, 16), False),
 ]
+# what the implicit-GEMM kernel's wrappers (templates/gpu/hip.h) issue, as each arch's assembler spells it
+MFMA_NAMES = {"hip-gfx90a": "v_mfma_f32_16x16x16bf16_1k", "hip-gfx940": "v_mfma_f32_16x16x16_bf16"}
 
 
 @pytest.mark.parametrize("text,name,warp,mnk,async_copy", GPU_SPELLINGS)
@@ -33,6 +35,15 @@ def test_gpu_spellings_give_the_arch_facts(text, name, warp, mnk, async_copy):
     assert 0 < t.gpu.shared_bytes_per_block <= t.gpu.shared_bytes_per_sm
     assert t.gpu.registers_per_thread in (255, 512) and t.gpu.sm_count > 0
     assert t == parse_target(name) and t.key() == parse_target(name).key()
+
+
+@pytest.mark.parametrize("name", sorted(MFMA_NAMES))
+def test_hip_matrix_instruction_is_the_kernels(name):
+    from convgen.codegen.gpu_wrappers import vendor_wrappers
+
+    t = parse_target(name)
+    assert t.gpu.matrix.name == MFMA_NAMES[name]
+    assert "__builtin_amdgcn_mfma_f32_16x16x16bf16_1k" in vendor_wrappers("hip")
 
 
 def test_gpu_keys_differ_per_arch():

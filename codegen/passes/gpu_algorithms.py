@@ -3,7 +3,9 @@
 RULES lists the GPU algorithms in order of preference, each with a test of whether it takes the
 plan (None: it does; else why not) and why it is chosen. The first that takes the plan is the
 default; every one that takes it is a candidate. The direct kernel (codegen/gpu_direct.py) takes
-every problem, so it is always last and always a candidate. A new GPU algorithm is a rule here
+every problem, so it is always last and always a candidate; igemm (codegen/gpu_igemm.py) takes
+bf16/f16 problems on the matrix instructions, f32/f64 stay on direct; before it, depthwise problems
+(every dtype, codegen/gpu_depthwise.py) and few-channel weight gradients (codegen/gpu_stem.py). A new GPU algorithm is a rule here
 and an entry in codegen/emit_gpu.py's ALGORITHMS table (its template and context function).
 """
 
@@ -27,7 +29,51 @@ def _direct_refuses(plan: Plan) -> str | None:
     return None
 
 
+def _igemm_refuses(plan: Plan) -> str | None:
+    from ..gpu_igemm import refusal   # the kernel's own limits, one place
+
+    return refusal(plan.problem, plan.target)
+
+
+def _refusal_of(context, plan: Plan) -> str | None:
+    """A kernel's own ConvSpecError for the plan's problem (the context function checks every limit)."""
+    from ..errors import ConvSpecError
+
+    try:
+        context(plan.problem, plan.target, "p")
+    except ConvSpecError as e:
+        return str(e)
+    return None
+
+
+def _depthwise_refuses(plan: Plan) -> str | None:
+    from ..gpu_depthwise import depthwise_context
+
+    return _refusal_of(depthwise_context, plan)
+
+
+def _stem_refuses(plan: Plan) -> str | None:
+    from ..gpu_stem import stem_context
+
+    if plan.kop is not KOp.WGRAD:
+        return f"a {plan.kop.value} kernel: the stem kernel computes weight gradients (and their fused bias gradient)"
+    return _refusal_of(stem_context, plan)
+
+
 RULES: tuple[GpuRule, ...] = (
+    GpuRule("depthwise", _depthwise_refuses,
+            "depthwise (groups == channels): a block stages shared-memory windows of its channels' pixels, the "
+            "data gradient by stride phases, the weight gradient split over blocks with partials summed in order; "
+            "every dtype"),
+    GpuRule("stem", _stem_refuses,
+            "few-channel weight gradient (at most 4 input channels per group): a thread keeps its (filter, channel, "
+            "tap) sums in registers over staged tiles, the batch x pixels reduction split over blocks, partials "
+            "summed in order"),
+    GpuRule("igemm", _igemm_refuses,
+            "bf16/f16 on the tensor cores: an implicit GEMM, 64x64x32 block tiles, 4 warps of 32x32 from the "
+            "target's matrix instruction, f32 accumulation rounded once; data gradients by stride phases, weight "
+            "gradients split-K with f32 partials summed in order (a transposed problem through the normal "
+            "convolution's equivalent pass)"),
     GpuRule("direct", _direct_refuses,
             "one GPU thread per result element, every sum in double and rounded once: the reference GPU kernel, "
             "any shape, layout and dtype"),

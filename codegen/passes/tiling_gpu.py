@@ -4,6 +4,9 @@ each thread computes, from the target's warp size and thread limit.
 - direct: one thread per result element (an output, input-gradient or weight-gradient element,
   or one channel of a bias gradient); DIRECT_THREADS threads per block (whole warps: 8 warps of
   32, 4 waves of 64), the grid as many blocks as cover the results at the run-time batch size.
+- igemm: 4 warps (waves) per block, each a 32x32 quarter of the block's 64x64 GEMM tile from the
+  matrix instruction; the data gradient's stride phases and the weight gradient's split-K count
+  (codegen/gpu_igemm.py) are named in the reason.
 A function of problem and target only.
 """
 
@@ -60,5 +63,52 @@ def _direct(plan: Plan) -> Plan:
                        tiling=tiling)
 
 
+def _igemm(plan: Plan) -> Plan:
+    """igemm: 4 warps (waves) per block, a 64x64 GEMM tile per block; the reasons name the pass's
+    stride phases or split."""
+    from ..gpu_igemm import BLOCK_M, BLOCK_N, reasons
+
+    gpu = plan.target.gpu
+    unit = "warps" if gpu.warp_size == 32 else "waves"
+    tile, phases, split = reasons(plan.problem, plan.target)
+    what = {KOp.FWD: f"{BLOCK_M} (image, output pixel) rows x {BLOCK_N} filters of one group",
+            KOp.DGRAD: f"{BLOCK_M} (image, input position) rows of one stride phase x {BLOCK_N} channels of one group",
+            KOp.WGRAD: f"{BLOCK_M} filters x {BLOCK_N} (channel, tap) columns of one group and one split",
+            KOp.BIAS: "one channel's bias-gradient sum per thread"}[plan.kop]
+    extra = {KOp.DGRAD: phases, KOp.WGRAD: split}.get(plan.kop)
+    bias = plan.kop is KOp.WGRAD and plan.problem.bias
+    tiling = GpuTiling(threads_per_block=4 * gpu.warp_size, warps_per_block=4,
+                       per_thread=f"a 1/{4 * gpu.warp_size} share of a block's {BLOCK_M}x{BLOCK_N} tile",
+                       threads_hint=f"a block per {what}")
+    return plan.decide("tiling", f"{4 * gpu.warp_size} threads per block (4 {unit} of {gpu.warp_size}); a block per "
+                                 f"{what}; {tile}" + (f"; {extra}" if extra else "")
+                                 + ("; then a launch, one thread per channel, sums the bias gradient" if bias else ""),
+                       tiling=tiling)
+
+
+def _fixed_block(plan: Plan, what: str, context) -> Plan:
+    """depthwise, stem: their kernel's fixed block, its tiles and split in the context's own words."""
+    context = context(plan.problem, plan.target, "p")
+    gpu = plan.target.gpu
+    unit = "warps" if gpu.warp_size == 32 else "waves"
+    tiling = GpuTiling(threads_per_block=context.threads, warps_per_block=context.threads // gpu.warp_size,
+                       per_thread=what, threads_hint=f"{context.threads} threads per block; {what}")
+    return plan.decide("tiling", f"{context.threads} threads per block ({context.threads // gpu.warp_size} {unit} of "
+                                 f"{gpu.warp_size}); " + "; ".join(context.why), tiling=tiling)
+
+
+def _depthwise(plan: Plan) -> Plan:
+    from ..gpu_depthwise import depthwise_context
+
+    return _fixed_block(plan, "a block per tile of channels x output pixels (or a stride phase's positions)",
+                        depthwise_context)
+
+
+def _stem(plan: Plan) -> Plan:
+    from ..gpu_stem import stem_context
+
+    return _fixed_block(plan, "(filter, channel, tap) sums kept in registers over staged pixel tiles", stem_context)
+
+
 # GPU algorithm -> its tiling function (a new GPU algorithm adds its own)
-TILINGS = {"direct": _direct}
+TILINGS = {"direct": _direct, "igemm": _igemm, "depthwise": _depthwise, "stem": _stem}

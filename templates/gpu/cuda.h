@@ -19,6 +19,11 @@ typedef cudaStream_t convgen_stream_t;
 #define CONVGEN_DYNAMIC_SHARED(T, name) \
     extern __shared__ __align__(16) unsigned char convgen_dynamic_shared_[]; \
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
+// A plan entry's scratch memory (a split-K workspace), stream-ordered: 0 when done, else CUDA's error.
+inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stream_t stream) {
+    return static_cast<int>(cudaMallocAsync(p, bytes, stream));
+}
+inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_cast<int>(cudaFreeAsync(p, stream)); }
 #endif
 
 // A kernel's launch bounds: at most `threads` per block, registers for `blocks` resident per SM.

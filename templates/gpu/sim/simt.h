@@ -507,6 +507,17 @@ typedef void* convgen_stream_t;
     ((void)(stream), ::convgen_sim::launch_kernel(#kernel, dim3(grid), dim3(block), (shared_bytes), \
                                                   [&]() { kernel(__VA_ARGS__); }))
 #define CONVGEN_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::convgen_sim::dynamic_shared())
+// A plan entry's scratch memory: host memory here (launches run to completion before they return).
+// A failure returns 2 (cudaErrorMemoryAllocation, hipErrorOutOfMemory) with a message for the caller.
+inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stream_t) {
+    *p = bytes ? std::malloc(bytes) : nullptr;
+    if (bytes && !*p) {
+        ::convgen_sim::last_error() = "workspace: could not allocate " + std::to_string(bytes) + " bytes";
+        return 2;
+    }
+    return 0;
+}
+inline int convgen_free_async(void* p, convgen_stream_t) { std::free(p); return 0; }
 
 // What the Python side calls: settings before a launch, the last failure's message, a counter.
 extern "C" {
