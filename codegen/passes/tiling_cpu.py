@@ -278,7 +278,10 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
 # 6.60 / 4.68, r50_stem (25.7 MB) 11.4 / 10.6, r50_3x3_64 (6.4 MB) 9.92 / 9.37, deeplab_dil2
 # (4.5 MB) 28.7 / 27.6, unet3d (4.2 MB) 10.3 / 10.0; below the L2 no gain (r50_3x3_256, 1.6 MB,
 # 10.9 / 11.1; r50_3x3_512, 0.8 MB, 10.6 / 10.6). The data gradient measured mixed (deeplab_dil2
-# 28.0 / 31.6, r50_3x3_64 19.3 / 18.5), so it keeps cached stores.
+# 28.0 / 31.6, r50_3x3_64 19.3 / 18.5), so it keeps cached stores. Contiguous (channel-plane)
+# outputs streamed a line of each channel's pixels at a time did not gain (r50_3x3_64 9.79 / 10.01,
+# r50_1x1_64_256 7.86 / 7.99; bf16 6.63 / 12.25, its values rounded one by one; unet3d alone 10.2 /
+# 9.2), so they keep cached stores too.
 STREAM_L2S = 4   # outputs of at least this many L2s per call
 
 
