@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import sysconfig
 import time
 from pathlib import Path
