@@ -183,7 +183,7 @@ def emit_bundle_module(name: str, module: str, sources: list[KernelSource], kern
 
 
 def emit_launcher(module: str, torch_version: str) -> str:
-    """The source of the eager launcher (runtime/eager.py), the Python extension module `module`
+    """The source of the eager launcher (runtime/api/eager.py), the Python extension module `module`
     for torch `torch_version`."""
     return environment().get_template("eager/launcher.cpp.j2").render(
         version=generator_version(), module=module, torch_version=torch_version)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import convgen
-from convgen import dispatch, ops
+from convgen.dispatch import dispatch
+from convgen.api import ops
 
 TOLERANCE = 1e-5   # relative, float32
 REPEAT = 5

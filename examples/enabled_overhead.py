@@ -25,7 +25,7 @@ import time
 import torch
 
 import convgen
-from convgen import serve_aten
+from convgen.api import serve_aten
 
 
 def best_us(variants: dict, rounds: int, calls: int) -> dict:
@@ -71,7 +71,7 @@ def variants(module, converted, x) -> dict:
 
     def torch_registration_kept(n):
         # a second Python thread is alive when the block closes, so the registration stays
-        # (runtime/serve_aten.py) and torch's calls outside take the hop to ATen's kernel
+        # (runtime/api/serve_aten.py) and torch's calls outside take the hop to ATen's kernel
         release = threading.Event()
         other = threading.Thread(target=release.wait)
         other.start()

@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F
 
 import convgen
-from convgen import dispatch, ops
+from convgen.dispatch import dispatch
+from convgen.api import ops
 from convgen.codegen.emit import emit
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import host_cpu
-from convgen.problem import base_problem
+from convgen.dispatch.problem import base_problem
 
 
 def main() -> None:

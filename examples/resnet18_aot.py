@@ -123,8 +123,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "generated" / "resnet18"), help="bundle directory")
     args = parser.parse_args(argv)
 
-    from convgen import aot
-    from convgen.shapes import collect
+    from convgen.aot import aot
+    from convgen.api.shapes import collect
 
     print(f"1. convgen aot: ResNet-18, input {args.batch}x3x{args.size}x{args.size} -> {args.out}")
     start = time.perf_counter()

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from convgen.codegen.version import generator_version
 from convgen.codegen.errors import CacheError, ConvgenError
+from convgen.codegen.target import ISA_WIDTHS
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -101,7 +102,7 @@ def tune() -> bool:
 
 
 def launcher() -> bool:
-    """Whether eager calls may use the compiled eager launcher (runtime/eager.py) when it is
+    """Whether eager calls may use the compiled eager launcher (runtime/api/eager.py) when it is
     built (CONVGEN_LAUNCHER, default on; 0 keeps them on the Python path)."""
     return os.environ.get("CONVGEN_LAUNCHER", "").strip() == "" or _flag("CONVGEN_LAUNCHER")
 
@@ -109,8 +110,6 @@ def launcher() -> bool:
 def isa() -> str:
     """The CPU ISA level to generate for (CONVGEN_ISA: avx512, avx2 or generic), or "" for the
     default of codegen.target.default_isa. Whether this CPU runs it is checked by host_cpu()."""
-    from convgen.codegen.target import ISA_WIDTHS
-
     value = os.environ.get("CONVGEN_ISA", "").strip().lower()
     if value and value not in ISA_WIDTHS:
         raise ConvgenError(f"CONVGEN_ISA={value!r} is not an ISA level convgen generates for; use one of "

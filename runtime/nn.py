@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional
+from .api import functional
 
 
 class _ConvMixin:

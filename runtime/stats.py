@@ -11,7 +11,7 @@ Known counters (always present in `stats()`, starting at 0):
 - lock_waits: times a build lock was held by someone else and had to be waited for
 - bundle_hits: problems served by a loaded ahead-of-time bundle (no lowering to a build)
 - aten_forward, aten_backward: calls of torch's aten.convolution / aten.convolution_backward
-  that convgen served (inside `convgen.enabled()`, runtime/serve_aten.py)
+  that convgen served (inside `convgen.enabled()`, runtime/api/serve_aten.py)
 - sim_launches: GPU kernel launches run in the SIMT simulator (CONVGEN_SIM=cuda|hip)
 - aten_fallbacks: such calls inside `enabled()` that convgen left to ATen (a dtype it has no
   kernels for, or arguments its rules refuse)

@@ -9,7 +9,7 @@ from convgen.codegen.ir import ConvProblem
 from convgen.codegen.pipeline import lower
 from convgen.codegen.plan import KOp
 from convgen.codegen.target import parse_target
-from convgen.ops import call_problems
+from convgen.api.ops import call_problems
 
 
 def algorithm_of(problem: ConvProblem, vendor: str) -> str:

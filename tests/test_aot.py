@@ -22,9 +22,10 @@ import pytest
 import torch
 
 import convgen
-from convgen import aot, bundle
+from convgen.aot import aot
+from convgen.dispatch import bundle
 from convgen.codegen.errors import ConvSpecError
-from convgen.shapes import problems_from_json
+from convgen.api.shapes import problems_from_json
 
 from reference import rel_err, tolerance
 

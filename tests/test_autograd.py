@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import convgen
-from convgen import dispatch, ops
+from convgen.dispatch import dispatch
+from convgen.api import ops
 from reference import assert_close, generator_for, randn
 
 F64 = torch.float64

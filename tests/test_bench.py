@@ -13,10 +13,11 @@ import math
 import pytest
 import torch
 
-from convgen import bench, cli, peak, suites
+from convgen.bench import bench, peak, suites
+from convgen import cli
 from convgen.codegen.ir import DType, Layout
 from convgen.codegen.target import host_cpu
-from convgen.problem import base_problem
+from convgen.dispatch.problem import base_problem
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -185,7 +186,8 @@ def test_bench_refuses_bad_requests_in_one_line(capsys, argv, words):
 
 
 def test_a_shape_that_does_not_build_becomes_an_error_row(monkeypatch):
-    from convgen import BuildError, dispatch
+    from convgen import BuildError
+    from convgen.dispatch import dispatch
 
     real = dispatch.prepare
 

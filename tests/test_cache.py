@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from convgen import build as build_mod
-from convgen import cache, knobs
-from convgen.build import build, build_many, compile_command, find_ninja, source_key, write_if_changed
+from convgen.building import build as build_mod
+from convgen.building import cache
+from convgen import knobs
+from convgen.building.build import build, build_many, compile_command, find_ninja, source_key, write_if_changed
 from convgen.codegen.errors import BuildError, CacheError
 from convgen.codegen.source import KernelSource
 from convgen.codegen.target import Target, TargetKind, host_cpu
@@ -56,7 +57,7 @@ CHILD = r"""
 import ctypes, json, os, sys, time
 from convgen.codegen.source import KernelSource
 from convgen.codegen.target import host_cpu
-import convgen.build as b
+from convgen.building import build as b
 from convgen.stats import stats
 name, amount, go, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 text = 'extern "C" int %s(int x) { return x + %d; }\n' % (name, amount)
@@ -67,7 +68,7 @@ if mode == "hang":  # take the locks, start building, never finish
         time.sleep(300)
     b._run_ninja = hang
 if mode == "hold":  # hold the key's lock and wait
-    from convgen import cache
+    from convgen.building import cache
     with cache.key_lock(b.source_key(src)):
         print("locked", flush=True)
         time.sleep(300)

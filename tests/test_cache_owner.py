@@ -1,4 +1,4 @@
-"""The cache's owner (DESIGN.md "Command-line dtypes and the cache's owner", runtime/cache_owner.py).
+"""The cache's owner (DESIGN.md "Command-line dtypes and the cache's owner", runtime/building/cache_owner.py).
 
 A cache root or subdirectory that another user owns, or that group or others may write, is
 refused with a CacheError naming CONVGEN_CACHE_DIR, the path, its owner and mode, and the fix,
@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import convgen
-from convgen import cache, cache_owner
+from convgen.building import cache, cache_owner
 from convgen.codegen.errors import CacheError
 
 OTHER_UID = 65534   # "nobody"
@@ -181,7 +181,9 @@ def test_entry_directory_is_checked_before_its_artifact_is_read(tmp_path, monkey
 
 
 def test_eager_launcher_and_tuning_database_are_refused_too(tmp_path, monkeypatch, capsys):
-    from convgen import cli, eager, tuning
+    from convgen import cli
+    from convgen.api import eager
+    from convgen.dispatch import tuning
     from convgen.codegen.target import host_cpu
 
     path = foreign_dir(tmp_path, world_writable=True)

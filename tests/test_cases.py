@@ -32,8 +32,8 @@ import pytest
 import torch
 
 import convgen
-from convgen import dispatch
-from convgen.ops import call_problems
+from convgen.dispatch import dispatch
+from convgen.api.ops import call_problems
 from reference import (Aten, assert_close, assert_same_format, channels_last_format, generator_for,
                        non_contiguous, randn, reduction_terms)
 

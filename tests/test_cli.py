@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from convgen import build as build_mod
-from convgen import ops
+from convgen.building import build as build_mod
+from convgen.api import ops
 from convgen import cli
 from convgen.codegen.pipeline import pipeline
 from convgen.stats import reset, stats

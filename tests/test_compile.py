@@ -1,4 +1,4 @@
-"""convgen under torch.compile and torch.export, through its registered ops (runtime/library.py).
+"""convgen under torch.compile and torch.export, through its registered ops (runtime/api/library.py).
 
 - torch.compile(fullgraph=True) of a converted small CNN (Conv2d with bias, a stride-2 grouped
   Conv2d without bias, a ConvTranspose2d, and a functional convgen.conv1d with 'same' padding and
@@ -36,7 +36,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import convgen
-from convgen import dispatch, library, ops
+from convgen.dispatch import dispatch
+from convgen.api import functional, library, ops
 from reference import assert_close, generator_for, randn
 
 F64 = torch.float64
@@ -431,11 +432,11 @@ class _Seen(TorchDispatchMode):
 def test_only_traced_calls_take_the_ops(prebuilt):
     case = PROBLEMS[0]
     x, w, b = case.operands(requires_grad=False)
-    assert not library.traced(x, w, b)
+    assert not functional.traced(x, w, b)
     with FakeTensorMode() as mode:
-        assert library.traced(mode.from_tensor(x))
+        assert functional.traced(mode.from_tensor(x))
     with _Seen() as seen:
-        assert library.traced(x, w, b)
+        assert functional.traced(x, w, b)
         y = convgen.convolution(x, w, b, *case.args())
     assert seen.ops == [CONVOLUTION]
     assert torch.equal(y, convgen.convolution(x, w, b, *case.args()))

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import convgen
-from convgen import serve_aten
+from convgen.api import serve_aten
 from reference import assert_close, generator_for, randn, rel_err, tolerance
 
 F64 = torch.float64
@@ -300,7 +300,8 @@ def test_torch_func_transforms_inside_the_block(request):
 
 def test_bench_inside_the_block_times_torch_itself():
     """convgen's own calls of ATen (bench's torch side and reference) are torch's, even in a block."""
-    from convgen import bench, cli, suites
+    from convgen.bench import bench, suites
+    from convgen import cli
     from convgen.codegen.ir import DType, Layout
 
     shape = suites.BenchShape.from_problem(cli.problem_from_args(cli.parser().parse_args(

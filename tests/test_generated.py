@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from convgen import aot, aot_cli
-from convgen.shapes import collect, problems_from_json
+from convgen.aot import aot
+from convgen.cli import aot as aot_cli
+from convgen.api.shapes import collect, problems_from_json
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLES = sorted(p.parent for p in (ROOT / "generated").glob("*/manifest.json"))

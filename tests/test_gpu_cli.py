@@ -18,7 +18,9 @@ import subprocess
 
 import pytest
 
-from convgen import build, check, cli, knobs
+from convgen.building import build
+from convgen.bench import check
+from convgen import cli, knobs
 from convgen.codegen.emit import emit
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower

@@ -27,7 +27,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.errors import ConvSpecError
 from convgen.codegen.gpu_depthwise import depthwise_context, render_depthwise
 from convgen.codegen.gpu_stem import render_stem, stem_context
@@ -36,7 +37,7 @@ from convgen.codegen.target import parse_target
 
 from reference import assert_close, channels_last_format, generator_for, randn, reduction_terms
 
-HAVE_FP16 = sim.fp16_include_dir() is not None
+HAVE_FP16 = sim_build.fp16_include_dir() is not None
 
 # (name, input N,C,*spatial, K, kernel, stride, padding (low, high) per axis, dilation, groups)
 DEPTHWISE = [
@@ -156,7 +157,7 @@ def libs(tmp_path_factory):
     if not HAVE_FP16:
         pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
     d = tmp_path_factory.mktemp("gpu_depthwise")
-    return {vendor: sim.build(_source(vendor), d, "depthwise", vendor) for vendor in sim.WARP}
+    return {vendor: sim.build(_source(vendor), d, "depthwise", vendor) for vendor in sim_build.WARP}
 
 
 # ----------------------------------------------------------------------- the kernels' decisions
@@ -248,7 +249,7 @@ def _data(problem, torch_dtype, test_id):
             randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g))
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("kind,name,dtype,layout", PARAMS)
 def test_every_pass_matches_aten(libs, vendor, kind, name, dtype, layout):
     case = CASES[kind, name]
@@ -264,7 +265,7 @@ def test_every_pass_matches_aten(libs, vendor, kind, name, dtype, layout):
                      terms[what])
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("kind", ["depthwise", "stem"])
 def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, kind):
     problem = _problem(CASES[kind, "split"], DType.F32)
@@ -328,7 +329,7 @@ def test_the_kernels_build_with_nvcc_without_spills(tmp_path, arch):
     src = tmp_path / f"depthwise_{arch}.cu"
     src.write_text(_source("cuda", arch, PARAMS + COMPILED_ONLY))
     done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v,-warn-spills,-Werror",
-                           "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "depthwise.cubin")],
+                           "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(tmp_path / "depthwise.cubin")],
                           capture_output=True, text=True)
     report = done.stdout + done.stderr
     assert done.returncode == 0, report
@@ -343,7 +344,7 @@ def test_the_kernels_build_with_hipcc_for_gfx90a(tmp_path):
     src = tmp_path / "depthwise_hip.cu"
     src.write_text(_source("hip", "gfx90a", PARAMS + COMPILED_ONLY))
     done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c", "-Rpass-analysis=kernel-resource-usage",
-                           "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "depthwise.o")],
+                           "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(tmp_path / "depthwise.o")],
                           capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
@@ -356,7 +357,8 @@ import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 import test_gpu_depthwise as T
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 for vendor in ("hip",):   # one vendor keeps the test short; warp 64 is the less travelled width
     lib = sim.build(T._source(vendor, None, T.SANITIZED), Path(sys.argv[1]), "asan_" + vendor, vendor, sanitize=True)
     for kind, n, d, lay in T.SANITIZED:

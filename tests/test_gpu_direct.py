@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.gpu_direct import render_direct
 from convgen.codegen.ir import ConvProblem, DType, Op
 from convgen.codegen.target import parse_target
@@ -52,7 +53,7 @@ def _source(vendor: str) -> str:
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpu_direct")
-    return {vendor: sim.build(_source(vendor), d, "direct", vendor) for vendor in sim.WARP}
+    return {vendor: sim.build(_source(vendor), d, "direct", vendor) for vendor in sim_build.WARP}
 
 
 def _reference(case, x, w, b, dy):
@@ -75,7 +76,7 @@ def _rel(out, ref):
     return (out.double() - ref).norm().item() / (scale if scale else 1.0)
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("number,dtype", PARAMS)
 def test_every_pass_matches_aten(libs, vendor, number, dtype):
     case = next(c for c in CASES if c[0] == number)
@@ -114,7 +115,7 @@ def test_the_batch_size_is_a_run_time_argument(libs):
 def _vendor_build(tmp_path, vendor, argv, env=None):
     src = tmp_path / f"direct_{vendor}.cu"
     src.write_text(_source(vendor))
-    done = subprocess.run([*argv, "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "direct.o")],
+    done = subprocess.run([*argv, "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(tmp_path / "direct.o")],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
 

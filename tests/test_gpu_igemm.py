@@ -28,7 +28,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.errors import ConvSpecError
 from convgen.codegen.gpu_igemm import axis_phases, igemm_context, render_igemm
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
@@ -36,7 +37,7 @@ from convgen.codegen.target import parse_target
 
 from reference import assert_close, channels_last_format, generator_for, randn, reduction_terms
 
-HAVE_FP16 = sim.fp16_include_dir() is not None
+HAVE_FP16 = sim_build.fp16_include_dir() is not None
 
 # (name, input N,C,*spatial, K, kernel, stride, padding (low, high) per axis, dilation, groups)
 CASES = [
@@ -125,7 +126,7 @@ def libs(tmp_path_factory):
     if not HAVE_FP16:
         pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
     d = tmp_path_factory.mktemp("gpu_igemm")
-    return {vendor: sim.build(_source(vendor), d, "igemm", vendor) for vendor in sim.WARP}
+    return {vendor: sim.build(_source(vendor), d, "igemm", vendor) for vendor in sim_build.WARP}
 
 
 # ----------------------------------------------------------------------- the kernel's decisions
@@ -200,7 +201,7 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
     return y, dx, dw, db
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("name,dtype,layout", PARAMS)
 def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
     case = BY_NAME[name]
@@ -216,7 +217,7 @@ def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
         assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})", terms[what])
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
     problem = _problem(BY_NAME["split"], DType.BF16)
     assert igemm_context(problem, parse_target(vendor), "p").split > 1
@@ -284,7 +285,7 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
     src.write_text(_source("cuda", arch))
     cubin = tmp_path / "igemm.cubin"
     done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v,-warn-spills,-Werror",
-                           "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(cubin)], capture_output=True, text=True)
+                           "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(cubin)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     report = done.stdout + done.stderr
     assert re.findall(r"(\d+) bytes spill stores", report) and set(re.findall(r"(\d+) bytes spill stores", report)) == {"0"}
@@ -305,7 +306,7 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
     src = tmp_path / "igemm_hip.cu"
     src.write_text(_source("hip", "gfx90a"))   # the HIP source is the same for both archs
     done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
-                           "-Rpass-analysis=kernel-resource-usage", "-I", str(sim.gpu_templates_dir()), str(src),
+                           "-Rpass-analysis=kernel-resource-usage", "-I", str(sim_build.gpu_templates_dir()), str(src),
                            "-o", str(tmp_path / "igemm.o")], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "HIP_PLATFORM": "amd"})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -327,11 +328,12 @@ import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 import test_gpu_igemm as T
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.gpu_igemm import render_igemm
 from convgen.codegen.target import parse_target
 from reference import generator_for, randn
-for vendor in sim.WARP:
+for vendor in sim_build.WARP:
     target = parse_target(vendor)
     source = "".join(render_igemm(T._problem(T.BY_NAME[n], T.DTYPES[d][0], lay), target, T._prefix(vendor, n, d, lay))
                      for n, d, lay in T.SANITIZED)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.errors import SimulatorError
 
 from reference import assert_close, generator_for, randn
 
-HAVE_FP16 = sim.fp16_include_dir() is not None
+HAVE_FP16 = sim_build.fp16_include_dir() is not None
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 ORDERS = ("forward", "reverse", "shuffle")
 
@@ -62,7 +63,7 @@ def gemm_libs(tmp_path_factory):
     if not HAVE_FP16:
         pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
     d = tmp_path_factory.mktemp("gpu_mma")
-    return {v: sim.build(GEMM.replace("VENDOR", v), d, f"gemm_{v}", v) for v in sim.WARP}
+    return {v: sim.build(GEMM.replace("VENDOR", v), d, f"gemm_{v}", v) for v in sim_build.WARP}
 
 
 def _gemm(lib, vendor, dtype, a, b, order="forward", skip_lane=-1):
@@ -74,7 +75,7 @@ def _gemm(lib, vendor, dtype, a, b, order="forward", skip_lane=-1):
     return c
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_matrix_instruction_layouts_place_every_element(gemm_libs, vendor, dtype):
     """Small integers: every product and sum is exact, so C must equal A B exactly."""
@@ -87,7 +88,7 @@ def test_matrix_instruction_layouts_place_every_element(gemm_libs, vendor, dtype
         assert torch.equal(c, a.float() @ b.float()), order
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_matrix_instructions_accumulate_in_f32(gemm_libs, vendor, dtype):
     """Random 16-bit inputs are exact in f32; the f32 sums are within f32's tolerance of float64."""
@@ -97,7 +98,7 @@ def test_matrix_instructions_accumulate_in_f32(gemm_libs, vendor, dtype):
     assert_close(c, a.double() @ b.double(), torch.float32, f"{vendor} {dtype} gemm", terms=64)
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_a_matrix_instruction_needs_the_whole_warp(gemm_libs, vendor):
     a = torch.ones(16, 16, dtype=torch.bfloat16)
     b = torch.ones(16, 16, dtype=torch.bfloat16)

@@ -27,9 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import convgen
-from convgen import dispatch
+from convgen.dispatch import dispatch
 from convgen.codegen.errors import ConvgenError
-from convgen.ops import call_problems
+from convgen.api.ops import call_problems
 import test_cases as cases
 from gpu_plans import call_launches
 import test_properties as props

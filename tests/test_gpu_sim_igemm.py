@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import convgen
-from convgen import dispatch
-from convgen.ops import call_problems
+from convgen.dispatch import dispatch
+from convgen.api.ops import call_problems
 import test_cases as cases
 from gpu_plans import call_launches
 
@@ -99,7 +99,8 @@ WORKSPACE_SCRIPT = r"""
 import ctypes, resource, sys
 from pathlib import Path
 import torch
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.emit import emit
 from convgen.codegen.errors import SimulatorError
 from convgen.codegen.ir import ConvProblem, DType, Op

@@ -1,4 +1,4 @@
-"""The eager launcher (runtime/eager.py): a compiled module that runs forward kernels and records
+"""The eager launcher (runtime/api/eager.py): a compiled module that runs forward kernels and records
 their autograd nodes in C++.
 
 It is built once, here into this session's cache (about 20-30 s). Then:
@@ -26,7 +26,8 @@ import pytest
 import torch
 
 import convgen
-from convgen import cache, eager, library, ops
+from convgen.building import cache
+from convgen.api import eager, library, ops
 from convgen.codegen.errors import BuildError
 from reference import assert_close, generator_for, randn
 from test_autograd import FUNCTIONALS, call, functional_operands

@@ -1,6 +1,7 @@
-"""The SIMT simulator (templates/gpu/sim/simt.h, runtime/sim.py): small CUDA programs written
-here run on the CPU with CUDA's execution model and are checked against numpy; broken ones
-(races, divergent barriers, bad masks) are caught; the same programs build with nvcc and hipcc.
+"""The SIMT simulator (templates/gpu/sim/simt.h, runtime/building/sim_build.py, runtime/devices/sim.py):
+small CUDA programs written here run on the CPU with CUDA's execution model and are checked against
+numpy; broken ones (races, divergent barriers, bad masks) are caught; the same programs build with
+nvcc and hipcc.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 from convgen import knobs
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 from convgen.codegen.errors import SimulatorError
 
 # Kernels that build for CUDA (cuda.h) and HIP (hip.h) alike: only the wrappers' names differ
@@ -162,7 +164,7 @@ def _header(vendor: str) -> str:
 def libs(tmp_path_factory):
     """The portable programs built for the simulator at both warp sizes, and the broken ones."""
     d = tmp_path_factory.mktemp("simt")
-    return {vendor: sim.build(_header(vendor) + PORTABLE + BROKEN, d, "programs", vendor) for vendor in sim.WARP}
+    return {vendor: sim.build(_header(vendor) + PORTABLE + BROKEN, d, "programs", vendor) for vendor in sim_build.WARP}
 
 
 @pytest.fixture
@@ -170,7 +172,7 @@ def rng():
     return np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("order", ORDERS)
 def test_block_reduction_with_shared_memory_and_barriers(libs, vendor, order, rng):
     n, blocks = 1000, 4
@@ -181,11 +183,11 @@ def test_block_reduction_with_shared_memory_and_barriers(libs, vendor, order, rn
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("order", ORDERS)
 def test_warp_shuffle_reduction_at_warp_32_and_64(libs, vendor, order, rng):
     lib = libs[vendor]
-    assert lib.warp_size == sim.WARP[vendor]
+    assert lib.warp_size == sim_build.WARP[vendor]
     n, threads = 777, 128
     x = rng.standard_normal(n)
     total, warps = np.zeros(1), np.zeros(1, np.int32)
@@ -278,10 +280,10 @@ def test_a_warp_waiting_for_lanes_at_a_barrier_is_a_python_error(libs):
         libs["cuda"].call("shuffle_then_barrier", P(out))
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("order", ORDERS)
 def test_shuffles_votes_and_syncwarp_follow_cuda_semantics(libs, vendor, order, rng):
-    warp, threads = sim.WARP[vendor], 128
+    warp, threads = sim_build.WARP[vendor], 128
     v = rng.integers(-100, 100, threads).astype(np.int32)
     out = np.full((threads, 6), -7, np.int64)
     libs[vendor].call("collectives", P(v), P(out), threads, order=order, seed=rng.integers(1 << 30))
@@ -296,7 +298,7 @@ def test_shuffles_votes_and_syncwarp_follow_cuda_semantics(libs, vendor, order, 
     np.testing.assert_array_equal(out[:, 5], 1)
 
 
-@pytest.mark.skipif(sim.fp16_include_dir() is None, reason="NVIDIA's cuda_fp16.h/cuda_bf16.h not found (set CUDA_HOME)")
+@pytest.mark.skipif(sim_build.fp16_include_dir() is None, reason="NVIDIA's cuda_fp16.h/cuda_bf16.h not found (set CUDA_HOME)")
 def test_half_and_bfloat16_conversions_are_bit_exact(libs, rng):
     torch = pytest.importorskip("torch")
     bits = rng.integers(0, 1 << 32, 20000, dtype=np.uint64).astype(np.uint32)
@@ -315,7 +317,7 @@ def test_half_and_bfloat16_conversions_are_bit_exact(libs, rng):
 def _vendor_compile(tmp_path, argv, vendor, env=None):
     src = tmp_path / f"programs_{vendor}.cu"
     src.write_text(_header(vendor) + PORTABLE)
-    done = subprocess.run([*argv, "-I", str(sim.gpu_templates_dir()), str(src), "-o", str(tmp_path / "out.o")],
+    done = subprocess.run([*argv, "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(tmp_path / "out.o")],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "out.o").stat().st_size > 0
@@ -338,7 +340,8 @@ def test_the_programs_build_with_hipcc_for_gfx90a(tmp_path):
 ASAN_SCRIPT = r"""
 import sys, numpy as np
 from pathlib import Path
-from convgen import sim
+from convgen.devices import sim
+from convgen.building import sim_build
 sys.path.insert(0, sys.argv[2])
 import test_simt as T
 out_of_bounds = '__global__ void oob_kernel(float* o) { o[threadIdx.x + 1] = 1.0f; }\n' \

@@ -10,9 +10,9 @@ import sys
 import torch
 
 import convgen
-from convgen import dispatch, tuning
+from convgen.dispatch import dispatch, tuning
 from convgen.codegen.target import host_cpu
-from convgen.ops import call_problems
+from convgen.api.ops import call_problems
 
 
 def _problem(c: int):
@@ -36,8 +36,8 @@ def test_tuning_records_the_fastest_candidate_and_later_runs_use_it(tmp_path, mo
     monkeypatch.delenv("CONVGEN_TUNE")
     code = f"""
 import json, torch, convgen
-from convgen import dispatch
-from convgen.ops import call_problems
+from convgen.dispatch import dispatch
+from convgen.api.ops import call_problems
 x, w = torch.randn(2, 5, 9, 11), torch.randn(6, 5, 3, 3)
 plan, _ = dispatch.plan_for(call_problems(x, w, None, 1, 1, 1, False, 0, 1)[0])
 print(json.dumps([plan.algorithm, [r for p, r in plan.reasons if p == "algorithm"]]))

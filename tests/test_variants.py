@@ -17,11 +17,11 @@ import zlib
 import pytest
 import torch
 
-from convgen import dispatch
+from convgen.dispatch import dispatch
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
-from convgen.problem import TORCH_DTYPES, memory_format
+from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
 from reference import rel_err, tolerance
 

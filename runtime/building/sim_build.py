@@ -1,18 +1,16 @@
-"""The SIMT simulator's host side: build CUDA/HIP source for the CPU and call it safely.
+"""The SIMT simulator's build side: compile CUDA/HIP source for the CPU.
 
 `templates/gpu/sim/simt.h` makes g++ compile the exact kernel source with CUDA's execution model
 (one fiber per GPU thread; see that header). This module owns the compile flags (warp size per
-vendor, the vendor wrapper headers, NVIDIA's half/bfloat16 headers), loading the library with
-ctypes, passing the order and seed from knobs to each launch, and turning a simulator failure
-into a `SimulatorError`: a failing kernel returns a non-zero status from its launch entry and the
-library's `convgen_sim_error()` holds the message, so the calling process never dies (a wild
-memory access still can: build with `sanitize=True`, or run in a subprocess, for those).
+vendor, the vendor wrapper headers, NVIDIA's half/bfloat16 headers), the digest of the
+simulator's headers (part of every simulator build's cache key) and the precompiled header.
+Loading such a library and calling it safely is the simulator device's (devices/sim.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
+import os
 import re
 import shlex
 import shutil
@@ -20,8 +18,10 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from . import knobs
-from .codegen.errors import BuildError, ConvgenError, SimulatorError
+from .. import knobs
+from . import cache
+from ..codegen.errors import ConvgenError
+from ..codegen.keys import sha256_text
 
 WARP = {"cuda": 32, "hip": 64}
 SANITIZE = ("-fsanitize=address,undefined", "-fsanitize=bounds-strict", "-fno-omit-frame-pointer")
@@ -91,21 +91,17 @@ def headers_digest() -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def precompiled_header(vendor: str, cxx_argv: tuple[str, ...], root: str) -> Path | None:
+def precompiled_header(vendor: str, cxx_argv: tuple[str, ...], root: str, identity: str) -> Path | None:
     """A directory under the cache `root` holding sim/simt.h.gch: the simulator header
     precompiled with the runtime's flags for `vendor` (compile_command with debug=False), built
-    once per cache, compiler and header version (under a lock, published atomically). Every
+    once per cache, compiler (`identity`: building/build.py's compiler_identity of `cxx_argv`)
+    and header version (under a lock, published atomically). Every
     runtime build for the simulator then skips parsing the header: 0.75 instead of 1.25 s of CPU
     per kernel file. None when it cannot be built (the builds then parse the header, as g++ also
     does with a precompiled header that does not fit)."""
-    import os
-
-    from . import build as host_build, cache
-    from .codegen.keys import sha256_text
-
     header = gpu_templates_dir() / "sim" / "simt.h"
     base = compile_command(str(header), "{out}", vendor, cxx_argv=list(cxx_argv), debug=False)
-    key = sha256_text(host_build.compiler_identity(list(cxx_argv)), shlex.join(base), headers_digest())
+    key = sha256_text(identity, shlex.join(base), headers_digest())
     directory = Path(root) / "sim-pch" / key
     target = directory / "sim" / "simt.h.gch"
     if target.is_file():
@@ -131,56 +127,3 @@ def precompiled_header(vendor: str, cxx_argv: tuple[str, ...], root: str) -> Pat
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return directory
-
-
-def build(source: str, directory: Path, name: str, vendor: str, *, sanitize: bool = False) -> "SimLibrary":
-    """Write `source` to directory/name.cu, build it for the simulator and load it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    src, out = directory / f"{name}.cu", directory / f"{name}.{vendor}.so"
-    src.write_text(source)
-    command = compile_command(str(src), str(out), vendor, sanitize=sanitize)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise BuildError(f"the host compiler {command[0]!r} was not found; set CXX") from None
-    if done.returncode != 0:
-        raise BuildError(f"simulator build of {src} failed (exit {done.returncode})\n"
-                         f"command: {shlex.join(command)}\n{done.stdout}{done.stderr}")
-    return SimLibrary(out)
-
-
-class SimLibrary:
-    """A library built for the simulator; `call` runs one of its extern "C" launch entries."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.lib = ctypes.CDLL(str(self.path))
-        self.lib.convgen_sim_error.restype = ctypes.c_char_p
-        self.lib.convgen_sim_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int]
-        self.lib.convgen_sim_launches.restype = ctypes.c_ulonglong
-        self.warp_size = self.lib.convgen_sim_warp_size()
-
-    def launches(self) -> int:
-        return self.lib.convgen_sim_launches()
-
-    def call(self, entry: str, *args, order: str | None = None, seed: int | None = None, workers: int = 0) -> None:
-        """Run launch entry `entry` (returns int status) with ctypes `args`, in the order and seed
-        of knobs (or those given); raise SimulatorError with the simulator's message on failure."""
-        order = order or knobs.sim_order()
-        if order not in knobs.SIM_ORDERS:
-            raise ConvgenError(f"simulator order {order!r}: expected one of {', '.join(knobs.SIM_ORDERS)}")
-        seed = knobs.sim_seed() if seed is None else seed
-        self.lib.convgen_sim_configure(knobs.SIM_ORDERS.index(order), seed, workers)
-        fn = getattr(self.lib, entry)
-        fn.restype = ctypes.c_int
-        status = fn(*args)
-        if status != 0:
-            message = self.lib.convgen_sim_error().decode("utf-8", "replace")
-            raise SimulatorError(f"{self.path.name}: {entry}: {message or f'launch status {status}'}")
-
-
-def pointer(array) -> ctypes.c_void_p:
-    """A numpy array's or CPU torch tensor's data pointer for a launch entry."""
-    address = array.data_ptr() if hasattr(array, "data_ptr") else array.ctypes.data
-    return ctypes.c_void_p(address)
-

@@ -1,14 +1,14 @@
 """torch.nn.functional-style convolutions backed by convgen, differentiable through autograd.
 
-Every public function takes one of two paths to the same kernels (runtime/ops.py):
+Every public function takes one of two paths to the same kernels (runtime/api/ops.py):
 
 - traced (torch.compile, torch.export, torch.jit.trace, make_fx, fake tensors, dispatch modes;
-  see library.traced): the registered ops `torch.ops.convgen.convolution` and
-  `convolution_backward` (runtime/library.py), which carry their own fake kernels and autograd.
+  see `traced`): the registered ops `torch.ops.convgen.convolution` and
+  `convolution_backward` (runtime/api/library.py), which carry their own fake kernels and autograd.
   The ops take ATen's arguments, so string padding is resolved to integers first; an
   asymmetric 'same' padding (an even kernel) becomes its symmetric part plus zeros appended to
   the input, as torch's own 'same' does;
-- eager (everything else): straight to runtime/ops.py, without the dispatcher's Python autograd
+- eager (everything else): straight to runtime/api/ops.py, without the dispatcher's Python autograd
   wrapper (which costs several times a tiny convolution). When nothing needs a gradient the call
   records no autograd node at all; otherwise two autograd Functions mirror the registered ops
   and use the very same gradient formulas (library.convolution_grads and
@@ -24,9 +24,35 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import library, ops
-from .codegen.errors import ConvSpecError
-from .problem import expand_param, layout_of, memory_format, padding_pairs
+from . import eager, library, ops
+from ..codegen.errors import ConvSpecError
+from ..dispatch.problem import expand_param, layout_of, memory_format, padding_pairs
+
+
+# ---------------------------------------------------------------------------- when to dispatch
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def traced(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call on `tensors` is being traced or transformed rather than simply run:
+    torch.compile (dynamo), torch.export, make_fx, fake tensors, a torch dispatch mode,
+    torch.jit.trace (integer padding only), a tensor subclass. Such a call must go through the
+    registered ops. So do the wrapped tensors of torch.func transforms, which have no memory of
+    their own for a kernel to read: the dispatcher then reports what the transform lacks
+    (convgen's ops have no vmap rule, and functorch's grad does not take autograd formulas
+    registered this way) instead of a kernel reading garbage."""
+    if torch.compiler.is_compiling():
+        return True
+    if torch._C._len_torch_dispatch_stack() or torch._C._get_tracing_state() is not None:
+        return True
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or torch._C._functorch.is_functorch_wrapped_tensor(t)):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------- the eager path
 
 
 class ConvolutionFunction(torch.autograd.Function):
@@ -51,9 +77,12 @@ class ConvolutionFunction(torch.autograd.Function):
 def forward_grads(forward, grad_output, input, weight, needs):
     """The gradients of an eager forward call (its ops.Forward) that autograd needs (`needs`: of
     input, weight, bias), None for the others: the registered op's formula, for this module's
-    autograd Function and the eager launcher's node (runtime/eager.py) alike."""
+    autograd Function and the eager launcher's node (runtime/api/eager.py) alike."""
     mask = (needs[0], needs[1], forward.has_bias and needs[2])
     return library.convolution_grads(EAGER, grad_output, input, weight, forward.args, mask)
+
+
+eager.set_gradients(forward_grads)   # the launcher's nodes (api/eager.py) call it for their gradients
 
 
 class ConvolutionBackwardFunction(torch.autograd.Function):
@@ -173,7 +202,7 @@ def _traced_convolution_backward(grad_output, input, weight, bias_sizes, stride,
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """Differentiable ATen-style convolution (same argument order as torch.ops.aten.convolution);
     `padding` may also be 'same' or 'valid'."""
-    if library.traced(input, weight, bias):
+    if traced(input, weight, bias):
         return _traced_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                    groups)
     return _eager_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -185,7 +214,7 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     `output_mask` is off; differentiable in grad_output, input and weight (as ATen's)."""
     args = (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
             output_mask)
-    if library.traced(grad_output, input, weight):
+    if traced(grad_output, input, weight):
         return _traced_convolution_backward(*args)
     results = _eager_convolution_backward(*args)
     return tuple(r if m else None for r, m in zip(results, output_mask))

@@ -9,6 +9,9 @@ machine (tuning on or off) uses the record, and `convgen explain` shows it with 
 
 The machine is the target's ISA, the CPU model and the thread count, since any of them can
 change the winner. Writers merge under a file lock and publish with os.replace.
+
+Dispatch (dispatch/dispatch.py) reads the records when it plans a problem and, with
+CONVGEN_TUNE=1, calls `tune` with its own loader of kernels (this module sits below it).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from pathlib import Path
 
 import torch
 
-from . import cache
-from .codegen.ir import ConvProblem
-from .codegen.target import Target
+from ..building import cache
+from ..codegen.ir import ConvProblem
+from ..codegen.pipeline import lower
+from ..codegen.target import Target
+from .problem import TORCH_DTYPES, memory_format
 
 _lock = threading.Lock()
 _loaded: dict[Path, dict] = {}
@@ -102,7 +107,6 @@ def record(problem: ConvProblem, target: Target, algorithm: str, times_ms: dict[
 
 def _operands(plan, problem: ConvProblem) -> dict[str, torch.Tensor | None]:
     """Random tensors for every operand of `plan`, in the layouts its kernel expects."""
-    from .problem import TORCH_DTYPES, memory_format
     shapes = {"input": problem.input_shape, "grad_input": problem.input_shape, "output": problem.output_shape,
               "grad_output": problem.output_shape, "weight": problem.weight_shape,
               "grad_weight": problem.weight_shape, "bias": (problem.k,), "grad_bias": (problem.k,)}
@@ -118,16 +122,14 @@ def _operands(plan, problem: ConvProblem) -> dict[str, torch.Tensor | None]:
     return tensors
 
 
-def tune(problem: ConvProblem, target: Target, repeat: int = 5) -> str:
-    """Time every candidate of `problem`, record the fastest and return its name."""
-    from . import dispatch
-    from .codegen.pipeline import lower
-
+def tune(problem: ConvProblem, target: Target, load_plans, repeat: int = 5) -> str:
+    """Time every candidate of `problem`, record the fastest and return its name. `load_plans`
+    builds (one ninja run) and loads the kernels of a list of plans (dispatch.load_plans)."""
     first = lower(problem, target)
     if len(first.candidates) < 2:
         return first.algorithm
     plans = [lower(problem, target, algorithm=a) for a in first.candidates]
-    kernels = dispatch.load_plans(plans)
+    kernels = load_plans(plans)
     tensors = _operands(first, problem)
     threads = torch.get_num_threads()
     times = {}

@@ -13,8 +13,8 @@ from typing import Sequence
 import torch
 from torch._prims_common import suggest_memory_format
 
-from .codegen.errors import ConvSpecError
-from .codegen.ir import ConvProblem, DType, Layout, Op
+from ..codegen.errors import ConvSpecError
+from ..codegen.ir import ConvProblem, DType, Layout, Op
 
 DTYPES = {torch.float32: DType.F32, torch.float64: DType.F64, torch.bfloat16: DType.BF16, torch.float16: DType.F16}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}

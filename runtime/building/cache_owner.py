@@ -9,7 +9,7 @@ otherwise `CacheError` names CONVGEN_CACHE_DIR, the path, its owner and mode, an
 A symbolic link is followed, and its target must pass; the link itself must belong to the user
 or to root (root's links are the system's), since whoever owns a link can point it elsewhere.
 
-runtime/cache.py calls `check_dir` for the root and its subdirectories before it reads or writes
+runtime/building/cache.py calls `check_dir` for the root and its subdirectories before it reads or writes
 anything there, and for an entry's directory before its artifact is read. Once the root and its
 subdirectories have passed, their identities (device, inode, owner and mode, and the link's) are
 remembered, so later calls cost one stat per directory (a few µs, on cache accesses only, never on
@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from .codegen.errors import CacheError
+from ..codegen.errors import CacheError
 
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 

@@ -8,10 +8,10 @@ Layout under `knobs.cache_dir()` (created with user-only permissions):
     locks/<key>.lock                      one flock per key (released by the kernel on death)
     tmp/                                  private build and staging directories (same filesystem)
     failed/<name>.cpp, <name>.log         sources and compiler output of failed builds
-    tuning/<machine>.json                 the tuning database (runtime/tuning.py)
+    tuning/<machine>.json                 the tuning database (runtime/dispatch/tuning.py)
 
 The root and each of these directories must belong to the user and not be writable by group or
-others (runtime/cache_owner.py): root() checks them before anything is read or written there,
+others (runtime/building/cache_owner.py): root() checks them before anything is read or written there,
 and check_entry an entry's directory and its shard before the artifact is read.
 
 An entry counts only when meta.json is there and the artifact's sha256 matches it. Entries
@@ -39,8 +39,9 @@ from typing import Iterator
 from convgen.codegen.errors import CacheError
 from convgen.codegen.keys import canonical_json, sha256_text
 
-from . import cache_owner, knobs
-from .stats import bump
+from . import cache_owner
+from .. import knobs
+from ..stats import bump
 
 _SUBDIRS = ("kernels", "locks", "tmp", "failed", "tuning")
 _KEY_SCHEMA = "convgen-artifact-v1"
@@ -55,7 +56,7 @@ def root() -> Path:
     """The cache directory, created (user-only permissions) with its subdirectories.
 
     Before anything there is read or written, the root and each subdirectory must be the user's
-    own and not writable by group or others (runtime/cache_owner.py); once they have passed, a
+    own and not writable by group or others (runtime/building/cache_owner.py); once they have passed, a
     call costs one stat per directory until one of them is replaced, removed, re-owned or
     re-moded. Raises CacheError
     naming CONVGEN_CACHE_DIR and the path when the directory cannot be used.

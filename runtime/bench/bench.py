@@ -25,7 +25,7 @@ Owns the benchmark method, the report (a JSON-able dict) and its table:
    (CALL_PROBLEM, float32), with a weight and bias that require grad and without; the four
    alternate in rounds of CALL_CALLS calls, and the best round of CALL_ROUNDS is reported, in µs
    per call (the least disturbed round: these machines are shared), with the path eager calls
-   take (runtime/eager.py).
+   take (runtime/api/eager.py).
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ from typing import Callable, Sequence, TextIO
 
 import torch
 
-from . import dispatch, functional, ops, peak
-from .codegen.errors import ConvgenError
-from .codegen.ir import ConvProblem, DType, Layout, Op
-from .codegen.target import Target, host_class, host_cpu
-from .codegen.version import generator_version
-from .problem import TORCH_DTYPES, base_problem, memory_format
-from .serve_aten import enabled
+from ..api import eager, functional, ops
+from ..dispatch import dispatch
+from . import peak
+from ..codegen.errors import ConvgenError
+from ..codegen.ir import ConvProblem, DType, Layout, Op
+from ..codegen.target import Target, host_class, host_cpu
+from ..codegen.version import generator_version
+from ..dispatch.problem import TORCH_DTYPES, base_problem, memory_format
+from ..api.serve_aten import enabled
 from .suites import BenchShape
 
 MASK = [True, True, True]
@@ -371,8 +373,6 @@ CALL_ROUNDS, CALL_CALLS = 30, 200
 def call_cost() -> dict:
     """µs per call of convgen.conv2d and torch's conv2d on CALL_PROBLEM, with grad and without
     (method: step 7 of this module's docstring)."""
-    from . import eager
-
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(CALL_PROBLEM["input"], generator=gen)
     w = torch.randn(CALL_PROBLEM["weight"], generator=gen)

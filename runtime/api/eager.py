@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from . import build as builder, cache, knobs
-from .codegen.emit import emit_launcher
-from .codegen.errors import BuildError, ConvgenError
-from .stats import bump
+from ..building import build as builder, cache
+from .. import knobs
+from ..codegen.emit import emit_launcher
+from ..codegen.errors import BuildError, ConvgenError
+from ..stats import bump
 
 MODULE = "convgen_eager"
 
@@ -167,11 +168,21 @@ def _load():
     return loaded
 
 
+# A launcher node's backward calls gradients(forward, grad_output, input, weight, needs): the formula
+# of the Python autograd Function's backward (api/functional.py `forward_grads`). That module sits
+# above this one (it calls ops, which binds here), so it hands the formula down with
+# set_gradients() when it is imported; nodes are recorded only for its calls.
+_gradients = None
+
+
+def set_gradients(fn) -> None:
+    global _gradients
+    _gradients = fn
+
+
 def _grads(forward, grad_output, input, weight, needs):
     """A launcher node's gradients: what the Python autograd Function's backward computes."""
-    from . import functional   # functional imports ops, which imports this module
-
-    return tuple(functional.forward_grads(forward, grad_output, input, weight, needs))
+    return tuple(_gradients(forward, grad_output, input, weight, needs))
 
 
 def bind(forward, kernel, roles: tuple[str, ...], live: list[str], sizes, dtype, output_format, formats):

@@ -4,11 +4,11 @@ They have the schemas of `aten::convolution` and `aten::convolution_backward`, s
 torch.compile (fullgraph, any backend), torch.export, torch.jit.trace and torch dispatch modes
 see one opaque op per convolution and treat it as they treat ATen's:
 
-- the CPU kernels are runtime/ops.py's `convolution` and `convolution_backward` (generated
+- the CPU kernels are runtime/api/ops.py's `convolution` and `convolution_backward` (generated
   kernels); `convolution_backward` returns an empty tensor (shape [0]) for each gradient that
   `output_mask` turns off, since a registered op cannot return None;
 - the fake (and meta) kernels compute shapes and memory formats with convgen's own rules
-  (runtime/problem.py `base_problem`, runtime/ops.py `backward_problems`), never a kernel, so
+  (runtime/dispatch/problem.py `base_problem`, runtime/api/ops.py `backward_problems`), never a kernel, so
   fake and real results agree on shape and strides. With static shapes they make every check the
   real call makes (a bad call fails while tracing, with the same ConvSpecError); with symbolic
   shapes they only compute the result's shape and layout, and the real call checks at run time;
@@ -23,11 +23,11 @@ see one opaque op per convolution and treat it as they treat ATen's:
 
   (g_dx, g_dw, g_db being the incoming gradients of the three results). The formulas are written
   once (`convolution_grads`, `convolution_backward_grads`) against a pair of callables, `Calls`:
-  here the registered ops; runtime/functional.py passes its eager autograd Functions instead.
+  here the registered ops; runtime/api/functional.py passes its eager autograd Functions instead.
 
 Eager calls do not go through the dispatcher (its Python autograd wrapper costs several times a
-tiny convolution); runtime/functional.py sends a call here only when it is being traced
-(`traced`). Registration happens at import and is declarative: it builds nothing and reads no
+tiny convolution); runtime/api/functional.py sends a call here only when it is being traced
+(its `traced`). Registration happens at import and is declarative: it builds nothing and reads no
 settings.
 """
 
@@ -40,8 +40,8 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from . import ops
-from .codegen.ir import ConvProblem, Op
-from .problem import DTYPES, base_problem, layout_of, memory_format, result_layout
+from ..codegen.ir import ConvProblem, Op
+from ..dispatch.problem import DTYPES, base_problem, layout_of, memory_format, result_layout
 
 CONVOLUTION_SCHEMA = ("convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, "
                       "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor")
@@ -56,29 +56,6 @@ _lib.define(CONVOLUTION_BACKWARD_SCHEMA)
 
 convolution = torch.ops.convgen.convolution.default
 convolution_backward = torch.ops.convgen.convolution_backward.default
-
-
-# ---------------------------------------------------------------------------- when to dispatch
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def traced(*tensors: torch.Tensor | None) -> bool:
-    """Whether a call on `tensors` is being traced or transformed rather than simply run:
-    torch.compile (dynamo), torch.export, make_fx, fake tensors, a torch dispatch mode,
-    torch.jit.trace (integer padding only), a tensor subclass. Such a call must go through the
-    registered ops. So do the wrapped tensors of torch.func transforms, which have no memory of
-    their own for a kernel to read: the dispatcher then reports what the transform lacks
-    (convgen's ops have no vmap rule, and functorch's grad does not take autograd formulas
-    registered this way) instead of a kernel reading garbage."""
-    if torch.compiler.is_compiling():
-        return True
-    if torch._C._len_torch_dispatch_stack() or torch._C._get_tracing_state() is not None:
-        return True
-    for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or torch._C._functorch.is_functorch_wrapped_tensor(t)):
-            return True
-    return False
 
 
 # ---------------------------------------------------------------------------- CPU kernels

@@ -7,8 +7,8 @@
 MODULE is a dotted module name (imported with the working directory on sys.path, as `python -m`
 does) or a .py file; CALLABLE is a name in it: an nn.Module instance, or a class or function
 that returns one when called with no arguments. The model is put in training mode and run once
-forward and backward on random inputs of the given shapes (runtime/collect.py), then
-runtime/aot.py writes and builds the bundle.
+forward and backward on random inputs of the given shapes (runtime/api/shapes.py), then
+runtime/aot/aot.py writes and builds the bundle.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-from .codegen.errors import ConvgenError, ConvSpecError
-from .codegen.ir import DType, Layout
-from .codegen.target import TargetKind, parse_target
+from ..codegen.errors import ConvgenError, ConvSpecError
+from ..codegen.ir import DType, Layout
+from ..codegen.target import TargetKind, parse_target
+from ..aot import aot
+from ..api.shapes import collect, problems_from_json
+from ..dispatch.problem import TORCH_DTYPES, memory_format
+from .flags import add_dtype_flag
 
 
 def add_parser(sub) -> None:
-    from .cli import add_dtype_flag   # cli imports this module first
-
     p = sub.add_parser(
         "aot", help="generate and build every kernel a model's training step needs, as one importable bundle",
         description="Collects the convolutions of one training step of a model (forward, data, weight and bias "
@@ -54,9 +56,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from . import aot
-    from .shapes import collect, problems_from_json
-
     target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:
         raise ConvSpecError(f"--target {args.target}: bundles are built for CPU targets only "
@@ -142,8 +141,6 @@ def load_model(spec: str):
 def example_inputs(shapes: list[str], dtype: str, layout: str, requires_grad: bool):
     import torch
 
-    from .problem import TORCH_DTYPES, memory_format
-
     torch_dtype = TORCH_DTYPES[DType(dtype)]
     inputs = []
     for text in shapes:
@@ -164,8 +161,6 @@ def prepare_model(model, dtype: str, layout: str):
     """The model in `dtype` and, for channels_last, every 4-D and 5-D parameter and buffer in its
     channels-last format (Module.to takes one format for all, which fails on mixed 2-D/3-D models)."""
     import torch
-
-    from .problem import TORCH_DTYPES, memory_format
 
     model = model.to(TORCH_DTYPES[DType(dtype)])
     if layout == "channels_last":

@@ -13,38 +13,36 @@ A bundle is a directory, conventionally generated/NAME/:
 ONE parallel ninja build (kernels compiled exactly as the JIT compiles them, as objects, then
 linked with the module into one shared library that Python imports) and records the toolchain
 in build/build.json. Re-running both with nothing changed writes nothing and compiles nothing.
-runtime/bundle.py loads the result.
+runtime/dispatch/bundle.py loads the result; the format (manifest, build record) is defined there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
 import shlex
 import subprocess
-import sys
 import sysconfig
 import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from .codegen.emit import emit, emit_bundle_module
-from .codegen.errors import BuildError, ConvgenError
-from .codegen.ir import ConvProblem
-from .codegen.pipeline import lower
-from .codegen.plan import Plan
-from .codegen.source import KernelSource
-from .codegen.target import Target, TargetKind, host_cpu
-from . import build as builder
-from . import dispatch, knobs
-from .stats import bump
+from ..codegen.emit import emit, emit_bundle_module
+from ..codegen.errors import BuildError, ConvgenError
+from ..codegen.ir import ConvProblem
+from ..codegen.pipeline import lower
+from ..codegen.plan import Plan
+from ..codegen.source import KernelSource
+from ..codegen.target import Target, TargetKind, host_cpu
+from ..building import build as builder
+from ..dispatch import dispatch
+from ..dispatch.bundle import (BUILD_RECORD, FORMAT, MANIFEST, python_tag, read_manifest, sha256, target_from_dict,
+                               target_to_dict, toolchain)
+from .. import knobs
+from ..stats import bump
 
-FORMAT = "convgen-bundle/1"
-MANIFEST = "manifest.json"
-BUILD_RECORD = "build.json"
 _PYBIND_INCLUDES = "$(python3 -m pybind11 --includes)"  # how the manifest spells the include flags
 
 
@@ -53,38 +51,9 @@ def module_name(name: str) -> str:
     return "convgen_bundle_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def kernel_set(manifest_kernels: Sequence[dict]) -> str:
     """One digest of a bundle's kernels (entries and source digests), shared by manifest and module."""
     return sha256("\n".join(f"{k['entry']} {k['sha256']}" for k in manifest_kernels))
-
-
-def target_to_dict(target: Target) -> dict:
-    """The manifest's form of a (CPU) target: its fields, kind and name; `gpu` only when set."""
-    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)
-              if not (f.name == "gpu" and target.gpu is None)}
-    return {**fields, "kind": target.kind.value, "name": target.name()}
-
-
-def target_from_dict(d: dict) -> Target:
-    fields = {f.name for f in dataclasses.fields(Target)}
-    values = {k: v for k, v in d.items() if k in fields}
-    return Target(**{**values, "kind": TargetKind(values["kind"])})
-
-
-def toolchain(argv: Sequence[str] | None = None) -> dict:
-    """The compiler as the manifest names it: its argument vector and the first line of `--version`."""
-    argv = list(argv) if argv is not None else knobs.cxx()
-    identity = builder.compiler_identity(argv)  # path, argv, then the --version output
-    version_lines = identity.split("\n")[2:]
-    return {"cxx": argv, "version": version_lines[0] if version_lines else "", "identity_sha256": sha256(identity)}
-
-
-def python_tag() -> dict:
-    return {"cache_tag": sys.implementation.cache_tag, "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX") or ".so"}
 
 
 # ---------------------------------------------------------------------------------- generating
@@ -213,19 +182,6 @@ class Built:
     module_path: Path
     compiled: int   # ninja steps that ran (0: everything was up to date)
     seconds: float
-
-
-def read_manifest(out: str | Path) -> dict:
-    path = Path(out) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConvgenError(f"{path}: no bundle manifest here; create one with `convgen aot`") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConvgenError(f"{path}: cannot read the bundle manifest ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ConvgenError(f"{path}: not a {FORMAT} manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
-    return manifest
 
 
 def _includes() -> list[str]:

@@ -21,9 +21,10 @@ import re
 import threading
 import time
 
-from .codegen.source import KernelSource
-from .codegen.target import Target, TargetKind, host_cpu
-from .codegen.version import generator_version
+from ..codegen.source import KernelSource
+from ..codegen.target import Target, TargetKind, host_cpu
+from ..codegen.version import generator_version
+from ..building import build
 
 _ENTRY = "convgen_peak_fma"
 _RUN_SECONDS = 0.1      # each timed run
@@ -102,8 +103,6 @@ extern "C" int {_ENTRY}(float* sink, int64_t iters, int nthreads) {{
 
 
 def _load(target: Target):
-    from . import build
-
     path = build.build(probe_source(target))
     fn = getattr(ctypes.CDLL(str(path)), _ENTRY)
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]

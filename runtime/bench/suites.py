@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .codegen.errors import ConvSpecError
-from .codegen.ir import ConvProblem
+from ..codegen.errors import ConvSpecError
+from ..codegen.ir import ConvProblem
 
 
 @dataclasses.dataclass(frozen=True)

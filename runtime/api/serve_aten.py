@@ -13,7 +13,7 @@ block), one `torch.library.Library("aten", "IMPL")` registers CPU kernels for th
 own kernels for them are registered under the CompositeExplicitAutograd alias key, which a CPU
 registration shadows without removing; each registered kernel decides per call:
 
-- serving (see below): runtime/ops.py's `convolution` / `convolution_backward`, the same kernels
+- serving (see below): runtime/api/ops.py's `convolution` / `convolution_backward`, the same kernels
   as `convgen.convolution`, below autograd (no autograd node of convgen's own);
 - otherwise (another thread's block keeps the registration alive): ATen's kernel, called by its
   CompositeExplicitAutograd entry (`_op_dk`), which is exactly what torch runs without the
@@ -48,8 +48,8 @@ import threading
 import torch
 
 from . import ops
-from .codegen.errors import ConvSpecError
-from .stats import bump
+from ..codegen.errors import ConvSpecError
+from ..stats import bump
 
 _ENTRY = torch._C.DispatchKey.CompositeExplicitAutograd
 _CONVOLUTION = torch.ops.aten.convolution.default

@@ -13,11 +13,13 @@ from typing import Sequence
 
 import torch
 
-from . import dispatch, eager, knobs
-from .stats import bump
-from .codegen.errors import ConvSpecError
-from .codegen.ir import ConvProblem, Layout, Op
-from .problem import base_problem, check_tensors, layout_of, memory_format
+from .. import knobs
+from ..dispatch import dispatch
+from . import eager
+from ..stats import bump
+from ..codegen.errors import ConvSpecError
+from ..codegen.ir import ConvProblem, Layout, Op
+from ..dispatch.problem import base_problem, check_tensors, layout_of, memory_format
 
 
 def dense(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -124,7 +126,7 @@ class Forward:
                 self._launcher, self._call = bound
 
     def record(self, input, weight, bias):
-        """The convolution with its autograd node recorded by the eager launcher (runtime/eager.py);
+        """The convolution with its autograd node recorded by the eager launcher (runtime/api/eager.py);
         NotImplemented without the launcher, or where the Python autograd Function must decide."""
         if self._call is None:
             return NotImplemented

@@ -1,7 +1,7 @@
 """`convgen check`: run one problem's kernels, every pass, on fresh random data against ATen in
 float64, and say per pass whether the result is within the dtype's tolerance.
 
-The kernels run through the normal runtime (runtime/ops.py, dispatch, cache): on the CPU for a
+The kernels run through the normal runtime (runtime/api/ops.py, dispatch, cache): on the CPU for a
 CPU target, in the SIMT simulator (CONVGEN_SIM) for a GPU target given --sim. Passes: the
 forward with a bias, the data gradient, the weight gradient with the bias gradient fused, and
 the bias gradient alone. Tolerance: ‖out − ref‖ / ‖ref‖ at most TOLERANCE[dtype] (the tests'
@@ -18,9 +18,12 @@ import os
 
 import torch
 
-from .codegen.errors import ConvSpecError
-from .codegen.ir import ConvProblem, Layout
-from .codegen.target import Target, TargetKind
+from ..codegen.errors import ConvSpecError
+from ..codegen.ir import ConvProblem, Layout
+from ..codegen.target import Target, TargetKind
+from ..api import functional, ops
+from ..dispatch import dispatch
+from ..stats import stats
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 SHORT_REDUCTION = 4096
@@ -70,7 +73,6 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: int = 0) -> tuple[list[str], bool]:
     """(one line per pass, whether all are within tolerance) for `problem`'s convolution (its op
     is ignored: every pass runs), called with torch's `padding` argument (ints or 'same')."""
-    import convgen
     import torch.nn.functional as F
 
     p = problem
@@ -110,23 +112,21 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
         lines.append(f"{name:<24} relative error {err:.2e}  (tolerance {tol:.0e})  {'ok' if good else 'FAIL'}")
 
     with _environment(**_environment_for(target, sim)):
-        from . import dispatch, ops
-
         # every kernel in one ninja run
         problems = {q.key(): q for mask in ((True, True, True), (False, False, True))
                     for q in ops.call_problems(x, w, b, *args, output_mask=mask, grad_output=gy)}
         dispatch.prepare(list(problems.values()))
-        before = convgen.stats()["sim_launches"]
-        report("fwd (with bias)", convgen.convolution(x, w, b, *args), y64, over_channels)
+        before = stats()["sim_launches"]
+        report("fwd (with bias)", functional.convolution(x, w, b, *args), y64, over_channels)
         k = [p.k]
-        dx, _, _ = convgen.convolution_backward(gy, x, w, k, *args, [True, False, False])
+        dx, _, _ = functional.convolution_backward(gy, x, w, k, *args, [True, False, False])
         report("bwd_data", dx, dx64, over_channels)
-        _, dw, db = convgen.convolution_backward(gy, x, w, k, *args, [False, True, True])
+        _, dw, db = functional.convolution_backward(gy, x, w, k, *args, [False, True, True])
         report("bwd_weight (+ bias)", dw, dw64, over_images)
         report("bwd_bias (fused)", db, db64, over_images)
-        _, _, db_alone = convgen.convolution_backward(gy, x, w, k, *args, [False, False, True])
+        _, _, db_alone = functional.convolution_backward(gy, x, w, k, *args, [False, False, True])
         report("bwd_bias (alone)", db_alone, db64, over_images)
-        launches = convgen.stats()["sim_launches"] - before
+        launches = stats()["sim_launches"] - before
     where = (f"in the SIMT simulator ({target.name()}, warp {target.warp_size}, {launches} simulated launches)"
              if target.kind is not TargetKind.CPU else f"on the CPU ({target.name()})")
     lines.insert(0, f"{p.name()}: {p.dtype.value}, against ATen in float64, {where}")

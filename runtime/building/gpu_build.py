@@ -5,7 +5,7 @@ hands the file to nvcc) to an object with the AMD GPU code. The compiler's resou
 is kept with the artifact; ptxas treats spills as errors (`-warn-spills` with `-Werror`).
 
 Artifacts go through the same cache as every kernel (key: source, command, the compiler's
-identity, target, version; published atomically). The SIMT simulator's builds are runtime/build.py's.
+identity, target, version; published atomically). The SIMT simulator's builds are runtime/building/build.py's.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import cache, knobs
+from . import cache
+from .. import knobs
 from .build import compiler_identity
-from .codegen.errors import BuildError
-from .codegen.source import KernelSource
-from .codegen.target import TargetKind
-from .stats import bump
+from ..codegen.errors import BuildError
+from ..codegen.source import KernelSource
+from ..codegen.target import TargetKind
+from ..stats import bump
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ def build_gpu(source: KernelSource, *, force: bool = False) -> GpuArtifact:
     """Compile `source` (a CUDA or HIP KernelSource) with its vendor's compiler, through the cache."""
     kind = source.target.kind
     if kind is TargetKind.CPU:
-        raise BuildError(f"kernel {source.name}: a CPU source; build it with runtime/build.py")
+        raise BuildError(f"kernel {source.name}: a CPU source; build it with runtime/building/build.py")
     exe = compiler(kind)
     identity = compiler_identity([exe])
     suffix = ".cubin" if kind is TargetKind.CUDA else ".o"

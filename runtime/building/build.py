@@ -8,9 +8,9 @@ output, the kept source and a one-line repro; failures are never cached.
 
 The artifacts are plain shared libraries with `extern "C"` entry points: load them with
 `ctypes.CDLL(str(path))`. A CUDA or HIP source (a GPU target's) is built the same way for the
-SIMT simulator (runtime/sim.py's command: the host compiler with -DCONVGEN_SIM and the vendor's
+SIMT simulator (building/sim_build.py's command: the host compiler with -DCONVGEN_SIM and the vendor's
 warp size); its key also covers the simulator's headers. Builds for the vendors' own compilers
-are runtime/gpu_build.py's.
+are building/gpu_build.py's.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from convgen.codegen.errors import BuildError
 from convgen.codegen.source import KernelSource
 from convgen.codegen.target import Target, TargetKind
 
-from . import cache, knobs
-from .stats import bump
+from .. import knobs
+from . import cache, sim_build as sim
+from ..stats import bump
 
 _LANGUAGE = {TargetKind.CPU: "c++", TargetKind.CUDA: "cuda", TargetKind.HIP: "hip"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,199}")
@@ -98,9 +99,7 @@ def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] 
     """
     argv = list(cxx_argv) if cxx_argv is not None else knobs.cxx()
     if target.kind is not TargetKind.CPU:   # GPU source, built to run in the SIMT simulator
-        from . import sim
-
-        pch = sim.precompiled_header(target.kind.value, tuple(argv), str(cache.root()))
+        pch = sim.precompiled_header(target.kind.value, tuple(argv), str(cache.root()), compiler_identity(argv))
         return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False, pch=pch)
     return [
         *argv,
@@ -127,8 +126,6 @@ def source_key(source: KernelSource, cxx_argv: Sequence[str] | None = None) -> s
 def _key(source: KernelSource, argv: list[str], identity: str, version: str) -> str:
     command = compile_command("{src}", "{out}", source.target, argv)  # no temp paths in keys
     if source.target.kind is not TargetKind.CPU:
-        from . import sim
-
         identity = f"{identity}\nsimulator headers {sim.headers_digest()}"
     return cache.artifact_key(source.text, command, identity, source.target.key(), version)
 

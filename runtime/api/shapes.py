@@ -9,7 +9,7 @@ torch while collecting: nothing is built.
 Each forward call contributes the problems convgen dispatches for it (the forward, and when
 autograd will need them the data, weight and bias gradients its first-order backward asks for),
 and each backward call the problems of its `output_mask` and gradient layout, exactly as
-runtime/ops.py forms them. The model's parameters get no `.grad` and its buffers (batch-norm
+runtime/api/ops.py forms them. The model's parameters get no `.grad` and its buffers (batch-norm
 statistics) are restored afterwards.
 
 `problems_from_json` reads the same list from a JSON file for users who cannot run their model
@@ -26,10 +26,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .codegen.errors import ConvSpecError
-from .codegen.ir import ConvProblem, DType, Layout
+from ..codegen.errors import ConvSpecError
+from ..codegen.ir import ConvProblem, DType, Layout
 from .ops import backward_problems, call_problems
-from .problem import TORCH_DTYPES, base_problem, layout_of, memory_format
+from ..dispatch.problem import TORCH_DTYPES, base_problem, layout_of, memory_format
 from .serve_aten import enabled
 
 # Ops with aten.convolution's and aten.convolution_backward's schemas, by qualified name.

@@ -8,11 +8,11 @@
     convgen bench   --input 8,64,56,56 --weight 128,64,3,3 --padding 1       # against torch
     convgen bench   --suite standard|weak|all [--dtype bf16 --layout channels_last --json]
     convgen cache info | verify [--remove] | clear
-    convgen aot examples/resnet18_aot.py:resnet18 --input-shape 8,3,224,224   # runtime/aot_cli.py
+    convgen aot examples/resnet18_aot.py:resnet18 --input-shape 8,3,224,224   # runtime/cli/aot.py
 
 A problem is given by its tensor shapes and torch's arguments; it becomes a `ConvProblem`
 directly (no tensors), is lowered by `codegen.pipeline.lower` and emitted by `codegen.emit`.
-The benchmark itself lives in runtime/bench.py, its problem sets in runtime/suites.py.
+The benchmark itself lives in runtime/bench/bench.py, its problem sets in runtime/bench/suites.py.
 Exit status: 0 success, 1 a build or cache failure (or bad cache entries found by verify, or a
 benchmarked shape that failed or came out of tolerance), 2 a bad problem or a request convgen
 cannot serve (one line on stderr, no traceback).
@@ -26,13 +26,19 @@ import json
 import os
 import sys
 
-from .codegen.emit import emit
-from .codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
-from .codegen.ir import ConvProblem, DType, Layout, Op, dtype_names
-from .codegen.pipeline import lower
-from .codegen.plan import Plan
-from .codegen.target import Target, TargetKind, host_isas, isa_note, parse_target
-from . import aot_cli, dispatch, suites
+from ..codegen.emit import emit
+from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
+from ..codegen.ir import ConvProblem, DType, Layout, Op
+from ..codegen.pipeline import lower
+from ..codegen.plan import Plan
+from ..codegen.target import Target, TargetKind, host_isas, isa_note, parse_target
+from ..api import eager
+from ..bench import bench, check, suites
+from ..building import build, cache, gpu_build
+from ..dispatch import dispatch
+from ..dispatch.problem import expand_param, padding_pairs
+from . import aot as aot_cli
+from .flags import add_dtype_flag
 
 LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
            "channels_last": Layout.CHANNELS_LAST}
@@ -61,8 +67,6 @@ def _param(flag: str, text: str):
 
 def problem_from_args(args: argparse.Namespace) -> ConvProblem:
     """The validated ConvProblem that the problem flags describe (same rules as convgen.convolution)."""
-    from .problem import expand_param, padding_pairs
-
     shape = _ints("--input", args.input)
     weight = _ints("--weight", args.weight)
     if len(shape) not in (3, 4, 5):
@@ -195,8 +199,6 @@ def cmd_explain(args) -> int:
 def cmd_build(args) -> int:
     """A CPU kernel with the host compiler; a GPU one with its vendor's compiler (nvcc, hipcc),
     printing the artifact and the compiler's resource report, or with --sim for the simulator."""
-    from . import build, gpu_build
-
     source = _wanted_source(args)
     if source is None:
         return 0
@@ -214,8 +216,6 @@ def cmd_build(args) -> int:
 def cmd_check(args) -> int:
     """Every pass of the problem on random data against ATen in float64: one line each; exit 0
     only if all are within tolerance."""
-    from . import check
-
     problem = problem_from_args(args)
     target = parse_target(args.target)
     padding = args.padding if args.padding.isalpha() else _param("--padding", args.padding)
@@ -225,8 +225,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from . import cache
-
     if args.action == "info":
         info = cache.info()
         if args.json:
@@ -252,8 +250,6 @@ def cmd_cache(args) -> int:
 def cmd_setup(args) -> int:
     import time
 
-    from . import eager
-
     start = time.perf_counter()
     path = eager.setup(force=args.force)
     print(f"eager launcher: {path} ({time.perf_counter() - start:.1f} s)\neager calls take {eager.status()}")
@@ -268,9 +264,7 @@ _SHAPE_FLAGS = {"input": None, "weight": None, "stride": "1", "padding": "0", "d
 
 
 def cmd_bench(args) -> int:
-    """One problem (the problem flags) or a suite (runtime/suites.py); the work is in runtime/bench.py."""
-    from . import bench
-
+    """One problem (the problem flags) or a suite (runtime/bench/suites.py); the work is in runtime/bench/bench.py."""
     target = parse_target(args.target)
     if target.kind is not TargetKind.CPU:
         raise Refused(f"bench runs on the CPU only; convgen does not run GPU kernels on a device yet (target "
@@ -303,20 +297,6 @@ def cmd_bench(args) -> int:
 
 
 # ---------------------------------------------------------------------------------- parser
-
-
-def _dtype(text: str) -> DType:
-    try:
-        return DType.parse(text)
-    except ConvSpecError as e:
-        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
-
-
-def add_dtype_flag(group, what: str) -> None:
-    """--dtype, as every command takes it: torch's names or convgen's short ones (DType.parse),
-    parsed to a DType; f32 by default."""
-    group.add_argument("--dtype", type=_dtype, default="f32", metavar="DTYPE",
-                       help=f"{what}: {dtype_names()} (torch's names or short ones; default float32)")
 
 
 def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentParser:
@@ -378,8 +358,8 @@ def parser() -> argparse.ArgumentParser:
                     "GFLOP/s, % of the machine's FMA peak and the ratio torch/convgen (above 1: convgen is "
                     "faster), with its geometric mean per suite. See BENCHMARKS.md.")
     bench.add_argument("--suite", choices=suites.CHOICES,
-                       help="a problem set of runtime/suites.py (all = standard + weak; more: other networks' layers; "
-                            "smoke: tiny, for tests)")
+                       help="a problem set of runtime/bench/suites.py (all = standard + weak; more: other networks' "
+                            "layers; smoke: tiny, for tests)")
     bench.add_argument("--repeat", type=int, default=7, help="timed samples per pass and library (default 7)")
     bench.add_argument("--threads", type=int, help="torch.set_num_threads for both, restored after (default: torch's)")
     bench.add_argument("--min-time", type=float, default=0.05, help="seconds per sample, at least (default 0.05)")
@@ -389,7 +369,7 @@ def parser() -> argparse.ArgumentParser:
     setup = sub.add_parser(
         "setup", help="build the eager launcher for this torch and Python (once; about 20-30 s)",
         description="Builds, into the kernel cache, the compiled module that runs eager forward calls and records "
-                    "their autograd nodes in C++ (runtime/eager.py). Without it eager calls take the Python path "
+                    "their autograd nodes in C++ (runtime/api/eager.py). Without it eager calls take the Python path "
                     "(same results, a few µs more per call). Does nothing when a valid one is cached.")
     setup.add_argument("--force", action="store_true", help="rebuild even if cached")
     setup.set_defaults(run=cmd_setup)

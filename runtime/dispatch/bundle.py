@@ -1,4 +1,4 @@
-"""Run-time import of ahead-of-time bundles (made by runtime/aot.py): kernels with zero compiles.
+"""Run-time import of ahead-of-time bundles (made by runtime/aot/aot.py): kernels with zero compiles.
 
 `load_bundle(path)` checks that the bundle can stand in for this machine's JIT, imports its
 module and registers it; from then on dispatch serves every problem the bundle has a kernel for
@@ -18,21 +18,76 @@ With strict=True, load_bundle raises BundleError instead of warning.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import shutil
 import sys
+import sysconfig
 import threading
 import warnings
 from pathlib import Path
+from typing import Sequence
 
-from .codegen.errors import BuildError, ConvgenError
-from .codegen.ir import ConvProblem
-from .codegen.pipeline import lower
-from .codegen.plan import Plan
-from .codegen.source import KernelSource
-from .codegen.target import host_bf16_dot, host_cpu, host_isas
-from . import aot, knobs
+from ..codegen.errors import BuildError, ConvgenError
+from ..codegen.ir import ConvProblem
+from ..codegen.pipeline import lower
+from ..codegen.plan import Plan
+from ..codegen.source import KernelSource
+from ..codegen.target import Target, TargetKind, host_bf16_dot, host_cpu, host_isas
+from .. import knobs
+from ..building import build as builder
+
+
+# ---------------------------------------------------------------------------------- the format
+# What runtime/aot/aot.py writes and this module reads: the manifest, the build record, and how
+# a target, the toolchain and the Python ABI are spelled in them.
+
+FORMAT = "convgen-bundle/1"
+MANIFEST = "manifest.json"
+BUILD_RECORD = "build.json"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def target_to_dict(target: Target) -> dict:
+    """The manifest's form of a (CPU) target: its fields, kind and name; `gpu` only when set."""
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)
+              if not (f.name == "gpu" and target.gpu is None)}
+    return {**fields, "kind": target.kind.value, "name": target.name()}
+
+
+def target_from_dict(d: dict) -> Target:
+    fields = {f.name for f in dataclasses.fields(Target)}
+    values = {k: v for k, v in d.items() if k in fields}
+    return Target(**{**values, "kind": TargetKind(values["kind"])})
+
+
+def toolchain(argv: Sequence[str] | None = None) -> dict:
+    """The compiler as the manifest names it: its argument vector and the first line of `--version`."""
+    argv = list(argv) if argv is not None else knobs.cxx()
+    identity = builder.compiler_identity(argv)  # path, argv, then the --version output
+    version_lines = identity.split("\n")[2:]
+    return {"cxx": argv, "version": version_lines[0] if version_lines else "", "identity_sha256": sha256(identity)}
+
+
+def python_tag() -> dict:
+    return {"cache_tag": sys.implementation.cache_tag, "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX") or ".so"}
+
+
+def read_manifest(out: str | Path) -> dict:
+    path = Path(out) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConvgenError(f"{path}: no bundle manifest here; create one with `convgen aot`") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConvgenError(f"{path}: cannot read the bundle manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ConvgenError(f"{path}: not a {FORMAT} manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
+    return manifest
 
 
 class BundleError(ConvgenError):
@@ -56,7 +111,7 @@ class Bundle:
         self.path = path
         self.manifest = manifest
         self.name = manifest["name"]
-        self.target = aot.target_from_dict(manifest["target"])
+        self.target = target_from_dict(manifest["target"])
         self.module = module
         self._addresses = addresses
         self._by_key = {}
@@ -148,7 +203,7 @@ def load_bundle(path: str | Path, *, strict: bool = False) -> Bundle | None:
             if b.path == path:
                 return b
         try:
-            manifest = aot.read_manifest(path)
+            manifest = read_manifest(path)
         except ConvgenError as e:
             raise BundleError(str(e)) from None
         reason = _refusal(path, manifest)
@@ -190,12 +245,12 @@ def _refusal(path: Path, manifest: dict) -> str | None:
         return (f"it was generated for {target.get('name')}, whose bf16 kernels use vdpbf16ps, which this CPU "
                 f"does not run (it has no AVX512-BF16); regenerate it here with `convgen aot`")
     try:
-        record = json.loads((path / "build" / aot.BUILD_RECORD).read_text(encoding="utf-8"))
+        record = json.loads((path / "build" / BUILD_RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        return f"it has not been built ({path / 'build' / aot.BUILD_RECORD} is missing); build it with `convgen aot`"
+        return f"it has not been built ({path / 'build' / BUILD_RECORD} is missing); build it with `convgen aot`"
     if record.get("kernel_set") != manifest["kernel_set"]:
         return "its build is older than its manifest (stale); rebuild it with `convgen aot`"
-    python = aot.python_tag()
+    python = python_tag()
     if record.get("python") != python:
         return (f"it was built for Python {record.get('python', {}).get('cache_tag')}, this is "
                 f"{python['cache_tag']}; rebuild it with `convgen aot`")
@@ -206,7 +261,7 @@ def _refusal(path: Path, manifest: dict) -> str | None:
     if shutil.which(argv[0]) is None:
         return None  # no compiler here: the bundle is the only way to run
     try:
-        mine = aot.toolchain(argv)
+        mine = toolchain(argv)
     except BuildError:
         return None
     built = record.get("toolchain", {})
@@ -222,7 +277,7 @@ def _import(path: Path, manifest: dict):
     module = sys.modules.get(name)
     if module is not None and Path(getattr(module, "__file__", "")).resolve().parent == path / "build":
         return module
-    file = path / "build" / f"{name}{aot.python_tag()['ext_suffix']}"
+    file = path / "build" / f"{name}{python_tag()['ext_suffix']}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"no importable module at {file}")

@@ -1,0 +1,70 @@
+"""The CPU: kernels as C functions in shared libraries, loaded with ctypes and called on the data
+pointers of CPU tensors.
+
+`Kernel` wraps one extern "C" entry point, from a JIT-built artifact (its path in the kernel
+cache) or from an address inside an imported ahead-of-time bundle; `bind` fixes everything of a
+call but the tensors, for callers that repeat a call signature (api/ops.py's Forward).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Callable, Container, Mapping, Sequence
+
+import torch
+
+from ..codegen.errors import BuildError
+from ..codegen.source import KernelSource
+
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int, "stream": ctypes.c_void_p}
+
+
+class Kernel:
+    """A loaded kernel entry: call it with tensors by role, the batch size and a thread count.
+
+    It comes from a JIT-built shared library at `path`, or (served) from an entry address
+    inside an imported ahead-of-time bundle (`served`: a dispatch.bundle.Served).
+    """
+
+    def __init__(self, source: KernelSource, path: Path | None, *, served=None):
+        self.source = source
+        self.path = path
+        if served is not None:
+            self._owner = served.owner  # keeps the bundle's module alive
+            prototype = ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[kind] for kind, _ in source.signature))
+            self._fn = prototype(served.address)   # as ctypes.CDLL would give it
+            return
+        try:
+            self._lib = ctypes.CDLL(str(path))
+            fn = getattr(self._lib, source.entry)
+        except (OSError, AttributeError) as e:
+            raise BuildError(f"kernel {source.name}: the artifact {path} could not be loaded ({e}); "
+                             f"run `convgen cache verify` or remove it and retry") from e
+        fn.argtypes = [_CTYPES[kind] for kind, _ in source.signature]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    @property
+    def address(self) -> int:
+        """The entry point's address (for the eager launcher, which calls it from C++)."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
+
+    def __call__(self, tensors: Mapping[str, torch.Tensor | None], n: int, nthreads: int) -> None:
+        roles = [name for kind, name in self.source.signature if kind == "ptr"]
+        live = [name for name in roles if tensors.get(name) is not None and tensors[name].numel()]
+        self.bind(roles, live, n, nthreads)(*(tensors.get(name) for name in roles))
+
+    def bind(self, roles: Sequence[str], live: Container[str], n: int, nthreads: int) -> Callable[..., None]:
+        """This kernel as a function of tensors given in the order of `roles`, for calls that share
+        everything but the data: the `live` roles have elements (the others are passed as NULL,
+        and may be given as None), the batch size is `n`, the thread count `nthreads`."""
+        fn, name = self._fn, self.source.name
+        slots = tuple(roles.index(role) if role in live else None
+                      for kind, role in self.source.signature if kind == "ptr")
+        ints = tuple(n if role == "n" else nthreads for kind, role in self.source.signature if kind != "ptr")
+
+        def run(*tensors) -> None:
+            if fn(*[None if i is None else tensors[i].data_ptr() for i in slots], *ints) != 0:
+                raise MemoryError(f"kernel {name}: could not allocate its per-thread scratch memory")
+        return run

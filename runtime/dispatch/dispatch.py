@@ -1,0 +1,139 @@
+"""Dispatch: a table from problem key to a lowered plan and its loaded kernel, with counters.
+
+A miss lowers the problem (codegen), emits the source and asks the builder for the artifact
+(which may come from the in-process memo, the disk cache or a ninja build), then loads it with
+ctypes. The batch size is a run-time argument, so a new batch size finds the same artifact.
+
+With CONVGEN_SIM=cuda|hip the target is that vendor's default GPU arch (sm_90, gfx90a), or the
+arch CONVGEN_SIM names (cuda-sm_80): the generated GPU kernels are built for the SIMT simulator
+(devices/sim.py) and run on the CPU tensors' memory, through the same table (keyed by
+CONVGEN_SIM's value too), cache and counters; each simulated launch counts in
+stats()["sim_launches"]. Ahead-of-time bundles (CPU code) are not consulted then.
+
+Where things are: the plan's choice among candidates comes from the tuning database
+(dispatch/tuning.py), kernels of loaded ahead-of-time bundles from dispatch/bundle.py, the
+loading and calling of an artifact from its device's module (devices/cpu.py, devices/sim.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from .. import knobs
+from ..building import build
+from ..devices.cpu import Kernel
+from ..devices.sim import SimKernel
+from . import bundle, tuning
+from ..stats import bump
+from ..codegen.emit import emit
+from ..codegen.errors import BuildError
+from ..codegen.ir import ConvProblem
+from ..codegen.pipeline import lower
+from ..codegen.plan import Plan
+from ..codegen.source import KernelSource
+from ..codegen.target import Target, TargetKind, host_cpu, parse_target
+
+
+def _kernel(source: KernelSource, path: Path) -> Kernel:
+    return Kernel(source, path) if source.target.kind is TargetKind.CPU else SimKernel(source, path)
+
+
+@dataclasses.dataclass
+class Entry:
+    plan: Plan
+    source: KernelSource | None
+    kernel: Kernel | None = None
+
+
+_lock = threading.RLock()
+_table: dict[str, Entry] = {}
+_loaded: dict[Path, Kernel] = {}
+
+
+def _target_for(problem: ConvProblem) -> Target:
+    vendor = knobs.sim()
+    return parse_target(vendor) if vendor else host_cpu()
+
+
+def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, KernelSource | None]:
+    """The plan and source for `problem`: the tuning database's pick when it has one, else the
+    heuristic's (or, with CONVGEN_TUNE=1, the winner of timing every candidate now)."""
+    target = target or _target_for(problem)
+    plan = lower(problem, target)
+    if plan.algorithm != "empty" and len(plan.candidates) > 1:
+        entry = tuning.recorded(problem, target)
+        if entry is None and knobs.tune():
+            tuning.tune(problem, target, load_plans)
+            entry = tuning.recorded(problem, target)
+        if entry is not None and entry["algorithm"] in plan.candidates:
+            plan = lower(problem, target, algorithm=entry["algorithm"])
+            times = ", ".join(f"{a} {t:g} ms" for a, t in sorted(entry["times_ms"].items(), key=lambda kv: kv[1]))
+            plan = plan.decide("algorithm", f"tuned on this machine at batch {entry['batch']}: {times}")
+    return plan, emit(plan)
+
+
+def load_plans(plans: Sequence[Plan]) -> list[Kernel]:
+    """Build (one ninja run) and load the kernels of `plans`, outside the dispatch table."""
+    sources = [emit(p) for p in plans]
+    paths = build.build_many(sources)
+    with _lock:
+        return [_load(s, path) for s, path in zip(sources, paths)]
+
+
+def _load(source: KernelSource, path: Path) -> Kernel:
+    """Load an artifact; one that does not load (corrupt, truncated, wrong file) is reported and rebuilt."""
+    kernel = _loaded.get(path)
+    if kernel is not None and kernel.source.entry == source.entry:
+        return kernel
+    try:
+        kernel = _kernel(source, path)
+    except BuildError as e:
+        warnings.warn(f"{e}; rebuilding it", RuntimeWarning, stacklevel=3)
+        bump("corrupt_rebuilt")
+        path = build.build(source, force=True)
+        kernel = _kernel(source, path)
+    _loaded[path] = kernel
+    return kernel
+
+
+def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
+    """Entries for all `problems`; every kernel still missing is built in one parallel ninja run."""
+    vendor = knobs.sim()
+    with _lock:
+        entries: list[Entry | None] = []
+        new: dict[str, Entry] = {}
+        for p in problems:
+            key = f"{vendor}:{p.key()}" if vendor else p.key()
+            entry = _table.get(key) or new.get(key)
+            if entry is not None and key in _table:
+                bump("memory_hits")
+            if entry is None:
+                served = None if vendor else bundle.serve(p)
+                if served is not None:
+                    bump("bundle_hits")
+                    entry = new[key] = Entry(served.plan, served.source, Kernel(served.source, None, served=served))
+                else:
+                    plan, source = plan_for(p)
+                    entry = new[key] = Entry(plan, source)
+            entries.append(entry)
+        pending = [e for e in new.values() if e.source is not None and e.kernel is None]
+        if pending:
+            paths = build.build_many([e.source for e in pending])
+            for e, path in zip(pending, paths):
+                e.kernel = _load(e.source, path)
+        _table.update(new)
+        return entries
+
+
+def kernel_for(problem: ConvProblem) -> Entry:
+    return prepare([problem])[0]
+
+
+def clear() -> None:
+    """Forget the in-memory table (artifacts stay loaded and on disk)."""
+    with _lock:
+        _table.clear()
