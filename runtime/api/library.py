@@ -4,8 +4,8 @@ They have the schemas of `aten::convolution` and `aten::convolution_backward`, s
 torch.compile (fullgraph, any backend), torch.export, torch.jit.trace and torch dispatch modes
 see one opaque op per convolution and treat it as they treat ATen's:
 
-- the CPU kernels are runtime/api/ops.py's `convolution` and `convolution_backward` (generated
-  kernels); `convolution_backward` returns an empty tensor (shape [0]) for each gradient that
+- the CPU and CUDA kernels are runtime/api/ops.py's `convolution` and `convolution_backward`
+  (generated kernels; a CUDA tensor's are its device arch's, runtime/devices/cuda.py); `convolution_backward` returns an empty tensor (shape [0]) for each gradient that
   `output_mask` turns off, since a registered op cannot return None;
 - the fake (and meta) kernels compute shapes and memory formats with convgen's own rules
   (runtime/dispatch/problem.py `base_problem`, runtime/api/ops.py `backward_problems`), never a kernel, so
@@ -79,6 +79,9 @@ def _convolution_backward_cpu(grad_output, input, weight, bias_sizes, stride, pa
 
 _lib.impl("convolution", _convolution_cpu, "CPU")
 _lib.impl("convolution_backward", _convolution_backward_cpu, "CPU")
+# CUDA devices (NVIDIA, or ROCm's 'cuda'): the same functions; ops.py dispatches by the tensors' device
+_lib.impl("convolution", _convolution_cpu, "CUDA")
+_lib.impl("convolution_backward", _convolution_backward_cpu, "CUDA")
 
 
 # ---------------------------------------------------------------------------- fake kernels

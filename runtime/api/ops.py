@@ -28,8 +28,8 @@ def dense(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
 
 
-def _empty(shape, dtype, layout: Layout) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, memory_format=memory_format(layout, len(shape)))
+def _empty(shape, dtype, layout: Layout, device=None) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format(layout, len(shape)))
 
 
 # Below this many multiply-adds a call runs on one thread: waking a second one costs more.
@@ -62,12 +62,12 @@ def _signature(tensors, args) -> tuple | None:
     """Everything about a call that its problems depend on, cheap to compute and hashable; None
     for a call too odd to memoize (it takes the full path, which reports what is wrong).
     Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None.
-    A tensor counts by type, dtype, whether it is on the CPU, layout, shape and strides: a call
-    on any other device or layout is refused before it could be remembered. CONVGEN_SIM counts
+    A tensor counts by type, dtype, device, layout, shape and strides: a call on a device or
+    layout convgen does not serve is refused before it could be remembered. CONVGEN_SIM counts
     too (a simulated GPU kernel is another kernel)."""
     try:
         signature = (torch.get_num_threads(), knobs.sim(), *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
-                     *[None if t is None else (type(t), t.dtype, t.is_cpu, t.layout, t.shape, t.stride())
+                     *[None if t is None else (type(t), t.dtype, t.device, t.layout, t.shape, t.stride())
                        for t in tensors])
         hash(signature)
         return signature
@@ -102,7 +102,8 @@ class Forward:
         self.args = args
         self.has_bias = bias is not None
         self.problem = p = base_problem(input, weight, bias, *args)
-        self._entry = dispatch.kernel_for(p)
+        self._device = device = None if input.is_cpu else input.device
+        self._entry = dispatch.kernel_for(p, device)
         self._output = (p.output_shape, input.dtype, memory_format(p.output_layout, input.dim()))
         self._threads = _threads(p, p.n)
         # the signature fixes shapes and strides, so whether an operand needs converting does not change
@@ -121,7 +122,8 @@ class Forward:
             if math.prod(p.output_shape):
                 live.append("output")
             self._kernel = kernel.bind(roles, live, p.n, self._threads)
-            bound = eager.bind(self, kernel, roles, live, *self._output, self._formats)
+            bound = None if device is not None else eager.bind(self, kernel, roles, live, *self._output,
+                                                               self._formats)
             if bound is not None:
                 self._launcher, self._call = bound
 
@@ -136,7 +138,7 @@ class Forward:
         if self._call is not None:
             return self._launcher.run(self._call, input, weight, bias, False)
         shape, dtype, fmt = self._output
-        out = torch.empty(shape, dtype=dtype, memory_format=fmt)
+        out = torch.empty(shape, dtype=dtype, device=self._device, memory_format=fmt)
         f_input, f_weight, f_bias = self._formats
         if f_input is not None:
             input = input.contiguous(memory_format=f_input)
@@ -164,7 +166,8 @@ def forward(input, weight, bias, stride, padding, dilation, transposed, output_p
         bump("memory_hits")
         return known
     if prepare is not None:
-        dispatch.prepare(call_problems(input, weight, bias, *args, output_mask=prepare))
+        dispatch.prepare(call_problems(input, weight, bias, *args, output_mask=prepare),
+                         None if input.is_cpu else input.device)
     known = Forward(input, weight, bias, args)
     if signature is not None:
         _remember(signature, known)
@@ -248,7 +251,7 @@ def _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dil
     # element per output channel of the weight, whatever bias_sizes says (see grad_bias_size).
     base, mask, problems = checked_backward_problems(grad_output, input, weight, stride, padding, dilation,
                                                      transposed, output_padding, groups, output_mask)
-    entries = dict(zip(problems, dispatch.prepare(list(problems.values()))))
+    entries = dict(zip(problems, dispatch.prepare(list(problems.values()), None if input.is_cpu else input.device)))
     return base, mask, problems, entries
 
 
@@ -260,17 +263,18 @@ def grad_bias_size(base: ConvProblem, input, bias_sizes) -> list:
 
 def _run_backward(base, mask, problems, entries, grad_output, input, weight, bias_sizes):
     gy = dense(grad_output, layout_of(grad_output))
+    device = None if input.is_cpu else input.device
     grad_input = grad_weight = grad_bias = None
     if mask[2]:
-        grad_bias = torch.empty(grad_bias_size(base, input, bias_sizes), dtype=input.dtype)
+        grad_bias = torch.empty(grad_bias_size(base, input, bias_sizes), dtype=input.dtype, device=device)
     if "grad_input" in problems:
         p = problems["grad_input"]
-        grad_input = _empty(p.input_shape, input.dtype, p.input_layout)
+        grad_input = _empty(p.input_shape, input.dtype, p.input_layout, device)
         _run(entries["grad_input"], {"grad_output": gy, "weight": dense(weight, p.weight_layout),
                                      "grad_input": grad_input}, base.n)
     if "grad_weight" in problems:
         p = problems["grad_weight"]
-        grad_weight = _empty(p.weight_shape, weight.dtype, p.weight_layout)
+        grad_weight = _empty(p.weight_shape, weight.dtype, p.weight_layout, device)
         _run(entries["grad_weight"], {"grad_output": gy, "input": dense(input, p.input_layout),
                                       "grad_weight": grad_weight, "grad_bias": grad_bias}, base.n)
     elif "grad_bias" in problems:

@@ -8,6 +8,12 @@ calls `aten.convolution_backward`, served too), torch.compile and torch.export t
 `aten.convolution` as usual with its meta kernel, and DDP, hooks and checkpointing see nothing
 different. Outside, torch computes.
 
+The supported devices of `enabled()` are the CPU's, by decision: CUDA tensors inside the block
+keep torch's cuDNN/MIOpen kernels. Registering an aten CUDA kernel would replace cuDNN for every
+convolution of the process while a block is open, and convgen's GPU kernels have not yet run on
+a real device or been timed against cuDNN (README, GPU section). On CUDA tensors convgen is asked
+for explicitly: `convgen.conv2d(x.cuda(), w.cuda())`, `convgen.nn`, `convgen.convert(model)`.
+
 How: while convgen may serve (`enable()` is in force or some thread is inside an `enabled()`
 block), one `torch.library.Library("aten", "IMPL")` registers CPU kernels for the two ops. ATen's
 own kernels for them are registered under the CompositeExplicitAutograd alias key, which a CPU

@@ -13,6 +13,9 @@ A bundle is refused, with a warning that says why, and the JIT takes over when
     JIT with ($CXX, else c++), since then its kernels would differ from the JIT's. Where no
     compiler is reachable at all, the bundle is accepted: that is what bundles are for.
 With strict=True, load_bundle raises BundleError instead of warning.
+
+A bundle may also (or only) hold GPU kernels (`gpu-manifest.json`, dispatch/gpu_bundle.py): they
+serve tensors on a device of a bundled arch, and the simulator (CONVGEN_SIM) for a bundled target.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from ..codegen.source import KernelSource
 from ..codegen.target import Target, TargetKind, host_bf16_dot, host_cpu, host_isas
 from .. import knobs
 from ..building import build as builder
+from ..devices.cpu import Kernel
+from . import gpu_bundle
 
 
 # ---------------------------------------------------------------------------------- the format
@@ -103,6 +108,9 @@ class Served:
     address: int
     owner: "Bundle"
 
+    def kernel(self) -> Kernel:
+        return Kernel(self.source, None, served=self)
+
 
 class Bundle:
     """A loaded bundle: its manifest, target and module, and its kernels by batch-free problem key."""
@@ -143,6 +151,7 @@ class Bundle:
 
 _lock = threading.RLock()
 _bundles: list[Bundle] = []
+_gpu_bundles: list[gpu_bundle.GpuBundle] = []
 _tried: dict[Path, str | None] = {}  # path -> why it was refused (None: loaded)
 _env_seen: str | None = None
 
@@ -157,16 +166,19 @@ def unload_all() -> None:
     global _env_seen
     with _lock:
         _bundles.clear()
+        _gpu_bundles.clear()
         _tried.clear()
         _env_seen = None
 
 
-def serve(problem: ConvProblem) -> Served | None:
-    """The first loaded bundle's kernel for `problem` (bundles in CONVGEN_BUNDLES load first)."""
+def serve(problem: ConvProblem, target: Target | None = None, on_device: bool = False):
+    """The first loaded bundle's kernel for `problem` (bundles in CONVGEN_BUNDLES load first):
+    for this CPU (target None), or for a GPU target, on its device (`on_device`) or in the
+    simulator. A Served or gpu_bundle.GpuServed (`.plan`, `.source`, `.kernel()`), or None."""
     autoload()
     with _lock:
-        for b in _bundles:
-            served = b.serve(problem)
+        for b in (_bundles if target is None else _gpu_bundles):
+            served = b.serve(problem) if target is None else b.serve(problem, target, on_device)
             if served is not None:
                 return served
     return None
@@ -202,6 +214,9 @@ def load_bundle(path: str | Path, *, strict: bool = False) -> Bundle | None:
         for b in _bundles:
             if b.path == path:
                 return b
+        gpu = _load_gpu(path, strict)
+        if gpu is not None and not (path / MANIFEST).is_file():
+            return gpu
         try:
             manifest = read_manifest(path)
         except ConvgenError as e:
@@ -226,6 +241,30 @@ def load_bundle(path: str | Path, *, strict: bool = False) -> Bundle | None:
         bundle = Bundle(path, manifest, module, addresses)
         _bundles.append(bundle)
         return bundle
+
+
+def _load_gpu(path: Path, strict: bool) -> gpu_bundle.GpuBundle | None:
+    """The GPU part of the bundle at `path` loaded (None when it has none or it is refused)."""
+    for b in _gpu_bundles:
+        if b.path == path:
+            return b
+    try:
+        manifest = gpu_bundle.read(path)
+    except ConvgenError as e:
+        raise BundleError(str(e)) from None
+    if manifest is None:
+        return None
+    reason, record = gpu_bundle.refusal(path, manifest)
+    if reason is not None:
+        message = f"convgen: the GPU kernels of bundle {manifest.get('name')} ({path}) refused: {reason}. " \
+                  f"JIT builds take over."
+        if strict:
+            raise BundleError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return None
+    loaded = gpu_bundle.GpuBundle(path, manifest, record)
+    _gpu_bundles.append(loaded)
+    return loaded
 
 
 def _refusal(path: Path, manifest: dict) -> str | None:

@@ -8,7 +8,14 @@ With CONVGEN_SIM=cuda|hip the target is that vendor's default GPU arch (sm_90, g
 arch CONVGEN_SIM names (cuda-sm_80): the generated GPU kernels are built for the SIMT simulator
 (devices/sim.py) and run on the CPU tensors' memory, through the same table (keyed by
 CONVGEN_SIM's value too), cache and counters; each simulated launch counts in
-stats()["sim_launches"]. Ahead-of-time bundles (CPU code) are not consulted then.
+stats()["sim_launches"]. Ahead-of-time bundles serve it when they carry simulator builds of
+GPU kernels for that target (runtime/aot/gpu.py).
+
+Tensors on a torch CUDA device (NVIDIA, or ROCm where the device is 'cuda' too) are served by
+the target of that device's arch (devices/cuda.py `target_of`): the plan is lowered for it, its
+source built by the vendor's compiler into a loadable library (building/gpu_library.py) or
+served by a loaded GPU bundle, and called through devices/cuda.py's GpuKernel on torch's current
+stream. Such entries are keyed by the target too (two devices of different archs in one process).
 
 Where things are: the plan's choice among candidates comes from the tuning database
 (dispatch/tuning.py), kernels of loaded ahead-of-time bundles from dispatch/bundle.py, the
@@ -25,6 +32,8 @@ from typing import Sequence
 
 from .. import knobs
 from ..building import build
+from ..building import gpu_library
+from ..devices import cuda
 from ..devices.cpu import Kernel
 from ..devices.sim import SimKernel
 from . import bundle, tuning
@@ -38,8 +47,10 @@ from ..codegen.source import KernelSource
 from ..codegen.target import Target, TargetKind, host_cpu, parse_target
 
 
-def _kernel(source: KernelSource, path: Path) -> Kernel:
-    return Kernel(source, path) if source.target.kind is TargetKind.CPU else SimKernel(source, path)
+def _kernel(source: KernelSource, path: Path, on_device: bool = False) -> Kernel:
+    if source.target.kind is TargetKind.CPU:
+        return Kernel(source, path)
+    return cuda.GpuKernel(source, path) if on_device else SimKernel(source, path)
 
 
 @dataclasses.dataclass
@@ -47,6 +58,7 @@ class Entry:
     plan: Plan
     source: KernelSource | None
     kernel: Kernel | None = None
+    on_device: bool = False   # a GPU device's kernel (else the CPU's, or the simulator's)
 
 
 _lock = threading.RLock()
@@ -84,25 +96,33 @@ def load_plans(plans: Sequence[Plan]) -> list[Kernel]:
         return [_load(s, path) for s, path in zip(sources, paths)]
 
 
-def _load(source: KernelSource, path: Path) -> Kernel:
+def _load(source: KernelSource, path: Path, on_device: bool = False) -> Kernel:
     """Load an artifact; one that does not load (corrupt, truncated, wrong file) is reported and rebuilt."""
     kernel = _loaded.get(path)
     if kernel is not None and kernel.source.entry == source.entry:
         return kernel
     try:
-        kernel = _kernel(source, path)
+        kernel = _kernel(source, path, on_device)
     except BuildError as e:
         warnings.warn(f"{e}; rebuilding it", RuntimeWarning, stacklevel=3)
         bump("corrupt_rebuilt")
-        path = build.build(source, force=True)
-        kernel = _kernel(source, path)
+        path = gpu_library.build_library(source, force=True) if on_device else build.build(source, force=True)
+        kernel = _kernel(source, path, on_device)
     _loaded[path] = kernel
     return kernel
 
 
-def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
-    """Entries for all `problems`; every kernel still missing is built in one parallel ninja run."""
-    vendor = knobs.sim()
+def device_target(device) -> Target | None:
+    """The target of a torch device that is not the CPU (a GPU's arch), None for the CPU."""
+    return None if device is None or device.type == "cpu" else cuda.target_of(device)
+
+
+def prepare(problems: Sequence[ConvProblem], device=None) -> list[Entry]:
+    """Entries for all `problems` on `device` (a torch.device; None or the CPU: the CPU, or the
+    simulator under CONVGEN_SIM); every kernel still missing is built in one parallel ninja run
+    (a GPU device's: one vendor compile each)."""
+    gpu = device_target(device)
+    vendor = gpu.name() if gpu is not None else knobs.sim()
     with _lock:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
@@ -112,16 +132,13 @@ def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
             if entry is not None and key in _table:
                 bump("memory_hits")
             if entry is None:
-                served = None if vendor else bundle.serve(p)
-                if served is not None:
-                    bump("bundle_hits")
-                    entry = new[key] = Entry(served.plan, served.source, Kernel(served.source, None, served=served))
-                else:
-                    plan, source = plan_for(p)
-                    entry = new[key] = Entry(plan, source)
+                entry = new[key] = _served(p, gpu, vendor)
             entries.append(entry)
         pending = [e for e in new.values() if e.source is not None and e.kernel is None]
-        if pending:
+        if gpu is not None:
+            for e in pending:
+                e.kernel = _load(e.source, gpu_library.build_library(e.source), on_device=True)
+        elif pending:
             paths = build.build_many([e.source for e in pending])
             for e, path in zip(pending, paths):
                 e.kernel = _load(e.source, path)
@@ -129,8 +146,19 @@ def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
         return entries
 
 
-def kernel_for(problem: ConvProblem) -> Entry:
-    return prepare([problem])[0]
+def _served(p: ConvProblem, gpu: Target | None, vendor: str) -> Entry:
+    """A new entry: a loaded bundle's kernel when one has it (no build), else a plan to build."""
+    target = gpu or (_target_for(p) if vendor else None)
+    served = bundle.serve(p, target, on_device=gpu is not None)
+    if served is not None:
+        bump("bundle_hits")
+        return Entry(served.plan, served.source, served.kernel(), on_device=gpu is not None)
+    plan, source = plan_for(p, target)
+    return Entry(plan, source, on_device=gpu is not None)
+
+
+def kernel_for(problem: ConvProblem, device=None) -> Entry:
+    return prepare([problem], device)[0]
 
 
 def clear() -> None:

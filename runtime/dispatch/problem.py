@@ -18,6 +18,7 @@ from ..codegen.ir import ConvProblem, DType, Layout, Op
 
 DTYPES = {torch.float32: DType.F32, torch.float64: DType.F64, torch.bfloat16: DType.BF16, torch.float16: DType.F16}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+DEVICES = ("cpu", "cuda")   # torch device types served (a cuda device's arch picks its target: devices/cuda.py)
 
 
 def _shape(t) -> str:
@@ -77,7 +78,7 @@ def check_dtype(t: torch.Tensor, name: str) -> DType:
 
 
 def check_tensors(named: Sequence[tuple[str, torch.Tensor | None]]) -> DType:
-    """Same dtype and device for every present tensor; supported dtype; no meta/other device."""
+    """Same dtype and device for every present tensor; supported dtype; the CPU or a CUDA device."""
     present = [(n, t) for n, t in named if t is not None]
     for n, t in present:
         if not isinstance(t, torch.Tensor):
@@ -93,9 +94,10 @@ def check_tensors(named: Sequence[tuple[str, torch.Tensor | None]]) -> DType:
         if t.layout != torch.strided:
             raise ConvSpecError(f"{n} has layout {t.layout}: convgen takes dense (strided) tensors; convert it "
                                 f"with .to_dense()")
-        if t.device.type != "cpu":
-            raise ConvSpecError(f"{n} is on device {t.device}: convgen runs its kernels on the CPU; move the "
-                                f"tensors to the CPU (GPU targets are generated but not dispatched yet)")
+        if t.device.type not in DEVICES:
+            raise ConvSpecError(f"{n} is on device {t.device}: convgen runs its kernels on the CPU and on CUDA "
+                                f"devices (NVIDIA, or AMD through a ROCm build of torch); move the tensors to "
+                                f"one of those")
     return check_dtype(first, first_name)
 
 

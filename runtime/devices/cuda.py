@@ -1,0 +1,130 @@
+"""A torch CUDA device: which target serves it, and its kernels loaded and launched on its memory.
+
+`target_of(device)` maps a torch 'cuda' device to a convgen target: on an NVIDIA build of torch
+its compute capability (`torch.cuda.get_device_capability`, (9, 0) -> cuda-sm_90); on a ROCm
+build (`torch.version.hip` set; the device is still 'cuda') its `gcnArchName` (devices/hip.py,
+'gfx90a:sramecc+:xnack-' -> hip-gfx90a). An arch with no target is a ConvgenError naming the
+device, its arch and the targets there are. Known per device index after the first call.
+
+`GpuKernel` is dispatch's kernel for a plan built by the vendor's compiler into a loadable
+library (building/gpu_library.py), or served by an ahead-of-time bundle's fat library: its
+`extern "C"` plan entry takes the pointers by role, the run-time batch size and a stream, and
+is called on torch's current stream of the tensors' device (`torch.cuda.current_stream()`),
+without synchronising: like any torch CUDA op, the results are ready in stream order. A
+non-zero status is the vendor's error code: out of memory (a split-K workspace comes from the
+plan entry's stream-ordered `convgen_malloc_async`, i.e. cudaMallocAsync / hipMallocAsync on
+that stream) empties torch's caching allocator and retries once, then raises
+torch.OutOfMemoryError; any other status raises ConvgenError with the code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Callable, Container, Sequence
+
+import torch
+
+from ..codegen.errors import BuildError, ConvgenError
+from ..codegen.gpu_target import GPU_ARCHS, supported
+from ..codegen.source import KernelSource
+from ..codegen.target import Target, parse_target
+from . import hip
+from .cpu import _CTYPES, Kernel
+
+OUT_OF_MEMORY = 2   # cudaErrorMemoryAllocation and hipErrorOutOfMemory alike
+
+_targets: dict[int, Target] = {}
+
+
+def arch_of(device: torch.device) -> tuple[str, str]:
+    """(vendor, arch) of a torch 'cuda' device: ("cuda", "sm_90") or, on ROCm, ("hip", "gfx90a")."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.version.hip:
+        return "hip", hip.arch_name(torch.cuda.get_device_properties(index).gcnArchName)
+    major, minor = torch.cuda.get_device_capability(index)
+    return "cuda", f"sm_{major}{minor}"
+
+
+def target_of(device: torch.device) -> Target:
+    """The target whose kernels serve `device`; ConvgenError when its arch has none."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    known = _targets.get(index)
+    if known is not None:
+        return known
+    vendor, arch = arch_of(torch.device("cuda", index))
+    if arch not in GPU_ARCHS or GPU_ARCHS[arch].vendor != vendor:
+        from ..codegen.gpu_target import _WHY_NOT
+
+        why = _WHY_NOT.get(arch)
+        raise ConvgenError(f"device cuda:{index} is {vendor} arch {arch}, for which convgen has no target"
+                           f"{f' ({why})' if why else ''}; convgen's {vendor} targets are "
+                           f"{', '.join(supported(vendor))}. Use torch's own convolution on this device "
+                           f"(torch.nn.functional.conv*), or move the tensors to the CPU")
+    target = _targets[index] = parse_target(f"{vendor}-{arch}")
+    return target
+
+
+def forget_targets() -> None:
+    """Forget the device -> target memo (tests that fake a device's properties)."""
+    _targets.clear()
+
+
+def _raw_stream(index: int) -> int:
+    """torch's current stream of device `index`, as the handle the plan entry takes."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what torch's own generated code calls
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+class GpuKernel(Kernel):
+    """A GPU plan entry loaded with ctypes from a library built for the device's arch (`path`),
+    or from an ahead-of-time bundle's fat library (`library`: an already loaded ctypes.CDLL)."""
+
+    def __init__(self, source: KernelSource, path: Path | None, *, library: ctypes.CDLL | None = None):
+        self.source = source
+        self.path = path
+        try:
+            self._lib = library if library is not None else ctypes.CDLL(str(path))
+            fn = getattr(self._lib, source.entry)
+        except (OSError, AttributeError) as e:
+            raise BuildError(f"kernel {source.name}: the GPU library {path} could not be loaded ({e}); "
+                             f"run `convgen cache verify` or remove it and retry") from e
+        fn.argtypes = [_CTYPES[kind] for kind, _ in source.signature]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    @property
+    def address(self) -> int:
+        raise ConvgenError(f"kernel {self.source.name} is a GPU kernel: the eager launcher does not call it")
+
+    def bind(self, roles: Sequence[str], live: Container[str], n: int, nthreads: int) -> Callable[..., None]:
+        """As Kernel.bind; the call goes on torch's current stream of the first live tensor's
+        device (`nthreads` has no meaning on a GPU)."""
+        fn, source = self._fn, self.source
+        slots = tuple(roles.index(role) if role in live else None
+                      for kind, role in source.signature if kind == "ptr")
+        first = next((i for i in slots if i is not None), None)
+        batch = ctypes.c_int64(n)
+
+        def run(*tensors) -> None:
+            index = tensors[first].device.index if first is not None else torch.cuda.current_device()
+            if index != torch.cuda.current_device():   # the launch goes to the current device's context
+                with torch.cuda.device(index):
+                    return run(*tensors)
+            pointers = [None if i is None else tensors[i].data_ptr() for i in slots]
+            status = fn(*pointers, batch, _raw_stream(index))
+            if status == OUT_OF_MEMORY:   # the workspace: give back torch's cached blocks, once
+                torch.cuda.empty_cache()
+                status = fn(*pointers, batch, _raw_stream(index))
+            if status != 0:
+                _raise(source, status, index)
+        return run
+
+
+def _raise(source: KernelSource, status: int, index: int) -> None:
+    vendor = source.target.kind.value
+    if status == OUT_OF_MEMORY:
+        raise torch.OutOfMemoryError(f"convgen kernel {source.name} on cuda:{index}: out of memory for its "
+                                     f"workspace ({vendor} error {status}) after emptying torch's cache")
+    raise ConvgenError(f"convgen kernel {source.name} on cuda:{index} ({source.target.name()}): launch failed "
+                       f"with {vendor} error {status}")
