@@ -3,6 +3,7 @@
     convgen aot examples/resnet18_aot.py:resnet18 --input-shape 8,3,224,224 --out generated/resnet18
     convgen aot mypkg.models:Net --input-shape 4,1,16000 --dtype f32
     convgen aot --shapes shapes.json --out generated/mynet
+    convgen aot ... --target cpu,cuda-sm_80,cuda-sm_90,hip-gfx90a    (GPU kernels too: runtime/aot/gpu.py)
 
 MODULE is a dotted module name (imported with the working directory on sys.path, as `python -m`
 does) or a .py file; CALLABLE is a name in it: an nn.Module instance, or a class or function
@@ -24,7 +25,7 @@ from pathlib import Path
 from ..codegen.errors import ConvgenError, ConvSpecError
 from ..codegen.ir import DType, Layout
 from ..codegen.target import TargetKind, parse_target
-from ..aot import aot
+from ..aot import aot, gpu
 from ..api.shapes import collect, problems_from_json
 from ..dispatch.problem import TORCH_DTYPES, memory_format
 from .flags import add_dtype_flag
@@ -45,7 +46,13 @@ def add_parser(sub) -> None:
     p.add_argument("--shapes", metavar="FILE.json", help="a JSON shape list instead of a model (see convgen.collect)")
     p.add_argument("--out", metavar="DIR", help="bundle directory (default generated/NAME)")
     p.add_argument("--name", help="bundle name (default: the callable's name, or the --out directory's)")
-    p.add_argument("--target", default="cpu", metavar="cpu", help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it) or cpu-avx512|avx2|generic")
+    p.add_argument("--target", default="cpu", metavar="cpu[,cuda-sm_90,...]",
+                   help="comma list: cpu (CONVGEN_ISA, else AVX2 where this CPU runs it) or cpu-avx512|avx2|generic "
+                        "(at most one), and GPU targets cuda-sm_80|sm_86|sm_89|sm_90 and hip-gfx90a|gfx940, whose "
+                        ".cu sources and gpu-manifest.json go beside the CPU ones, built by nvcc/hipcc for the device "
+                        "and by the host compiler for the simulator (CONVGEN_SIM)")
+    p.add_argument("--sim-only", action="store_true",
+                   help="GPU targets: build the simulator's libraries only (no nvcc/hipcc; serves no device)")
     add_dtype_flag(p, "the model's dtype")
     p.add_argument("--layout", choices=["nchw", "channels_last"], default="nchw",
                    help="memory format of the model and its inputs (default nchw)")
@@ -56,10 +63,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    target = parse_target(args.target)
-    if target.kind is not TargetKind.CPU:
-        raise ConvSpecError(f"--target {args.target}: bundles are built for CPU targets only "
-                            f"(GPU kernels are planned but not emitted yet)")
+    targets = [parse_target(t.strip()) for t in str(args.target).split(",") if t.strip()]
+    cpus = [t for t in targets if t.kind is TargetKind.CPU]
+    gpus = list(dict.fromkeys(t for t in targets if t.kind is not TargetKind.CPU))
+    if len(cpus) > 1 or not targets:
+        raise ConvSpecError(f"--target {args.target}: expected at most one cpu target and any GPU targets")
+    target = cpus[0] if cpus else None
     if bool(args.model) == bool(args.shapes):
         raise ConvSpecError("aot: give either MODULE:CALLABLE (with --input-shape) or --shapes FILE.json")
     if args.jobs is not None and args.jobs < 1:
@@ -82,20 +91,32 @@ def run(args) -> int:
     out = Path(args.out) if args.out else Path("generated") / name
     if not problems:
         raise ConvgenError(f"aot: {args.model or args.shapes} has no convolutions to generate")
-    generated = aot.generate(problems, out, name=name, target=target, origin=origin)
-    kernels = generated.manifest["kernels"]
-    lines = [f"convgen aot: {name} -> {out}",
-             f"  problems: {len(problems)} collected ({len(kernels)} distinct kernels)",
-             f"  sources:  {out / 'kernels'}/ and {out / 'bundle.cpp'}: {generated.written} file(s) written, "
-             f"{generated.unchanged} unchanged{f', {generated.removed} stale removed' if generated.removed else ''}",
-             f"  manifest: {out / 'manifest.json'} (problems, keys, variants, commands, target, toolchain)"]
+    lines = [f"convgen aot: {name} -> {out}"]
+    if target is not None:
+        generated = aot.generate(problems, out, name=name, target=target, origin=origin)
+        kernels = generated.manifest["kernels"]
+        lines += [f"  problems: {len(problems)} collected ({len(kernels)} distinct kernels)",
+                  f"  sources:  {out / 'kernels'}/ and {out / 'bundle.cpp'}: {generated.written} file(s) written, "
+                  f"{generated.unchanged} unchanged{f', {generated.removed} stale removed' if generated.removed else ''}",
+                  f"  manifest: {out / 'manifest.json'} (problems, keys, variants, commands, target, toolchain)"]
+    if gpus:
+        manifest = gpu.generate_gpu(problems, out, gpus, name=name, origin=origin)
+        for tname, part in manifest["targets"].items():
+            lines.append(f"  {tname}: {len(part['kernels'])} kernels in {out / 'kernels' / tname}/")
+        lines.append(f"  manifest: {out / 'gpu-manifest.json'} (per GPU target: problems, kernels, decisions)")
     if args.no_build:
         lines.append("  build:    skipped (--no-build)")
     else:
-        built = aot.build(out, progress=sys.stderr, jobs=args.jobs)
-        what = f"{built.compiled} step(s) in {built.seconds:.1f} s" if built.compiled else "up to date, nothing compiled"
-        lines += [f"  module:   {built.module_path} ({what})",
-                  f"  use it:   convgen.load_bundle({str(out)!r}) or CONVGEN_BUNDLES={out}"]
+        if target is not None:
+            built = aot.build(out, progress=sys.stderr, jobs=args.jobs)
+            what = f"{built.compiled} step(s) in {built.seconds:.1f} s" if built.compiled else "up to date, nothing compiled"
+            lines.append(f"  module:   {built.module_path} ({what})")
+        if gpus:
+            steps = gpu.build_gpu(out, device=not args.sim_only, jobs=args.jobs)
+            lines.append(f"  GPU:      {out / 'build' / 'gpu'}/ (device{' skipped: --sim-only' if args.sim_only else ''})"
+                         f" and {out / 'build' / 'sim'}/ (simulator): "
+                         f"{f'{steps} step(s)' if steps else 'up to date, nothing compiled'}")
+        lines.append(f"  use it:   convgen.load_bundle({str(out)!r}) or CONVGEN_BUNDLES={out}")
     lines.append(f"  total:    {time.perf_counter() - started:.1f} s")
     print("\n".join(lines))
     return 0
