@@ -215,8 +215,8 @@ def load_bundle(path: str | Path, *, strict: bool = False) -> Bundle | None:
             if b.path == path:
                 return b
         gpu = _load_gpu(path, strict)
-        if gpu is not None and not (path / MANIFEST).is_file():
-            return gpu
+        if not (path / MANIFEST).is_file() and (path / gpu_bundle.MANIFEST).is_file():
+            return gpu   # a bundle of GPU kernels only
         try:
             manifest = read_manifest(path)
         except ConvgenError as e:
