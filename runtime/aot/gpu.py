@@ -5,8 +5,9 @@ For each GPU target (cuda-sm_80, cuda-sm_90, hip-gfx90a, ...) `generate_gpu` low
 for that arch and writes kernels/TARGET/NAME.cu and gpu-manifest.json (rewriting only files whose
 content changes). `build_gpu` then runs ONE ninja build (build/gpu.ninja) that makes
 
-    build/gpu/TARGET.so          the target's kernels by its vendor's compiler, as loadable
-                                 libraries are built for the JIT (building/gpu_library.py)
+    build/gpu/VENDOR.so          a fat library per vendor: each target's kernels compiled by the
+                                 vendor's compiler for its arch (objects under build/gpu/obj/),
+                                 linked into one library (building/gpu_library.py's flags)
     build/sim/TARGET/NAME.so     each kernel for the SIMT simulator (building/sim_build.py)
 
 and records what it built in build/gpu-build.json (written last: the bundle's commit marker).
@@ -54,23 +55,25 @@ def generate_gpu(problems: Sequence[ConvProblem], out: str | Path, targets: Sequ
             source = emit(plan)
             kernel = None
             if source is not None:
-                digest = gpu_bundle.sha256(source.text)
+                text = gpu_bundle.arch_entries(source.text, source.name, target.isa)
+                entry = gpu_bundle.arch_entries(source.entry, source.name, target.isa)
+                digest = gpu_bundle.sha256(text)
                 file = f"kernels/{tname}/{source.name}.cu"
                 known = kernels.get(source.name)
                 if known is not None and known["sha256"] != digest:
                     raise ConvgenError(f"bundle {name}: two different {tname} kernels share the name {source.name}")
                 kernels[source.name] = {
-                    "name": source.name, "file": file, "sha256": digest, "entry": source.entry,
+                    "name": source.name, "file": file, "sha256": digest, "entry": entry,
                     "signature": [list(s) for s in source.signature], "kernel_key": p.kernel_key(),
                     "op": p.op.value, "algorithm": plan.algorithm, "decisions": [list(r) for r in plan.reasons]}
-                files[file] = source.text
+                files[file] = text
                 kernel = source.name
             listed.append({"problem": json.loads(p.to_json()), "name": p.name(), "key": p.key(), "kernel": kernel})
         kernel_list = sorted(kernels.values(), key=lambda k: k["name"])
         parts[tname] = {"target": gpu_bundle.target_to_dict(target), "kernels": kernel_list, "problems": listed,
                         "kernel_set": gpu_bundle.kernel_set(kernel_list),
                         "library": gpu_bundle.library_file(tname),
-                        "library_command": shlex.join(_library_command(target, kernel_list, "{exe}"))}
+                        "object_command": shlex.join(_object_command(target, "{file}", "{object}", "{exe}"))}
     manifest = {"format": gpu_bundle.FORMAT, "name": name, "generator_version": knobs.convgen_version(),
                 "origin": origin or {}, "targets": parts}
     files[gpu_bundle.MANIFEST] = json.dumps(manifest, indent=1) + "\n"
@@ -84,9 +87,14 @@ def generate_gpu(problems: Sequence[ConvProblem], out: str | Path, targets: Sequ
     return manifest
 
 
-def _library_command(target: Target, kernels: Sequence[dict], exe: str) -> list[str]:
-    return gpu_library.library_command(target.kind, [target.isa], [k["file"] for k in kernels],
-                                       gpu_bundle.library_file(target.name()), exe)
+def _object_command(target: Target, file: str, obj: str, exe: str) -> list[str]:
+    """One kernel's object for its target's arch (-c: linked into the vendor's library later)."""
+    argv = gpu_library.library_command(target.kind, [target.isa], [file], obj, exe)
+    return [a if a != "-shared" else "-c" for a in argv]
+
+
+def _object_file(target_name: str, kernel: dict) -> str:
+    return f"build/gpu/obj/{target_name}/{kernel['name']}.o"
 
 
 def _ninja_file(manifest: dict, device: bool) -> tuple[str, dict]:
@@ -96,22 +104,28 @@ def _ninja_file(manifest: dict, device: bool) -> tuple[str, dict]:
 
     lines = [f"# written by convgen {knobs.convgen_version()} for the GPU kernels of bundle {manifest['name']}",
              "ninja_required_version = 1.3", "", "rule run", "  command = $cmd", "  description = $out", ""]
-    record, outputs = {}, []
+    record, outputs, objects = {}, [], {}
     for tname, part in manifest["targets"].items():
         target = gpu_bundle.target_from_dict(part["target"])
         vendor = target.kind.value
+        env = "HIP_PLATFORM=amd " if target.kind is TargetKind.HIP else ""
         if part["kernels"] and device:
             exe = compiler(target.kind)   # BuildError naming nvcc/hipcc when missing
             lib = gpu_bundle.library_file(tname)
-            lines += edge(lib, [k["file"] for k in part["kernels"]], _library_command(target, part["kernels"], exe),
-                          "HIP_PLATFORM=amd " if target.kind is TargetKind.HIP else "")
-            outputs.append(lib)
+            for k in part["kernels"]:
+                obj = _object_file(tname, k)
+                lines += edge(obj, [k["file"]], _object_command(target, k["file"], obj, exe), env)
+                objects.setdefault(lib, (target.kind, exe, env, []))[3].append(obj)
         for k in part["kernels"]:
             sim = gpu_bundle.sim_file(tname, k["name"])
             lines += edge(sim, [k["file"]], sim_build.compile_command(k["file"], sim, vendor, debug=False))
             outputs.append(sim)
         record[tname] = {"kernel_set": part["kernel_set"], "library": bool(part["kernels"]) and device,
                          "sim": bool(part["kernels"])}
+    for lib, (kind, exe, env, objs) in objects.items():   # one fat library per vendor
+        link = [exe, "-shared", *(["-fPIC"] if kind is TargetKind.HIP else ["-Xcompiler", "-fPIC"]), *objs, "-o", lib]
+        lines += edge(lib, objs, link, env)
+        outputs.append(lib)
     lines.append(f"default {' '.join(outputs) if outputs else 'build/gpu.ninja'}")
     return "\n".join(lines) + "\n", record
 
@@ -125,7 +139,7 @@ def build_gpu(out: str | Path, *, device: bool = True, jobs: int | None = None) 
         raise ConvgenError(f"{out}: no {gpu_bundle.MANIFEST} here; generate it with `convgen aot --target cuda-...`")
     text, record = _ninja_file(manifest, device)
     for tname in manifest["targets"]:
-        (out / "build" / "gpu").mkdir(parents=True, exist_ok=True)
+        (out / "build" / "gpu" / "obj" / tname).mkdir(parents=True, exist_ok=True)
         (out / "build" / "sim" / tname).mkdir(parents=True, exist_ok=True)
     builder.write_if_changed(out / "build" / "gpu.ninja", text)
     argv = [builder.find_ninja(), "-f", "build/gpu.ninja", "-k", "0", "-j", str(jobs or knobs.build_jobs())]
