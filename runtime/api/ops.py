@@ -55,6 +55,11 @@ def _run(entry: dispatch.Entry, tensors: dict, n: int, threads: int | None = Non
         out.add_(bias.view(1, -1, *([1] * (out.dim() - 2))))
 
 
+def _prepare(problems: list[ConvProblem], input: torch.Tensor) -> list[dispatch.Entry]:
+    """dispatch.prepare for the device of `input` (the CPU's call keeps its one-argument form)."""
+    return dispatch.prepare(problems) if input.is_cpu else dispatch.prepare(problems, input.device)
+
+
 _SEQUENCES = (list, tuple, torch.Size)
 
 
@@ -103,7 +108,7 @@ class Forward:
         self.has_bias = bias is not None
         self.problem = p = base_problem(input, weight, bias, *args)
         self._device = device = None if input.is_cpu else input.device
-        self._entry = dispatch.kernel_for(p, device)
+        self._entry = dispatch.kernel_for(p) if device is None else dispatch.kernel_for(p, device)
         self._output = (p.output_shape, input.dtype, memory_format(p.output_layout, input.dim()))
         self._threads = _threads(p, p.n)
         # the signature fixes shapes and strides, so whether an operand needs converting does not change
@@ -166,8 +171,7 @@ def forward(input, weight, bias, stride, padding, dilation, transposed, output_p
         bump("memory_hits")
         return known
     if prepare is not None:
-        dispatch.prepare(call_problems(input, weight, bias, *args, output_mask=prepare),
-                         None if input.is_cpu else input.device)
+        _prepare(call_problems(input, weight, bias, *args, output_mask=prepare), input)
     known = Forward(input, weight, bias, args)
     if signature is not None:
         _remember(signature, known)
@@ -251,7 +255,7 @@ def _backward_plans(grad_output, input, weight, bias_sizes, stride, padding, dil
     # element per output channel of the weight, whatever bias_sizes says (see grad_bias_size).
     base, mask, problems = checked_backward_problems(grad_output, input, weight, stride, padding, dilation,
                                                      transposed, output_padding, groups, output_mask)
-    entries = dict(zip(problems, dispatch.prepare(list(problems.values()), None if input.is_cpu else input.device)))
+    entries = dict(zip(problems, _prepare(list(problems.values()), input)))
     return base, mask, problems, entries
 
 

@@ -121,10 +121,20 @@ class GpuKernel(Kernel):
         return run
 
 
+# CUDA runtime codes worth a sentence (cudaError_t): what they mean for a convgen kernel
+_CUDA_HINTS = {
+    35: "the driver is older than the CUDA toolkit that built the kernel (its cudart is linked statically): "
+        "set CONVGEN_NVCC to the nvcc of a toolkit this driver runs, or update the driver",
+    209: "the library has no machine code for this device's arch",
+    222: "the driver cannot run the PTX of this toolkit: update the driver or build with an older nvcc",
+}
+
+
 def _raise(source: KernelSource, status: int, index: int) -> None:
     vendor = source.target.kind.value
     if status == OUT_OF_MEMORY:
         raise torch.OutOfMemoryError(f"convgen kernel {source.name} on cuda:{index}: out of memory for its "
                                      f"workspace ({vendor} error {status}) after emptying torch's cache")
+    hint = _CUDA_HINTS.get(status) if vendor == "cuda" else None
     raise ConvgenError(f"convgen kernel {source.name} on cuda:{index} ({source.target.name()}): launch failed "
-                       f"with {vendor} error {status}")
+                       f"with {vendor} error {status}{f': {hint}' if hint else ''}")

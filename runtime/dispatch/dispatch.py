@@ -158,7 +158,7 @@ def _served(p: ConvProblem, gpu: Target | None, vendor: str) -> Entry:
 
 
 def kernel_for(problem: ConvProblem, device=None) -> Entry:
-    return prepare([problem], device)[0]
+    return (prepare([problem]) if device is None else prepare([problem], device))[0]
 
 
 def clear() -> None:
