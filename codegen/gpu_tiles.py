@@ -64,6 +64,7 @@ def _side(length: int) -> int:
 
 
 def _stages(target: Target, tile_m: int, tile_n: int, steps: int) -> tuple[int, str]:
+    """Pipeline stages of one GEMM, and why."""
     gpu = target.gpu
     if target.kind is not TargetKind.CUDA or not gpu.async_copy:
         return 2, "two LDS buffers, the next stage's copies staged in registers while the matrix cores work"
@@ -123,7 +124,10 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target) -> Ige
     wm, wn = _side(kg), _side(cg * taps)
     wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov))[0], False, wg_a, False)
 
-    how = _stages(target, fwd.m, fwd.n, steps(cg * taps))[1]
+    gpu = target.gpu
+    how = (f"up to {MAX_STAGES} stages of cp.async copies in flight while two blocks fit an SM's "
+           f"{gpu.shared_bytes_per_sm // 1024} KiB of shared memory, no more stages than reduction steps"
+           if target.kind is TargetKind.CUDA and gpu.async_copy else _stages(target, 64, 64, 1)[1])
     unit = "warps" if target.kind is TargetKind.CUDA else "waves"
     reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like): "
                f"forward {fwd.describe(target.kind is TargetKind.CUDA)}; data gradient "
