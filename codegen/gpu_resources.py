@@ -105,7 +105,7 @@ def parse_report(report: str, vendor: str) -> list[KernelResources]:
         if m := re.search(r"Function Name: (\S+)", line):
             flush()
             name, fields = m.group(1), {}
-        elif m := re.search(r"remark:\s+([A-Za-z][A-Za-z \[\]/]*?): (\d+)", line):
+        elif m := re.search(r"\s([A-Z][A-Za-z]*(?: [A-Za-z\[\]/]+)*): (\d+) \[-Rpass-analysis", line):
             fields[m.group(1).strip()] = int(m.group(2))
     flush()
     return kernels

@@ -33,15 +33,20 @@ k.cu:388:1: remark:     Occupancy [waves/SIMD]: 3 [-Rpass-analysis=kernel-resour
 k.cu:388:1: remark:     SGPRs Spill: 0 [-Rpass-analysis=kernel-resource-usage]
 k.cu:388:1: remark:     VGPRs Spill: 2 [-Rpass-analysis=kernel-resource-usage]
 k.cu:388:1: remark:     LDS Size [bytes/block]: 512 [-Rpass-analysis=kernel-resource-usage]
-"""
+remark: k.cu:400:0: Function Name: _ZN3cgk8bwd_dataEPKt [-Rpass-analysis=kernel-resource-usage]
+remark: k.cu:400:0:     VGPRs: 64 [-Rpass-analysis=kernel-resource-usage]
+remark: k.cu:400:0:     AGPRs: 0 [-Rpass-analysis=kernel-resource-usage]
+remark: k.cu:400:0:     ScratchSize [bytes/lane]: 0 [-Rpass-analysis=kernel-resource-usage]
+"""   # the second kernel in the form hipcc prints with -save-temps
 
 
 def test_reports_are_parsed_per_kernel():
     fwd, total = parse_report(PTXAS, "cuda")
     assert (short_name(fwd.name), fwd.registers, fwd.spill_bytes, fwd.static_shared) == ("fwd", 168, 12, 1024)
     assert (short_name(total.name), total.registers, total.spill_bytes, total.static_shared) == ("bwd_weight_sum", 31, 0, 0)
-    (hip,) = parse_report(HIPCC, "hip")
+    hip, second = parse_report(HIPCC, "hip")
     assert (short_name(hip.name), hip.registers, hip.spill_bytes, hip.static_shared) == ("fwd", 133, 2, 512)
+    assert (short_name(second.name), second.registers, second.spill_bytes) == ("bwd_data", 64, 0)
 
 
 def test_occupancy_follows_the_arch_limits():

@@ -39,7 +39,7 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 // stage's registers (zeros when not valid), the kernel computes on the other shared buffer while
 // the loads are in flight, and convgen_copy_land stores the registers to shared memory; commit and
 // wait have nothing to do (the data is visible after land and the next __syncthreads).
-struct convgen_u128 { unsigned w[4]; };
+struct alignas(16) convgen_u128 { unsigned w[4]; };   // one global_load_dwordx4 / ds_write_b128
 template <int N> struct convgen_copy_stage {
     convgen_u128 value[N];
     convgen_u128* shared[N];
