@@ -378,6 +378,15 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
         assert len(gemm_kernels) == 3 * len(PARAMS), arch
         for body in gemm_kernels:
             assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
+        # 16-byte staged copies: dwordx4 global loads and b128 LDS stores (not flat accesses)
+        for n, d, lay in PARAMS:
+            tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p").tiles)
+            prefix = _prefix("hip", n, d, lay)
+            for gemm, symbol in {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}.items():
+                (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
+                vector = tiles[gemm].vector_a or tiles[gemm].vector_b
+                assert vector == bool(re.search(r"\bglobal_load_dwordx4\b", body)), (arch, prefix, symbol)
+                assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
 
 
 # ----------------------------------------------------------------------- sanitizers

@@ -39,7 +39,15 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 // stage's registers (zeros when not valid), the kernel computes on the other shared buffer while
 // the loads are in flight, and convgen_copy_land stores the registers to shared memory; commit and
 // wait have nothing to do (the data is visible after land and the next __syncthreads).
-struct alignas(16) convgen_u128 { unsigned w[4]; };   // one global_load_dwordx4 / ds_write_b128
+#if defined(CONVGEN_SIM)
+struct alignas(16) convgen_u128 { unsigned w[4]; };
+#define CONVGEN_GLOBAL_U128 const convgen_u128
+#define CONVGEN_LDS_U128 convgen_u128
+#else   // a 16-byte vector, its address spaces spelled out: global_load_dwordx4 and ds_write_b128, not flat accesses
+typedef unsigned convgen_u128 __attribute__((ext_vector_type(4)));
+#define CONVGEN_GLOBAL_U128 const __attribute__((address_space(1))) convgen_u128
+#define CONVGEN_LDS_U128 __attribute__((address_space(3))) convgen_u128
+#endif
 template <int N> struct convgen_copy_stage {
     convgen_u128 value[N];
     convgen_u128* shared[N];
@@ -47,12 +55,12 @@ template <int N> struct convgen_copy_stage {
 template <int N>
 __device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>& stage, int i, void* shared, const void* global,
                                                bool valid) {
-    stage.value[i] = valid ? *static_cast<const convgen_u128*>(global) : convgen_u128{{0u, 0u, 0u, 0u}};
+    stage.value[i] = valid ? *(CONVGEN_GLOBAL_U128*)global : convgen_u128{};
     stage.shared[i] = static_cast<convgen_u128*>(shared);
 }
 template <int N> __device__ __forceinline__ void convgen_copy_land(convgen_copy_stage<N>& stage) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) *stage.shared[i] = stage.value[i];
+    for (int i = 0; i < N; ++i) *(CONVGEN_LDS_U128*)stage.shared[i] = stage.value[i];
 }
 __device__ __forceinline__ void convgen_copy_commit() {}
 template <int N> __device__ __forceinline__ void convgen_copy_wait() {}
