@@ -4,9 +4,11 @@ of bf16/f16 convolutions (normal or transposed) with f32 accumulation, rendered 
 
 Every pass is one GEMM per group, its operands gathered from the tensors while they are loaded
 into shared memory (padding, stride and dilation are predicates, so channel counts need not be
-multiples of anything). A block computes a BLOCK_M x BLOCK_N tile of the GEMM, BLOCK_K at a time;
-each of its four warps (waves) a quarter of it from the target's matrix instruction (`mma.sync`
-m16n8k16 on CUDA, `v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h).
+multiples of anything). A block computes a BLOCK_M x BLOCK_N tile of the GEMM, BLOCK_K at a time
+through a ring of shared-memory stages (cp.async on CUDA, register-staged on HIP); each of its four
+warps (waves) a quarter of it from the target's matrix instruction (`mma.sync` m16n8k16 on CUDA,
+`v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h). Tiles, stages, the reduction
+order and which operands move by 16-byte copies are codegen/gpu_tiles.py's decisions, per GEMM.
 
 - forward: M = batch x output pixels, N = filters per group, reduction = channels per group x taps.
 - data gradient: one GEMM per *stride phase*. Along an axis with stride S and dilation D, an input

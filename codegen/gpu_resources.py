@@ -155,7 +155,7 @@ def roofline(arch: GpuArch, flops: int, bytes_moved: int, units: str) -> str:
     intensity = flops / bytes_moved if bytes_moved else float("inf")
     ridge = peak / peaks.memory
     bound = "compute" if compute >= memory else "memory"
-    words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "f32": "f32 vector", "f64": "f64 vector"}[units]
+    words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "f32": "f32 FMA", "f64": "f64 FMA"}[units]
     return (f"{bound}-bound: {intensity:.1f} FLOP/B against a ridge of {ridge:.0f} FLOP/B ({words} {peak:g} TFLOP/s, "
             f"memory {peaks.memory:g} TB/s; {peaks.source}); at best {max(compute, memory) * 1e6:.1f} us "
             f"(compute {compute * 1e6:.1f} us, compulsory traffic {memory * 1e6:.1f} us)")
