@@ -192,8 +192,22 @@ def cmd_explain(args) -> int:
         params = ", ".join(name for _, name in source.signature)
         out += [f"  kernel:      {source.name}" + (f" ({source.language}, self-contained)" if target.gpu else ""),
                 f"  entry:       {source.entry}({params})"]
+    if target.gpu and source is not None:
+        out += ["", f"resources on {target.name()} ({target.gpu.part}):"] + _gpu_resources(plan, source)
     print("\n".join(out))
     return 0
+
+
+def _gpu_resources(plan, source) -> list[str]:
+    """The compiler's report (when its compiler is here; through the cache), occupancy, roofline."""
+    from . import gpu_build
+    from .codegen.gpu_resources import explain_lines
+
+    try:
+        report = gpu_build.build_gpu(source).report
+    except BuildError as e:
+        return explain_lines(plan, None, str(e).splitlines()[0])
+    return explain_lines(plan, report)
 
 
 def cmd_build(args) -> int:

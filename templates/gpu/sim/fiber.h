@@ -11,7 +11,17 @@ namespace convgen_sim {
 enum class State { Ready, AtBarrier, AtCollective, Done };
 enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All, Matrix };
 
+// An asynchronous copy issued and not yet completed (sim/async_copy.h): it lands at a wait.
+struct AsyncCopy {
+    void* shared;
+    const void* global;
+    unsigned bytes, source_bytes;        // source_bytes < bytes: the rest is zeros
+    unsigned long long group;            // the commit group it belongs to
+};
+
 struct Fiber {
+    std::vector<AsyncCopy> copies;      // this thread's copies in flight (cp.async)
+    unsigned long long copy_groups = 0; // commit groups closed so far
     void* sp = nullptr;                 // saved stack pointer while switched out
     char* stack = nullptr;              // lowest address of the mapping (a guard page first)
     uint3 tid{0, 0, 0};

@@ -274,6 +274,8 @@ inline void run_block(Launch& l, unsigned long long linear_block) {
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = w.fibers[i];
         f.linear = i;
+        f.copies.clear();
+        f.copy_groups = 0;
         f.tid = {i % l.block.x, i / l.block.x % l.block.y, i / (l.block.x * l.block.y)};
         start_fiber(f);
     }
@@ -507,6 +509,7 @@ typedef void* convgen_stream_t;
     ((void)(stream), ::convgen_sim::launch_kernel(#kernel, dim3(grid), dim3(block), (shared_bytes), \
                                                   [&]() { kernel(__VA_ARGS__); }))
 #define CONVGEN_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::convgen_sim::dynamic_shared())
+#define CONVGEN_SHARED_OPT_IN(kernel, bytes) ((void)(kernel), 0)
 // A plan entry's scratch memory: host memory here (launches run to completion before they return).
 // A failure returns 2 (cudaErrorMemoryAllocation, hipErrorOutOfMemory) with a message for the caller.
 inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stream_t) {
