@@ -80,12 +80,12 @@ def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False,
 
 @functools.lru_cache(maxsize=1)
 def headers_digest() -> str:
-    """sha256 over the simulator's headers (sim/simt.h, sim/fiber.h): part of a simulator
-    build's cache key, since they are compiled into every such artifact."""
+    """sha256 over the simulator's headers (sim/simt.h, sim/fiber.h, sim/mma.h): part of a
+    simulator build's cache key, since they are compiled into every such artifact."""
     import hashlib
 
     h = hashlib.sha256()
-    for name in ("simt.h", "fiber.h"):
+    for name in ("simt.h", "fiber.h", "mma.h"):
         h.update((gpu_templates_dir() / "sim" / name).read_bytes())
     return h.hexdigest()
 
