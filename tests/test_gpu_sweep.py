@@ -21,10 +21,13 @@ How it fits CI's 2 cores (measured on one, see the figures in the issue-17 repor
   the kernels' own tests; here each file must inline its vendor's wrappers and include nothing else.
 - one ninja run over the batches of all three targets, CONVGEN_BUILD_JOBS compiles at a time.
 - a failed batch is compiled again file by file, to name the failing kernels with a repro command.
+- the tensor cores: every matrix kernel of every implicit-GEMM file (bf16/f16) holds HMMA in the
+  sm_80/sm_90 machine code (read with nvdisasm, when it is installed).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import re
@@ -109,10 +112,15 @@ def distinct_kernels(problems) -> tuple[dict, dict]:
     return kernels, files
 
 
+def _algorithm(text: str) -> str:
+    return re.search(r"// kernel:  \w+, algorithm (\w+)\n", text).group(1)
+
+
 def batches(kernels: dict) -> list[list[str]]:
-    """The keys of one target's kernels in batches of at most BATCH, no entry name twice in one."""
+    """The keys of one target's kernels in batches of at most BATCH, no entry name twice in one;
+    by algorithm (the implicit-GEMM files, whose machine code is read, fill batches of their own)."""
     out: list[tuple[set, list]] = []
-    for key in sorted(kernels):
+    for key in sorted(kernels, key=lambda k: (_algorithm(kernels[k][1]), k)):
         entry = kernels[key][0]
         home = next((b for b in out if entry not in b[0] and len(b[1]) < BATCH), None)
         if home is None:
@@ -163,6 +171,37 @@ def _alone(directory: Path, target: str, key: str, exe: str) -> str | None:
     return f"{src}:\n  " + "\n  ".join(lines[:20]) + f"\n  repro: {_shell(target, argv)}"
 
 
+def _nvdisasm() -> str | None:
+    """nvdisasm from PATH, else from the nvidia-cuda-nvdisasm pip package."""
+    import importlib.util
+
+    found = shutil.which("nvdisasm")
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec and not found else []:
+        found = next((str(p) for p in Path(root).glob("*/bin/nvdisasm")), None) or found
+    return found
+
+
+def _without_hmma(cubin: Path, texts: list[str], nvdisasm: str) -> list[str]:
+    """The implicit-GEMM matrix kernels (forward, data gradient, weight-gradient partials) of the
+    files `texts` whose machine code in `cubin` has no HMMA instruction, by name (or a file whose
+    matrix kernel is not found)."""
+    prefixes = [re.search(r'extern "C" int cg_(\w+)\(', t).group(1) for t in texts
+                if re.search(r"// kernel:  (fwd|dgrad|wgrad), algorithm igemm\n", t)]   # not a bias gradient alone
+    if not prefixes:
+        return []
+    sass = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
+    functions = re.split(r"\n\s*\.text\.", sass)
+    missing = []
+    for prefix in prefixes:
+        name = f"cgk_{prefix}"
+        gemms = [f for f in functions if re.match(rf"_ZN{len(name)}{name}(3fwd|8bwd_data|18bwd_weight_partial)E", f)]
+        if not gemms:
+            missing.append(f"{cubin.name}: {name}: no matrix kernel found")
+        missing += [f"{cubin.name}: {f.split(':', 1)[0]}" for f in gemms if not re.search(r"HMMA\.16816\.F32", f)]
+    return missing
+
+
 def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(session_cache_dir):
     compilers = {kind: tool if tool and shutil.which(tool) else None
                  for kind, tool in ((TargetKind.CUDA, knobs.nvcc()), (TargetKind.HIP, knobs.hipcc()))}
@@ -208,13 +247,27 @@ def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(sess
         alone = [f for f in (_alone(out.parent, name, key, compilers[parse_target(name).kind]) for key in keys) if f]
         # a batch that fails where none of its files does alone: report the batch itself
         failures += alone or [f"{out}: {(log.strip() or done.stdout.strip())[-3000:]}"]
+    nvdisasm = _nvdisasm() if compilers[TargetKind.CUDA] else None
+    without_hmma = []
+    if nvdisasm:
+        with concurrent.futures.ThreadPoolExecutor(knobs.build_jobs()) as pool:
+            for missing in pool.map(lambda item: _without_hmma(item[0], [kernels[item[1][0]][k][1] for k in item[1][1]],
+                                                               nvdisasm),
+                                    [(out, job) for out, job in outputs.items()
+                                     if job[0].startswith("cuda") and out.is_file()]):
+                without_hmma += missing
+    checked = time.monotonic()
     built = {name: len(kernels[name]) for name in TARGETS if compilers[parse_target(name).kind]}
     summary = (f"GPU kernel sweep: {sum(files.values())} kernel files, distinct per target {built}, "
                f"{len(outputs)} compiler invocations; generated in {generated - started:.0f} s, "
-               f"compiled in {compiled - generated:.0f} s with {knobs.build_jobs()} jobs")
+               f"compiled in {compiled - generated:.0f} s with {knobs.build_jobs()} jobs; HMMA "
+               + (f"checked in {checked - compiled:.0f} s" if nvdisasm else "not checked (no nvdisasm)"))
     (root / "summary.txt").write_text(summary + "\n")
     print(summary)
     assert not failures, f"{len(failures)} kernel file(s) failed:\n" + "\n".join(failures[:10])
+    assert not without_hmma, "matrix kernels without tensor-core instructions:\n" + "\n".join(without_hmma[:20])
     missing = [tool for kind, tool in (("cuda", "nvcc"), ("hip", "hipcc")) if not compilers[TargetKind(kind)]]
+    if not nvdisasm and compilers[TargetKind.CUDA]:
+        missing.append("nvdisasm (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`: HMMA not checked)")
     if missing:
-        pytest.skip(f"compiled for {list(built)} only: {' and '.join(missing)} not installed")
+        pytest.skip(f"compiled for {list(built)}; not installed: {', '.join(missing)}")
