@@ -89,6 +89,10 @@ class Tiling:
     planes: bool = False     # depthwise weight gradient: whole zero-padded planes as one flat run per tap
     pairs: bool = False      # lanes (bf16): the reduction in pairs of channels, two bf16 products per f32
                              # lane and step (vdpbf16ps), from copies that interleave the pairs
+    stream_bytes: int = 0    # lanes forward: outputs of at least this many bytes per call are written with
+                             # non-temporal stores, past the caches (0: never)
+    plane_stores: bool = False   # lanes: a channel-plane output stored a channel at a time (each channel's
+                                 # pixels of the run in order), not a pixel's channels at a time
 
 
 @dataclasses.dataclass(frozen=True)

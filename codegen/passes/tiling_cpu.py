@@ -23,6 +23,7 @@ import math
 from ..ir import DType, Layout
 from ..pipeline import Pass
 from ..plan import KOp, Plan, Tiling
+from ..target import TargetKind
 
 
 # Work items a parallel loop should offer at least, when the problem allows (a few per thread).
@@ -248,8 +249,11 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
     read = "X" if fwd else "Y"
     in_place = (read,) if not border and unit else ()
+    stream = _stream_bytes(plan, nv * lanes) if fwd else 0
+    plane = math.prod(g.y_size if fwd else g.x_size) * p.dtype.itemsize
+    plane_stores = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS and plane % PLANE_SET_BYTES == 0
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    pairs=pairs, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, stream_bytes=stream, plane_stores=plane_stores, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
@@ -263,7 +267,49 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
                                  f"half the L2); {'input' if fwd else 'grad_output'} "
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 + (f"stored a channel at a time (channel planes of {plane} B put a pixel's "
+                                    f"channels in one or two L1 sets); " if plane_stores else "")
+                                 + (f"outputs of {stream >> 20} MB or more per call written with non-temporal "
+                                    f"stores (they cannot stay in the L2, and a cached store first reads each "
+                                    f"line); " if stream else "") +
                                  f"{tiling.threads_hint}", tiling=tiling)
+
+
+# Non-temporal stores of the lanes forward's channels-last output. A cached store first reads the
+# line it writes (write-allocate), so an output far larger than the L2 costs its size twice in
+# memory traffic; vmovntps writes whole lines without reading them. Measured on Zen 4 (f32,
+# channels last, 2 threads, kernel alone, ms, cached / non-temporal): r50_1x1_64_256 (25.7 MB out)
+# 6.60 / 4.68, r50_stem (25.7 MB) 11.4 / 10.6, r50_3x3_64 (6.4 MB) 9.92 / 9.37, deeplab_dil2
+# (4.5 MB) 28.7 / 27.6, unet3d (4.2 MB) 10.3 / 10.0; below the L2 no gain (r50_3x3_256, 1.6 MB,
+# 10.9 / 11.1; r50_3x3_512, 0.8 MB, 10.6 / 10.6). The data gradient measured mixed (deeplab_dil2
+# 28.0 / 31.6, r50_3x3_64 19.3 / 18.5), so it keeps cached stores. Contiguous (channel-plane)
+# outputs streamed a line of each channel's pixels at a time did not gain (r50_3x3_64 9.79 / 10.01,
+# r50_1x1_64_256 7.86 / 7.99; bf16 6.63 / 12.25, its values rounded one by one; unet3d alone 10.2 /
+# 9.2), so they keep cached stores too.
+STREAM_L2S = 4   # outputs of at least this many L2s per call
+
+# Channel-plane (contiguous) outputs are stored a pixel's channels at a time, one word in each of
+# NVV planes; when the plane's size is a multiple of 2 KB those words fall into one or two of the
+# L1's 64 sets (a set every 64 B, repeating every 4 KB) and evict each other. Then each channel's
+# pixels are stored in order instead. Measured on Zen 4 (NCHW, 2 threads, kernel alone, ms, a
+# pixel's channels / a channel's pixels): wavenet_1d (16 KB planes) forward f32 23.1 / 19.6, bf16
+# 14.6 / 12.2, data gradient f32 22.9 / 19.4, bf16 14.5 / 13.4; unet3d (64 KB) forward f32 9.9 /
+# 9.2, bf16 6.4 / 6.1, data gradient f32 10.2 / 9.4, bf16 5.9 / 5.4; but r50_3x3_64 (12.25 KB
+# planes: 16 sets) 9.4 / 9.9, so only planes of whole 2 KB take it.
+PLANE_SET_BYTES = 2048
+
+
+def _stream_bytes(plan: Plan, nvv: int) -> int:
+    """The output bytes per call from which the lanes forward stores past the caches (0: never):
+    x86 targets, a channels-last output whose every tile store covers whole 64-byte lines (channel
+    blocks of whole vectors, a line-multiple block and pixel stride)."""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    item = p.dtype.itemsize
+    if t.kind is not TargetKind.CPU or t.isa not in ("avx2", "avx512") or plan.layout_of("Y") is not Layout.CHANNELS_LAST:
+        return 0
+    if g.cout_g % nvv or (nvv * item) % 64 or (g.cout_g * g.groups * item) % 64:
+        return 0
+    return STREAM_L2S * t.l2_bytes
 
 
 
