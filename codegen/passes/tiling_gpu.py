@@ -52,7 +52,8 @@ def _direct(plan: Plan) -> Plan:
     what, count, over = _results(plan)
     per_image = plan.kop in (KOp.FWD, KOp.DGRAD)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
-    blocks = math.ceil(count * (plan.problem.n if per_image else 1) / threads)
+    biases = (plan.geometry.cin if plan.problem.transposed else plan.geometry.cout) if bias else 0
+    blocks = math.ceil((count * (plan.problem.n if per_image else 1) + biases) / threads)
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=threads // gpu.warp_size, per_thread=what,
                        threads_hint=f"one thread per {what}, {count} {'per image' if per_image else 'in all'}")
     return plan.decide("tiling", f"{threads} threads per block ({threads // gpu.warp_size} warps of {gpu.warp_size}); "
