@@ -289,7 +289,7 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
 def test_the_vector_cases_take_the_16_byte_copies():
     """The vec_* cases exercise what they are for: operands by 16-byte copies, more reduction steps
     than pipeline stages (so the ring of stages wraps), tap-major reductions for channels-last."""
-    for vendor in sim.WARP:
+    for vendor in sim_build.WARP:
         target = parse_target(vendor)
         tiles = {name: dict(igemm_context(_problem(BY_NAME[name], DType.BF16, layout), target, "p").tiles)
                  for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
@@ -304,7 +304,7 @@ def test_the_vector_cases_take_the_16_byte_copies():
         assert tiles["vec_cl"]["DGRAD"].stages == expected_stages   # 24 x 9 = 216: seven steps
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor):
     """Tensors whose data starts 2 bytes past a 16-byte boundary: the launch sees it and gathers
     element by element (a 16-byte copy there would fault on a device); results still match ATen."""
