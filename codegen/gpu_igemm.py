@@ -4,9 +4,11 @@ of bf16/f16 convolutions (normal or transposed) with f32 accumulation, rendered 
 
 Every pass is one GEMM per group, its operands gathered from the tensors while they are loaded
 into shared memory (padding, stride and dilation are predicates, so channel counts need not be
-multiples of anything). A block computes a BLOCK_M x BLOCK_N tile of the GEMM, BLOCK_K at a time;
-each of its four warps (waves) a quarter of it from the target's matrix instruction (`mma.sync`
-m16n8k16 on CUDA, `v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h).
+multiples of anything). A block computes a BLOCK_M x BLOCK_N tile of the GEMM, BLOCK_K at a time
+through a ring of shared-memory stages (cp.async on CUDA, register-staged on HIP); each of its four
+warps (waves) a quarter of it from the target's matrix instruction (`mma.sync` m16n8k16 on CUDA,
+`v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h). Tiles, stages, the reduction
+order and which operands move by 16-byte copies are codegen/gpu_tiles.py's decisions, per GEMM.
 
 - forward: M = batch x output pixels, N = filters per group, reduction = channels per group x taps.
 - data gradient: one GEMM per *stride phase*. Along an axis with stride S and dilation D, an input
@@ -23,8 +25,13 @@ m16n8k16 on CUDA, `v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/h
 
 The workspace contract: `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes the
 caller passes to `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace, batch, stream)`
-(SPLIT x the weight's elements x 4 today, whatever the batch). The bias gradient
-(`<prefix>_bwd_bias`) is a plain per-filter sum in f32. f32 and f64 problems stay on the direct
+(SPLIT x the weight's elements x 4 today, whatever the batch). Asked with the weight gradient, the
+bias gradient rides the same scheme (`<prefix>_bwd_weight_bias(grad_output, input, grad_weight,
+grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): after its GEMM tile each
+block's warps take bias channels of its group in turn and sum them over the split's share of the
+batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's in the
+workspace, and the second kernel adds those in split order too and rounds once (see bias_reason).
+Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32. f32 and f64 problems stay on the direct
 kernel (codegen/gpu_direct.py). Tensors may be contiguous or channels-last (each of input, weight
 and output by its own layout: every access goes through its strides). A transposed problem runs
 through the same equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the
@@ -41,15 +48,15 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_target import GPU_ARCHS
+from .gpu_tiles import BLOCK_K, GemmTile, IgemmTiles, choose_tiles
 from .gpu_wrappers import vendor_wrappers
 from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
 from .version import generator_version
 
 SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16"}
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32   # 2 x 2 warps of 32 x 32; BLOCK_K: two 16-deep instructions
 MAX_SPLIT = 64
-ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_bias")
+ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +109,8 @@ class IgemmContext:
     x_strides: tuple[int, ...]
     y_strides: tuple[int, ...]
     w_strides: tuple[int, ...]
-    block_m: int
-    block_n: int
     block_k: int
+    tiles: tuple[tuple[str, GemmTile], ...]   # ("FWD" | "DGRAD" | "WGRAD", its tile)
     phases: tuple[Phase, ...]
     split: int
     why: tuple[str, ...]
@@ -162,12 +168,24 @@ class Normal:
         return tuple(Phase((d, h, w)) for d in per_axis[0] for h in per_axis[1] for w in per_axis[2])
 
 
-def _split(normal: Normal, target: Target) -> tuple[int, str]:
+def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
+    """The three GEMMs' tiles, stages and operand access (codegen/gpu_tiles.py) for `problem`."""
+    from .emit import operand_strides
+
+    normal = Normal.of(problem)
+    x_layout, w_layout, y_layout = normal.layouts
+    g = normal.groups or 1
+    return choose_tiles(normal, operand_strides(x_layout, normal.channels, normal.in_size),
+                        operand_strides(y_layout, normal.filters, normal.out_size),
+                        operand_strides(w_layout, normal.channels // g, normal.kernel), target)
+
+
+def _split(normal: Normal, target: Target, tile: GemmTile) -> tuple[int, str]:
     units = target.gpu.sm_count if target.gpu else GPU_ARCHS[target.isa].sm_count
     groups = normal.groups
     kg, cg = normal.filters // groups, normal.channels // groups
     taps, out_pixels = math.prod(normal.kernel), math.prod(normal.out_size)
-    tiles = -(-kg // BLOCK_M) * -(-(cg * taps) // BLOCK_N) * groups
+    tiles = -(-kg // tile.m) * -(-(cg * taps) // tile.n) * groups
     by_units = -(-2 * units // tiles) if tiles else 1
     by_depth = max(1, out_pixels // (4 * BLOCK_K))
     split = max(1, min(MAX_SPLIT, by_units, by_depth, 65535 // max(groups, 1)))
@@ -202,18 +220,28 @@ def reasons(problem: ConvProblem, target: Target) -> tuple[str, ...]:
     normal = Normal.of(problem)
     phases = normal.phases()
     with_taps = [p for p in phases if all(a.taps for a in p.axes)]
-    unit = "warps" if target.kind is TargetKind.CUDA else "waves"
-    return (f"tiles {BLOCK_M}x{BLOCK_N}x{BLOCK_K}, 4 {unit} of {BLOCK_M // 2}x{BLOCK_N // 2}, one shared-memory stage",
+    tiles = tiles_of(problem, target)
+    return (*tiles.reasons,
             f"data gradient: {len(phases)} stride phases ({len(with_taps)} with taps, the rest written as zeros): "
             + " ".join(p.name() for p in phases),
-            _split(normal, target)[1])
+            _split(normal, target, tiles.wgrad)[1])
+
+
+def bias_reason(problem: ConvProblem) -> str:
+    """How the weight gradient's fused bias gradient is computed, in words."""
+    what = "the normal input's channels (grad_output of this transposed problem)" if problem.transposed \
+        else "grad_output's filters"
+    return (f"bias gradient fused into the weight gradient's two launches: each split's warps sum {what} over the "
+            f"split's share of batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's; "
+            f"the second kernel adds them in split order and rounds once")
 
 
 def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
     """The kernels an entry launches (a transposed problem's forward is the normal data gradient,
     its data gradient the normal forward)."""
     return {"fwd": ("bwd_data",) if transposed else ("fwd",), "bwd_data": ("fwd",) if transposed else ("bwd_data",),
-            "bwd_weight": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
+            "bwd_weight": ("bwd_weight_partial", "bwd_weight_sum"),
+            "bwd_weight_bias": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
 
 
 def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads: int | None = None,
@@ -238,6 +266,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
 
     normal = Normal.of(problem)
     x_layout, w_layout, y_layout = normal.layouts
+    tiles = tiles_of(problem, target)
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix,
@@ -248,7 +277,8 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         x_strides=operand_strides(x_layout, normal.channels, normal.in_size),
         y_strides=operand_strides(y_layout, normal.filters, normal.out_size),
         w_strides=operand_strides(w_layout, normal.channels // normal.groups if normal.groups else 0, normal.kernel),
-        block_m=BLOCK_M, block_n=BLOCK_N, block_k=BLOCK_K, phases=normal.phases(), split=_split(normal, target)[0],
+        block_k=BLOCK_K, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
+        phases=normal.phases(), split=_split(normal, target, tiles.wgrad)[0],
         why=reasons(problem, target), entries=tuple(entries),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 

@@ -55,7 +55,15 @@ SHOWN = [
                        "--bias", "--dtype", "bf16", "--layout", "nhwc"]),
     ("dgrad_f16_s3d2", ["--input", "2,3,11,10", "--weight", "5,3,3,3", "--stride", "3", "--dilation", "2", "--padding",
                         "1", "--op", "bwd_data", "--dtype", "f16"]),
+    # channel counts multiples of 8: operands by 16-byte copies (cp.async, LDGSTS in the machine code)
+    ("fwd_bf16_vec", ["--input", "2,16,6,6", "--weight", "16,16,3,3", "--padding", "1", "--op", "fwd", "--dtype", "bf16",
+                      "--layout", "nhwc"]),
+    ("dgrad_f16_vec", ["--input", "2,16,6,6", "--weight", "16,16,3,3", "--padding", "1", "--op", "bwd_data", "--dtype",
+                       "f16", "--layout", "nhwc"]),
+    ("wgrad_bf16_vec", ["--input", "2,8,8,8", "--weight", "16,8,3,3", "--stride", "2", "--padding", "1", "--op",
+                        "bwd_weight", "--dtype", "bf16"]),
 ]
+ASYNC_COPIES = {"fwd_bf16_vec", "dgrad_f16_vec", "wgrad_bf16_vec"}   # their GEMM kernel holds LDGSTS
 SHOWN += [
     ("dw_wgrad_f32_nhwc", ["--input", "2,6,9,9", "--weight", "12,1,3,3", "--groups", "6", "--stride", "2", "--padding",
                            "1", "--op", "bwd_weight", "--bias", "--layout", "nhwc"]),
@@ -134,6 +142,8 @@ def test_nvcc_builds_the_shown_files_without_spills(shown, arch, tmp_path):
         assert gemms, f"{path.name}: no matrix kernel in the cubin"
         for body in gemms:
             assert re.search(r"HMMA\.16816\.F32(\.BF16)?", body), (path.name, body.split(":", 1)[0])
+            if path.stem.split("_", 1)[1] in ASYNC_COPIES:
+                assert re.search(r"\bLDGSTS\b", body), (path.name, body.split(":", 1)[0])
 
 
 def test_hipcc_builds_the_shown_files(shown, tmp_path):
@@ -176,7 +186,8 @@ def test_explain_gives_gpu_reasons(target, op):
 
 
 @pytest.mark.parametrize("op, words", [
-    ("fwd", ["tensor cores", "64x64x32", "4 warps of 32x32"]),
+    ("fwd", ["tensor cores", "4 warps of 32", "tile 128x128x32, 4 stages (80 KiB shared)", "warp tile 64x64",
+             "B by 16-byte cp.async copies", "data visible to the warps only after the copies' wait and a barrier"]),
     ("bwd_data", ["stride phases", "4 stride phases (4 with taps"]),
     ("bwd_weight", ["split-K", "split the batch x", "partials in a workspace summed in split order"]),
 ])
@@ -264,9 +275,10 @@ def test_check_runs_every_pass(target, dtype):
     for name in ("fwd", "bwd_data", "bwd_weight", "bwd_bias (fused)", "bwd_bias (alone)"):
         assert any(line.startswith(name) for line in lines[1:]), out
     if target != "cpu":
-        # 2 channels per group: the weight gradient is the stem kernel's (partials, ordered sum: 2 launches)
-        # and its fused bias 1; f32: direct for the rest, a launch each; bf16: igemm, bwd_data 4 stride phases
-        launches = 1 + (4 if dtype == "bf16" else 1) + 2 + 1 + 1
+        # 2 channels per group: the weight gradient is the stem kernel's (partials, ordered sum: 2 launches,
+        # the bias gradient fused into them); f32: direct for the rest, a launch each; bf16: igemm, bwd_data
+        # 4 stride phases; the bias gradient alone 1
+        launches = 1 + (4 if dtype == "bf16" else 1) + 2 + 1
         assert "simulated launches" in lines[0] and f"{launches} simulated launches" in lines[0]
 
 

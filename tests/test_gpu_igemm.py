@@ -58,6 +58,11 @@ CASES = [
     ("s_3d", (1, 3, 5, 6, 7), 4, (2, 2, 3), (2, 3, 2), ((0, 0), (1, 1), (1, 1)), (1, 2, 2), 1),  # 3-D phases, mixed
     ("split", (2, 3, 1024), 5, (3,), (1,), ((1, 1),), (1,), 1),                        # weight gradient split several ways
     ("empty", (0, 6, 7, 8), 12, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 3),          # CASES 15: empty batch
+    # 16-byte copies (codegen/gpu_tiles.py), reductions longer than the pipeline's stages:
+    ("vec_cl", (2, 16, 6, 6), 24, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),        # fwd A, B and dgrad A by vectors, tap-major
+    ("vec_nchw", (2, 8, 8, 8), 16, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1),       # fwd B (C*taps % 8 == 0), wgrad A (16 pixels)
+    ("vec_groups", (2, 32, 5, 5), 16, (3, 3), (1, 1), ((1, 1), (2, 0)), (1, 1), 2),    # grouped, asymmetric padding, tap-major
+    ("vec_xcl", (1, 16, 7, 7), 8, (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 2), 1),        # input channels-last only: B gathered
 ]
 BY_NAME = {c[0]: c for c in CASES}
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
@@ -65,8 +70,12 @@ F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 # layouts of (input, weight, output): "nchw" all contiguous, "cl" all channels-last, "x_cl" the input only
 LAYOUTS = {"nchw": (Layout.CONTIGUOUS,) * 3, "cl": (Layout.CHANNELS_LAST,) * 3,
            "x_cl": (Layout.CHANNELS_LAST, Layout.CONTIGUOUS, Layout.CONTIGUOUS)}
-CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl"}
-PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES if d == "bf16" or c[0] in F16_CASES]
+CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
+                       "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl"}
+F16_CASES |= {"vec_nchw"}
+NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
+PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES
+           if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT]
           + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()])
 ORDERS = ("forward", "reverse", "shuffle")
 
@@ -183,22 +192,33 @@ def _reference(case, x, w, b, dy):
 
 
 def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=None):
-    """Every pass of `prefix`'s kernels on poisoned outputs; `keep` (a dict) receives the workspace."""
+    """Every pass of `prefix`'s kernels on poisoned outputs: y, dx, dw, db (alone), then dw and db
+    fused (bwd_weight_bias: the weight gradient's two launches, no third); `keep` (a dict) receives
+    the workspaces ("workspace", "fused workspace")."""
     p, n = sim.pointer, ctypes.c_longlong(problem.n)
     x, w, dy = _memory(x, problem.input_layout), _memory(w, problem.weight_layout), _memory(dy, problem.output_layout)
     y, dx, dw, db = (_memory(torch.full(s, float("nan"), dtype=torch_dtype), layout) for s, layout in
                      ((problem.output_shape, problem.output_layout), (problem.input_shape, problem.input_layout),
                       (problem.weight_shape, problem.weight_layout), ((problem.k,), Layout.CONTIGUOUS)))
-    lib.lib[f"{prefix}_bwd_weight_workspace_bytes"].restype = ctypes.c_ulonglong
-    bytes_ = lib.lib[f"{prefix}_bwd_weight_workspace_bytes"](n)
-    workspace = torch.full((bytes_ // 4,), float("nan"), dtype=torch.float32)   # poisoned: every partial is written
+    dw_fused, db_fused = torch.full_like(dw, float("nan")), torch.full_like(db, float("nan"))
+
+    def workspace(entry):   # poisoned: every partial is written
+        lib.lib[f"{prefix}_{entry}_workspace_bytes"].restype = ctypes.c_ulonglong
+        return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // 4,), float("nan"), dtype=torch.float32)
+
+    plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
     lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), n, None, order=order, seed=seed)
-    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(workspace), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(plain), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_bias", p(dy), p(db), n, None, order=order, seed=seed)
+    launches = lib.launches()
+    lib.call(f"{prefix}_bwd_weight_bias", p(dy), p(x), p(dw_fused), p(db_fused), p(fused), n, None, order=order,
+             seed=seed)
+    assert lib.launches() - launches == 2   # partials and their ordered sum, the bias gradient inside them
+    assert fused.numel() == plain.numel() + plain.numel() // dw.numel() * problem.k
     if keep is not None:
-        keep["workspace"] = workspace
-    return y, dx, dw, db
+        keep["workspace"], keep["fused workspace"] = plain, fused
+    return y, dx, dw, db, dw_fused, db_fused
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -213,8 +233,12 @@ def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
     order = ORDERS[(len(name) + (vendor == "hip")) % 3]
     out = _run(libs[vendor], _prefix(vendor, name, dtype, layout), problem, torch_dtype, x, w, b, dy, order, seed=len(name))
     terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
-    for what, got, ref in zip(("forward", "grad_input", "grad_weight", "grad_bias"), out, _reference(case, x, w, b, dy)):
-        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})", terms[what])
+    names = ("forward", "grad_input", "grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)")
+    reference = _reference(case, x, w, b, dy)
+    for what, got, ref in zip(names, out, reference + reference[2:]):
+        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})",
+                     terms[what.split(" ")[0]])
+    assert torch.equal(out[4], out[2])   # fusing the bias changes no weight's sum
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -228,8 +252,10 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
     results = [_run(libs[vendor], _prefix(vendor, "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, order, seed,
                     keep) for (order, seed), keep in zip((("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2)), kept)]
     for other, keep in zip(results[1:], kept[1:]):
-        assert torch.equal(results[0][2].view(torch.int16), other[2].view(torch.int16))
-        assert torch.equal(kept[0]["workspace"].view(torch.int32), keep["workspace"].view(torch.int32))
+        for i in (2, 4, 5):   # grad_weight, and fused with grad_bias
+            assert torch.equal(results[0][i].view(torch.int16), other[i].view(torch.int16))
+        for space in ("workspace", "fused workspace"):
+            assert torch.equal(kept[0][space].view(torch.int32), keep[space].view(torch.int32)), space
 
 
 def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_order(libs):
@@ -241,7 +267,8 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
     w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
     keep = {}
-    dw = _run(libs["cuda"], _prefix("cuda", "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, "shuffle", 5, keep)[2]
+    out = _run(libs["cuda"], _prefix("cuda", "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, "shuffle", 5, keep)
+    dw = out[2]
     partials = keep["workspace"].view(split, *problem.weight_shape)
     assert torch.isfinite(partials).all()
     assert not torch.equal(partials, partials.bfloat16().float())   # f32 precision, not bf16
@@ -249,6 +276,54 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     for s in range(split):
         total += partials[s]
     assert torch.equal(dw.view(torch.int16), total.bfloat16().view(torch.int16))
+    # fused: the bias partials (f32) follow the weight's; grad_bias is their in-order sum, rounded once
+    bias_partials = keep["fused workspace"][partials.numel():].view(split, problem.k)
+    assert torch.isfinite(bias_partials).all()
+    assert not torch.equal(bias_partials, bias_partials.bfloat16().float())
+    bias = torch.zeros(problem.k, dtype=torch.float32)
+    for s in range(split):
+        bias += bias_partials[s]
+    assert torch.equal(out[5].view(torch.int16), bias.bfloat16().view(torch.int16))
+
+
+def test_the_vector_cases_take_the_16_byte_copies():
+    """The vec_* cases exercise what they are for: operands by 16-byte copies, more reduction steps
+    than pipeline stages (so the ring of stages wraps), tap-major reductions for channels-last."""
+    for vendor in sim_build.WARP:
+        target = parse_target(vendor)
+        tiles = {name: dict(igemm_context(_problem(BY_NAME[name], DType.BF16, layout), target, "p").tiles)
+                 for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
+        assert tiles["vec_cl"]["FWD"].vector_a and tiles["vec_cl"]["FWD"].vector_b and tiles["vec_cl"]["FWD"].tap_major
+        assert tiles["vec_cl"]["DGRAD"].vector_a and tiles["vec_cl"]["DGRAD"].tap_major
+        assert tiles["vec_nchw"]["FWD"].vector_b and not tiles["vec_nchw"]["FWD"].vector_a
+        assert tiles["vec_nchw"]["WGRAD"].vector_a
+        assert tiles["vec_groups"]["FWD"].vector_a and tiles["vec_groups"]["DGRAD"].vector_a
+        assert tiles["vec_xcl"]["FWD"].vector_a and not tiles["vec_xcl"]["FWD"].vector_b
+        expected_stages = 4 if vendor == "cuda" else 2
+        assert tiles["vec_cl"]["FWD"].stages == expected_stages   # 16 x 9 = 144: five steps of 32
+        assert tiles["vec_cl"]["DGRAD"].stages == expected_stages   # 24 x 9 = 216: seven steps
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor):
+    """Tensors whose data starts 2 bytes past a 16-byte boundary: the launch sees it and gathers
+    element by element (a 16-byte copy there would fault on a device); results still match ATen."""
+    name, layout = "vec_nchw", "nchw"
+    case = BY_NAME[name]
+    problem = _problem(case, DType.BF16, layout)
+    g = generator_for(f"igemm-misaligned-{vendor}")
+
+    def shifted(shape):   # a tensor whose storage begins one bf16 element past an aligned one
+        flat = randn((1 + torch.Size(shape).numel(),), torch.bfloat16, g)
+        return flat[1:].view(shape)
+
+    x, w, dy = shifted(problem.input_shape), shifted(problem.weight_shape), shifted(problem.output_shape)
+    b = randn((problem.k,), torch.bfloat16, g)
+    assert x.data_ptr() % 16 and w.data_ptr() % 16 and dy.data_ptr() % 16
+    out = _run(libs[vendor], _prefix(vendor, name, "bf16", layout), problem, torch.bfloat16, x, w, b, dy, "shuffle", 3)
+    terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
+    for what, got, ref in zip(("forward", "grad_input", "grad_weight", "grad_bias"), out, _reference(case, x, w, b, dy)):
+        assert_close(got, ref, torch.bfloat16, f"{vendor} misaligned {what}", terms[what])
 
 
 def test_the_batch_size_is_a_run_time_argument(libs):
@@ -299,6 +374,17 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
     assert len(gemm_kernels) == 3 * len(PARAMS)
     for body in gemm_kernels:
         assert re.search(r"HMMA\.16816\.F32(\.BF16)?", body), body.split(":", 1)[0]
+    # the GEMMs whose plan moves an operand by 16-byte copies do so with cp.async (LDGSTS), the
+    # others never (their operands are gathered element by element)
+    target = parse_target(f"cuda-{arch}")
+    kernel_of = {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}
+    for n, d, lay in PARAMS:
+        tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), target, "p").tiles)
+        prefix = _prefix("cuda", n, d, lay)
+        for gemm, symbol in kernel_of.items():
+            (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
+            uses = bool(re.search(r"\bLDGSTS\b", body))
+            assert uses == (tiles[gemm].vector_a or tiles[gemm].vector_b), (prefix, symbol, uses)
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
@@ -319,6 +405,16 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
         assert len(gemm_kernels) == 3 * len(PARAMS), arch
         for body in gemm_kernels:
             assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
+        # 16-byte staged copies: dwordx4 global loads and b128 LDS stores (not flat accesses)
+        for n, d, lay in PARAMS:
+            tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p").tiles)
+            prefix = _prefix("hip", n, d, lay)
+            for gemm, symbol in {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}.items():
+                (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
+                vector = tiles[gemm].vector_a or tiles[gemm].vector_b
+                # (a copy whose address the compiler proves uniform may load with s_load_dwordx4 instead)
+                assert vector or not re.search(r"\bglobal_load_dwordx4\b", body), (arch, prefix, symbol)
+                assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
 
 
 # ----------------------------------------------------------------------- sanitizers
@@ -348,7 +444,8 @@ for vendor in sim_build.WARP:
 print("all ran")
 """
 # the edges: ragged channels in channels-last, taps-free phases, several tiles along M and N
-SANITIZED = [("ragged", "bf16", "cl"), ("s3d1", "bf16", "nchw"), ("tiles", "bf16", "x_cl")]
+SANITIZED = [("ragged", "bf16", "cl"), ("s3d1", "bf16", "nchw"), ("tiles", "bf16", "x_cl"),
+             ("vec_cl", "bf16", "cl"), ("vec_nchw", "bf16", "nchw")]   # and the 16-byte copies' paths
 
 
 def _sanitizer_runtimes() -> list[str] | None:

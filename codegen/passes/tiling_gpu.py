@@ -4,9 +4,9 @@ each thread computes, from the target's warp size and thread limit.
 - direct: one thread per result element (an output, input-gradient or weight-gradient element,
   or one channel of a bias gradient); DIRECT_THREADS threads per block (whole warps: 8 warps of
   32, 4 waves of 64), the grid as many blocks as cover the results at the run-time batch size.
-- igemm: 4 warps (waves) per block, each a 32x32 quarter of the block's 64x64 GEMM tile from the
-  matrix instruction; the data gradient's stride phases and the weight gradient's split-K count
-  (codegen/gpu_igemm.py) are named in the reason.
+- igemm: 4 warps (waves) per block, each a quarter of the block's GEMM tile (64 or 128 a side),
+  pipeline stages and 16-byte copies from codegen/gpu_tiles.py; the data gradient's stride phases
+  and the weight gradient's split-K count (codegen/gpu_igemm.py) are named in the reason.
 A function of problem and target only.
 """
 
@@ -52,62 +52,80 @@ def _direct(plan: Plan) -> Plan:
     what, count, over = _results(plan)
     per_image = plan.kop in (KOp.FWD, KOp.DGRAD)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
-    blocks = math.ceil(count * (plan.problem.n if per_image else 1) / threads)
+    biases = (plan.geometry.cin if plan.problem.transposed else plan.geometry.cout) if bias else 0
+    blocks = math.ceil((count * (plan.problem.n if per_image else 1) + biases) / threads)
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=threads // gpu.warp_size, per_thread=what,
                        threads_hint=f"one thread per {what}, {count} {'per image' if per_image else 'in all'}")
     return plan.decide("tiling", f"{threads} threads per block ({threads // gpu.warp_size} warps of {gpu.warp_size}); "
                                  f"one thread per {what}, summing {over} in double in a fixed order (no atomics, "
                                  f"no shared memory); {blocks} block(s) at batch {plan.problem.n}"
                                  f"{' (the grid follows the run-time batch)' if per_image else ''}"
-                                 f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}",
+                                 + ("; the bias gradient fused into the same launch: past the weights, one thread per "
+                                    "channel sums its batch x pixels in double" if bias else ""),
                        tiling=tiling)
 
 
 def _igemm(plan: Plan) -> Plan:
-    """igemm: 4 warps (waves) per block, a 64x64 GEMM tile per block; the reasons name the pass's
-    stride phases or split."""
-    from ..gpu_igemm import BLOCK_M, BLOCK_N, reasons
+    """igemm: 4 warps (waves) per block, the GEMM tile, stages and copies of the GEMM this pass
+    launches (codegen/gpu_tiles.py); the reasons name the pass's stride phases or split, and how
+    the bias gradient rides along."""
+    from ..gpu_igemm import bias_reason, reasons, tiles_of
+    from ..target import TargetKind
 
     gpu = plan.target.gpu
     unit = "warps" if gpu.warp_size == 32 else "waves"
-    tile, phases, split = reasons(plan.problem, plan.target)
-    what = {KOp.FWD: f"{BLOCK_M} (image, output pixel) rows x {BLOCK_N} filters of one group",
-            KOp.DGRAD: f"{BLOCK_M} (image, input position) rows of one stride phase x {BLOCK_N} channels of one group",
-            KOp.WGRAD: f"{BLOCK_M} filters x {BLOCK_N} (channel, tap) columns of one group and one split",
-            KOp.BIAS: "one channel's bias-gradient sum per thread"}[plan.kop]
-    extra = {KOp.DGRAD: phases, KOp.WGRAD: split}.get(plan.kop)
+    tiles = tiles_of(plan.problem, plan.target)
+    *_, pipeline, phases, split = reasons(plan.problem, plan.target)
+    transposed = plan.problem.transposed
+    # a transposed forward runs the normal data gradient's GEMM, its data gradient the normal forward's
+    gemm = {KOp.FWD: tiles.dgrad if transposed else tiles.fwd, KOp.DGRAD: tiles.fwd if transposed else tiles.dgrad,
+            KOp.WGRAD: tiles.wgrad, KOp.BIAS: None}[plan.kop]
+    forward_rows = (plan.kop is KOp.FWD) != transposed
+    what = ("one channel's bias-gradient sum per thread" if gemm is None else
+            f"{gemm.m} (image, output pixel) rows x {gemm.n} filters of one group" if forward_rows and plan.kop is not KOp.WGRAD
+            else f"{gemm.m} (image, input position) rows of one stride phase x {gemm.n} channels of one group"
+            if plan.kop is not KOp.WGRAD else
+            f"{gemm.m} filters x {gemm.n} (channel, tap) columns of one group and one split")
+    tile = ("" if gemm is None else f"tile {gemm.describe(plan.target.kind is TargetKind.CUDA)}; warp tile "
+            f"{gemm.m // 2}x{gemm.n // 2}; {pipeline}")
+    extra = {KOp.DGRAD: phases if not transposed else None, KOp.FWD: phases if transposed else None,
+             KOp.WGRAD: split}.get(plan.kop)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
+    share = f"a block's {gemm.m}x{gemm.n} tile" if gemm else "the bias gradient"
     tiling = GpuTiling(threads_per_block=4 * gpu.warp_size, warps_per_block=4,
-                       per_thread=f"a 1/{4 * gpu.warp_size} share of a block's {BLOCK_M}x{BLOCK_N} tile",
-                       threads_hint=f"a block per {what}")
+                       per_thread=f"a 1/{4 * gpu.warp_size} share of {share}", threads_hint=f"a block per {what}")
     return plan.decide("tiling", f"{4 * gpu.warp_size} threads per block (4 {unit} of {gpu.warp_size}); a block per "
-                                 f"{what}; {tile}" + (f"; {extra}" if extra else "")
-                                 + ("; then a launch, one thread per channel, sums the bias gradient" if bias else ""),
+                                 f"{what}" + (f"; {tile}" if tile else "") + (f"; {extra}" if extra else "")
+                                 + (f"; {bias_reason(plan.problem)}" if bias else ""),
                        tiling=tiling)
 
 
-def _fixed_block(plan: Plan, what: str, context) -> Plan:
-    """depthwise, stem: their kernel's fixed block, its tiles and split in the context's own words."""
+def _fixed_block(plan: Plan, what: str, context, bias_why: str) -> Plan:
+    """depthwise, stem: their kernel's fixed block, its tiles and split in the context's own words
+    (and how a weight gradient's fused bias gradient is computed)."""
     context = context(plan.problem, plan.target, "p")
+    bias = plan.kop is KOp.WGRAD and plan.problem.bias
     gpu = plan.target.gpu
     unit = "warps" if gpu.warp_size == 32 else "waves"
     tiling = GpuTiling(threads_per_block=context.threads, warps_per_block=context.threads // gpu.warp_size,
                        per_thread=what, threads_hint=f"{context.threads} threads per block; {what}")
     return plan.decide("tiling", f"{context.threads} threads per block ({context.threads // gpu.warp_size} {unit} of "
-                                 f"{gpu.warp_size}); " + "; ".join(context.why), tiling=tiling)
+                                 f"{gpu.warp_size}); " + "; ".join(context.why + ((bias_why,) if bias else ())),
+                       tiling=tiling)
 
 
 def _depthwise(plan: Plan) -> Plan:
-    from ..gpu_depthwise import depthwise_context
+    from ..gpu_depthwise import BIAS_WHY, depthwise_context
 
     return _fixed_block(plan, "a block per tile of channels x output pixels (or a stride phase's positions)",
-                        depthwise_context)
+                        depthwise_context, BIAS_WHY)
 
 
 def _stem(plan: Plan) -> Plan:
-    from ..gpu_stem import stem_context
+    from ..gpu_stem import BIAS_WHY, stem_context
 
-    return _fixed_block(plan, "(filter, channel, tap) sums kept in registers over staged pixel tiles", stem_context)
+    return _fixed_block(plan, "(filter, channel, tap) sums kept in registers over staged pixel tiles", stem_context,
+                        BIAS_WHY)
 
 
 # GPU algorithm -> its tiling function (a new GPU algorithm adds its own)

@@ -27,6 +27,7 @@ import os
 import sys
 
 from ..codegen.emit import emit
+from ..codegen.gpu_resources import explain_lines
 from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
 from ..codegen.ir import ConvProblem, DType, Layout, Op
 from ..codegen.pipeline import lower
@@ -192,8 +193,19 @@ def cmd_explain(args) -> int:
         params = ", ".join(name for _, name in source.signature)
         out += [f"  kernel:      {source.name}" + (f" ({source.language}, self-contained)" if target.gpu else ""),
                 f"  entry:       {source.entry}({params})"]
+    if target.gpu and source is not None:
+        out += ["", f"resources on {target.name()} ({target.gpu.part}):"] + _gpu_resources(plan, source)
     print("\n".join(out))
     return 0
+
+
+def _gpu_resources(plan, source) -> list[str]:
+    """The compiler's report (when its compiler is here; through the cache), occupancy, roofline."""
+    try:
+        report = gpu_build.build_gpu(source).report
+    except BuildError as e:
+        return explain_lines(plan, None, str(e).splitlines()[0])
+    return explain_lines(plan, report)
 
 
 def cmd_build(args) -> int:

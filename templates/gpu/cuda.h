@@ -19,6 +19,10 @@ typedef cudaStream_t convgen_stream_t;
 #define CONVGEN_DYNAMIC_SHARED(T, name) \
     extern __shared__ __align__(16) unsigned char convgen_dynamic_shared_[]; \
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
+// A kernel that takes more than 48 KiB of dynamic shared memory opts in first: 0, else CUDA's error.
+#define CONVGEN_SHARED_OPT_IN(kernel, bytes) \
+    ((bytes) > 48 * 1024 \
+         ? static_cast<int>(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))) : 0)
 // A plan entry's scratch memory (a split-K workspace), stream-ordered: 0 when done, else CUDA's error.
 inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stream_t stream) {
     return static_cast<int>(cudaMallocAsync(p, bytes, stream));
@@ -28,6 +32,36 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 
 // A kernel's launch bounds: at most `threads` per block, registers for `blocks` resident per SM.
 #define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+
+// --- asynchronous copies global -> shared: cp.async (sm_80+), 16 bytes at a time -------------------
+// A stage's copies are issued with convgen_copy16 (a null-valid source gives 16 zero bytes: padding
+// and ragged edges), closed with convgen_copy_commit; convgen_copy_wait<N>() returns when at most the
+// newest N committed stages are still in flight, and only after it *and a __syncthreads* may any
+// thread read what the copies wrote. convgen_copy_land is for vendors that stage in registers
+// (hip.h); here copies go straight to shared memory and it does nothing.
+template <int N> struct convgen_copy_stage {};
+#if defined(CONVGEN_SIM)
+#include "sim/async_copy.h"
+template <int N>
+__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, bool valid) {
+    ::convgen_sim::async_copy(shared, global, 16, valid ? 16 : 0);
+}
+__device__ __forceinline__ void convgen_copy_commit() { ::convgen_sim::async_commit(); }
+template <int N> __device__ __forceinline__ void convgen_copy_wait() { ::convgen_sim::async_wait(N); }
+#else
+template <int N>
+__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, bool valid) {
+    unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void convgen_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void convgen_copy_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#endif
+template <int N> __device__ __forceinline__ void convgen_copy_land(convgen_copy_stage<N>&) {}
+#define CONVGEN_ASYNC_COPY 1   // copies overlap the matrix instructions without registers
 
 #define CONVGEN_FULL_MASK 0xffffffffu
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) {

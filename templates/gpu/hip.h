@@ -19,6 +19,8 @@ typedef hipStream_t convgen_stream_t;
 #define CONVGEN_DYNAMIC_SHARED(T, name) \
     extern __shared__ __align__(16) unsigned char convgen_dynamic_shared_[]; \
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
+// Dynamic LDS up to 64 KiB needs no opt-in on gfx90a/gfx940 (convgen's tiles stay below it).
+#define CONVGEN_SHARED_OPT_IN(kernel, bytes) ((bytes) > 64 * 1024 ? 1 : 0)
 // A plan entry's scratch memory (a split-K workspace), stream-ordered (ROCm 5.2 has hipMallocAsync
 // and hipFreeAsync): 0 when done, else HIP's error.
 inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stream_t stream) {
@@ -30,6 +32,39 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 // A kernel's launch bounds: at most `threads` per block. (HIP's second __launch_bounds__ argument
 // counts waves per execution unit, not blocks per CU: left to the compiler.)
 #define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+
+// --- staged copies global -> shared, 16 bytes at a time: registers, then LDS ---------------------
+// The same names as cuda.h's cp.async wrappers. gfx90a/gfx940 have no asynchronous copy to LDS that
+// ROCm 5.2 exposes, so a stage is double-buffered through registers: convgen_copy16 loads into the
+// stage's registers (zeros when not valid), the kernel computes on the other shared buffer while
+// the loads are in flight, and convgen_copy_land stores the registers to shared memory; commit and
+// wait have nothing to do (the data is visible after land and the next __syncthreads).
+#if defined(CONVGEN_SIM)
+struct alignas(16) convgen_u128 { unsigned w[4]; };
+#define CONVGEN_GLOBAL_U128 const convgen_u128
+#define CONVGEN_LDS_U128 convgen_u128
+#else   // a 16-byte vector, its address spaces spelled out: global_load_dwordx4 and ds_write_b128, not flat accesses
+typedef unsigned convgen_u128 __attribute__((ext_vector_type(4)));
+#define CONVGEN_GLOBAL_U128 const __attribute__((address_space(1))) convgen_u128
+#define CONVGEN_LDS_U128 __attribute__((address_space(3))) convgen_u128
+#endif
+template <int N> struct convgen_copy_stage {
+    convgen_u128 value[N];
+    convgen_u128* shared[N];
+};
+template <int N>
+__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>& stage, int i, void* shared, const void* global,
+                                               bool valid) {
+    stage.value[i] = valid ? *(CONVGEN_GLOBAL_U128*)global : convgen_u128{};
+    stage.shared[i] = static_cast<convgen_u128*>(shared);
+}
+template <int N> __device__ __forceinline__ void convgen_copy_land(convgen_copy_stage<N>& stage) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) *(CONVGEN_LDS_U128*)stage.shared[i] = stage.value[i];
+}
+__device__ __forceinline__ void convgen_copy_commit() {}
+template <int N> __device__ __forceinline__ void convgen_copy_wait() {}
+#define CONVGEN_ASYNC_COPY 0   // staged through registers: two shared buffers
 
 #define CONVGEN_FULL_MASK 0xffffffffffffffffull
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) { return __shfl_down(v, delta); }

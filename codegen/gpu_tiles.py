@@ -1,0 +1,143 @@
+"""The implicit-GEMM kernel's per-GEMM decisions (codegen/gpu_igemm.py): block tile, pipeline
+stages, reduction order and which operands travel by 16-byte asynchronous copies.
+
+Each of the kernel's GEMMs (forward, data gradient, weight gradient) gets its own `GemmTile`:
+
+- Block tile BLOCK_M x BLOCK_N of 64 or 128 each, 4 warps (waves) of (BLOCK_M/2) x (BLOCK_N/2).
+  CUTLASS's sm_80 conv instances and CK's xdl instances centre on 128x128 (and 128x64, 64x64 for
+  small GEMMs) with 4 warps: a 128-wide side where the GEMM has at least 128 along it (rows per
+  image for the forward and data gradient, whose rows also grow with the run-time batch; filters or
+  (channel, tap) columns otherwise), 64 where it is shorter, so a small GEMM does not compute
+  mostly padding. (256-wide tiles would need 8 warps per block: not yet.)
+- Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
+  while the tensor cores work on the current one; up to 4 stages (CUTLASS's sm_80 instances use
+  3-5) while two blocks still fit an SM's shared memory, fewer when the reduction has fewer steps.
+  On HIP (gfx90a, gfx940) copies are staged through registers into two LDS buffers.
+- Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements) when 8 consecutive
+  reduction indices are 8 consecutive, 16-byte aligned elements in memory: channels-last
+  activations with channel counts (per group and in all) multiple of 8 and the reduction ordered
+  tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel, tap)
+  reduction of a multiple of 8; a contiguous grad_output along its pixels (weight gradient, output
+  pixels a multiple of 8). The launch entry also checks the pointers' 16-byte alignment at run
+  time; the other operands (and misaligned pointers) are gathered element by element, with the
+  same predicates, into the same stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .target import Target, TargetKind
+
+BLOCK_K = 32          # two 16-deep matrix instructions per reduction step
+LDS = BLOCK_K + 8     # shared rows padded by 16 bytes: fragment loads spread over banks
+VECTOR = 8            # elements of one 16-byte copy
+MAX_STAGES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmTile:
+    """One GEMM's block tile, pipeline depth and operand access."""
+
+    m: int
+    n: int
+    stages: int
+    tap_major: bool     # reduction (tap, channel) instead of (channel, tap)
+    vector_a: bool      # A by 16-byte copies (when the pointers are aligned)
+    vector_b: bool
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * (self.m + self.n) * LDS * 2
+
+    def describe(self, async_copy: bool) -> str:
+        how = "cp.async" if async_copy else "register-staged"
+        operands = [name for name, on in (("A", self.vector_a), ("B", self.vector_b)) if on]
+        copies = (f"{' and '.join(operands)} by 16-byte {how} copies" if operands
+                  else "operands gathered element by element")
+        return (f"{self.m}x{self.n}x{BLOCK_K}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
+                f"{copies}{', reduction tap-major' if self.tap_major else ''}")
+
+
+def _side(length: int) -> int:
+    return 128 if length >= 128 else 64
+
+
+def _stages(target: Target, tile_m: int, tile_n: int, steps: int) -> tuple[int, str]:
+    """Pipeline stages of one GEMM, and why."""
+    gpu = target.gpu
+    if target.kind is not TargetKind.CUDA or not gpu.async_copy:
+        return 2, "two LDS buffers, the next stage's copies staged in registers while the matrix cores work"
+    per_stage = (tile_m + tile_n) * LDS * 2
+    fit = min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) // per_stage
+    stages = max(2, min(MAX_STAGES, fit, steps))
+    return stages, (f"{stages} stages of cp.async copies in flight ({per_stage // 1024} KiB each, two blocks per SM "
+                    f"fit {gpu.shared_bytes_per_sm // 1024} KiB; {steps} reduction steps per block)")
+
+
+def _contiguous(strides: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    """strides of (outer, c, d, h, w) are the dense row-major ones for sizes (c, d, h, w)."""
+    expected, step = [], 1
+    for size in reversed(sizes):
+        expected.append(step)
+        step *= size
+    return tuple(strides[1:]) == tuple(reversed(expected))
+
+
+def _channels_last(strides: tuple[int, ...]) -> bool:
+    return strides[1] == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class IgemmTiles:
+    fwd: GemmTile
+    dgrad: GemmTile
+    wgrad: GemmTile
+    reasons: tuple[str, ...]
+
+
+def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target) -> IgemmTiles:
+    """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`."""
+    from math import prod
+
+    g = max(normal.groups, 1)
+    cg, kg = normal.channels // g, normal.filters // g
+    taps, ov = prod(normal.kernel), prod(normal.out_size)
+    tap_phase = max(1, prod(-(-r // (s // _gcd(s, d))) for r, s, d in zip(normal.kernel, normal.stride, normal.dilation)))
+    positions = max(1, prod(normal.in_size) // prod(normal.stride))
+    aligned_c = normal.channels % VECTOR == 0 and cg % VECTOR == 0
+    aligned_k = normal.filters % VECTOR == 0 and kg % VECTOR == 0
+    steps = lambda reduction: max(1, -(-reduction // BLOCK_K))
+
+    # forward: A = input (rows pixels, reduction (channel, tap)), B = weight (columns filters)
+    fwd_tap = _channels_last(x_strides) and aligned_c
+    fwd_b = (fwd_tap and _channels_last(w_strides)) or (
+        not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % VECTOR == 0)
+    fm, fn = _side(ov), _side(kg)
+    fwd = GemmTile(fm, fn, _stages(target, fm, fn, steps(cg * taps))[0], fwd_tap, fwd_tap, fwd_b)
+    # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
+    dg_tap = _channels_last(y_strides) and aligned_k
+    dm, dn = _side(positions), _side(cg)
+    dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase))[0], dg_tap, dg_tap, False)
+    # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
+    wg_a = _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % VECTOR == 0
+    wm, wn = _side(kg), _side(cg * taps)
+    wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov))[0], False, wg_a, False)
+
+    gpu = target.gpu
+    how = (f"up to {MAX_STAGES} stages of cp.async copies in flight while two blocks fit an SM's "
+           f"{gpu.shared_bytes_per_sm // 1024} KiB of shared memory, no more stages than reduction steps"
+           if target.kind is TargetKind.CUDA and gpu.async_copy else _stages(target, 64, 64, 1)[1])
+    unit = "warps" if target.kind is TargetKind.CUDA else "waves"
+    reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like): "
+               f"forward {fwd.describe(target.kind is TargetKind.CUDA)}; data gradient "
+               f"{dgrad.describe(target.kind is TargetKind.CUDA)}; weight gradient "
+               f"{wgrad.describe(target.kind is TargetKind.CUDA)}",
+               f"pipeline: {how}; data visible to the warps only after the copies' wait and a barrier")
+    return IgemmTiles(fwd, dgrad, wgrad, reasons)
+
+
+def _gcd(a: int, b: int) -> int:
+    from math import gcd
+
+    return gcd(a, b)

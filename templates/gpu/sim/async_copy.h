@@ -1,0 +1,33 @@
+// convgen SIMT simulator, part 4: asynchronous copies (cp.async). Included by cuda.h under
+// -DCONVGEN_SIM (after simt.h) for its convgen_copy16 / _commit / _wait wrappers.
+//
+// The copy semantics are kept honest: a copy issued by a thread only records what it will do; the
+// bytes reach shared memory when that thread waits for the copy's commit group (cp.async.wait_group
+// N: every group but the newest N). Until then the destination keeps its old contents, so a kernel
+// that reads a stage before the wait and the following __syncthreads reads stale data (and shuffled
+// thread orders make that visible as a wrong answer). Copies of a group not yet committed never
+// complete by a wait, as in PTX.
+#pragma once
+
+namespace convgen_sim {
+
+inline void async_copy(void* shared, const void* global, unsigned bytes, unsigned source_bytes) {
+    Fiber& f = *worker().current;
+    f.copies.push_back({shared, global, bytes, source_bytes, f.copy_groups});
+}
+
+inline void async_commit() { ++worker().current->copy_groups; }
+
+inline void async_wait(unsigned newest_pending) {
+    Fiber& f = *worker().current;
+    unsigned long long done_below = f.copy_groups > newest_pending ? f.copy_groups - newest_pending : 0;
+    std::vector<AsyncCopy> still;
+    for (const AsyncCopy& c : f.copies) {
+        if (c.group >= done_below) { still.push_back(c); continue; }
+        std::memcpy(c.shared, c.global, c.source_bytes);
+        std::memset(static_cast<char*>(c.shared) + c.source_bytes, 0, c.bytes - c.source_bytes);
+    }
+    f.copies.swap(still);
+}
+
+}  // namespace convgen_sim
