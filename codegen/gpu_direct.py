@@ -23,6 +23,7 @@ stream; each returns 0 when its kernels were launched:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .errors import ConvSpecError
 from .gpu_wrappers import vendor_wrappers
@@ -66,8 +67,27 @@ class DirectContext:
     pad: tuple[int, int, int]
     dilation: tuple[int, int, int]
     threads: int
+    index: str             # the C type of in-image offsets and coordinates: int, or long long when they need it
+    index_why: str
     entries: tuple[str, ...]
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
+
+
+INT_LIMIT = 2**31 - 1
+
+
+def index_type(problem: ConvProblem, threads: int = THREADS) -> tuple[str, str]:
+    """(C type, why) of the direct kernel's offsets within one image and within the weight: 32-bit
+    `int` when the largest of them (with a block's overhang past the last thread) fits, else `long
+    long`. Only the batch term of an activation offset stays 64-bit. 64-bit coordinates took twice
+    the registers and pushed the f32 data and weight gradients just past 32 registers, where ptxas
+    traded a 4-byte spill for full occupancy (256 threads x 32 registers)."""
+    p = problem
+    per_image = max(p.c * math.prod(p.in_size), p.k * math.prod(p.out_size),
+                    p.k * (p.c // p.groups if p.groups else 0) * math.prod(p.kernel))
+    if per_image + threads <= INT_LIMIT:
+        return "int", f"32-bit in-image offsets: at most {per_image} elements per image or weight"
+    return "long long", f"64-bit offsets: {per_image} elements per image or weight exceed int"
 
 
 def _three(values, fill: int) -> tuple[int, int, int]:
@@ -99,6 +119,7 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
         raise ConvSpecError(f"threads={threads}: threads per block must be a multiple of the warp size {warp} "
                             f"and at most {target.gpu.max_threads_per_block} on {target.name()}")
     p = problem
+    index = index_type(p, threads)
     if p.transposed:   # the normal convolution whose data gradient this transposed one is
         x = (p.k, _three(p.out_size, 1), p.output_layout)
         y = (p.c, _three(p.in_size, 1), p.input_layout)
@@ -113,7 +134,7 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
         x=Operand(x[0], x[1], strides(x[2], x[0], x[1])), y=Operand(y[0], y[1], strides(y[2], y[0], y[1])),
         w_strides=strides(p.weight_layout, x[0] // p.groups if p.groups else 0, kernel),
         kernel=kernel, stride=_three(p.stride, 1), pad=_three([low for low, _ in p.padding], 0),
-        dilation=_three(p.dilation, 1), threads=threads, entries=tuple(entries),
+        dilation=_three(p.dilation, 1), threads=threads, index=index[0], index_why=index[1], entries=tuple(entries),
         kernels=tuple(sorted({_launches(e, p.transposed) for e in entries})))
 
 

@@ -46,20 +46,25 @@ def run_gpu(plan: Plan) -> Plan:
 
 
 def _direct(plan: Plan) -> Plan:
-    """direct: whole warps per block, one thread per result element."""
+    """direct: whole warps per block, one thread per result element, 32-bit in-image offsets where they fit."""
+    from ..gpu_direct import index_type
+
     gpu = plan.target.gpu
     threads = min(DIRECT_THREADS, gpu.max_threads_per_block) // gpu.warp_size * gpu.warp_size
     what, count, over = _results(plan)
     per_image = plan.kop in (KOp.FWD, KOp.DGRAD)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
     blocks = math.ceil(count * (plan.problem.n if per_image else 1) / threads)
+    index, index_why = index_type(plan.problem, threads)
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=threads // gpu.warp_size, per_thread=what,
                        threads_hint=f"one thread per {what}, {count} {'per image' if per_image else 'in all'}")
     return plan.decide("tiling", f"{threads} threads per block ({threads // gpu.warp_size} warps of {gpu.warp_size}); "
                                  f"one thread per {what}, summing {over} in double in a fixed order (no atomics, "
                                  f"no shared memory); {blocks} block(s) at batch {plan.problem.n}"
                                  f"{' (the grid follows the run-time batch)' if per_image else ''}"
-                                 f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}",
+                                 f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}"
+                                 f"; offsets and coordinates within an image as {index} ({index_why}; 64-bit ones "
+                                 f"made ptxas spill to stay at 32 registers)",
                        tiling=tiling)
 
 
