@@ -79,9 +79,9 @@ INT_LIMIT = 2**31 - 1
 def index_type(problem: ConvProblem, threads: int = THREADS) -> tuple[str, str]:
     """(C type, why) of the direct kernel's offsets within one image and within the weight: 32-bit
     `int` when the largest of them (with a block's overhang past the last thread) fits, else `long
-    long`. Only the batch term of an activation offset stays 64-bit. 64-bit coordinates took twice
-    the registers and pushed the f32 data and weight gradients just past 32 registers, where ptxas
-    traded a 4-byte spill for full occupancy (256 threads x 32 registers)."""
+    long`. Only the batch term of an activation offset stays 64-bit: half the registers and
+    instructions of 64-bit index arithmetic (with the template's rolled loops, no direct kernel of
+    the suites or CASES spills; see templates/gpu/direct.cu.j2)."""
     p = problem
     per_image = max(p.c * math.prod(p.in_size), p.k * math.prod(p.out_size),
                     p.k * (p.c // p.groups if p.groups else 0) * math.prod(p.kernel))

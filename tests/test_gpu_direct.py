@@ -130,9 +130,8 @@ def test_the_direct_kernels_build_with_hipcc_for_gfx90a(tmp_path):
     _vendor_build(tmp_path, "hip", ["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c"], {**os.environ, "HIP_PLATFORM": "amd"})
 
 
-# Offsets within an image or the weight are 32-bit `int` where they fit (fewer registers: 64-bit
-# ones made ptxas spill the f32 data and weight gradients to stay at 32 registers), `long long`
-# past that. One problem on each side of the limit; the 64-bit one is only built (it would need
+# Offsets within an image or the weight are 32-bit `int` where they fit (half the registers and
+# instructions of 64-bit index arithmetic), `long long` past that. One problem on each side of the limit; the 64-bit one is only built (it would need
 # 9 GB per tensor to run).
 NEAR_LIMIT = [
     ("int", (1, 1, 1290, 1290, 1290)),    # 2 146 689 000 input elements: the largest offset fits

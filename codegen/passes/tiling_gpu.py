@@ -46,7 +46,8 @@ def run_gpu(plan: Plan) -> Plan:
 
 
 def _direct(plan: Plan) -> Plan:
-    """direct: whole warps per block, one thread per result element, 32-bit in-image offsets where they fit."""
+    """direct: whole warps per block, one thread per result element, rolled loops, 32-bit in-image offsets
+    where they fit."""
     from ..gpu_direct import index_type
 
     gpu = plan.target.gpu
@@ -63,8 +64,9 @@ def _direct(plan: Plan) -> Plan:
                                  f"no shared memory); {blocks} block(s) at batch {plan.problem.n}"
                                  f"{' (the grid follows the run-time batch)' if per_image else ''}"
                                  f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}"
-                                 f"; offsets and coordinates within an image as {index} ({index_why}; 64-bit ones "
-                                 f"made ptxas spill to stay at 32 registers)",
+                                 f"; every loop rolled, one load pair and multiply-add a step (unrolled, the "
+                                 f"compile-time trip counts made ptxas spill to stay at 32 registers); offsets and "
+                                 f"coordinates within an image as {index} ({index_why})",
                        tiling=tiling)
 
 
