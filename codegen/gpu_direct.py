@@ -32,6 +32,10 @@ from .target import Target, TargetKind
 from .version import generator_version
 
 THREADS = 256   # threads per block: 8 warps (4 waves), enough for the simulator and any GPU
+# Blocks per SM the CUDA kernels ask registers for (__launch_bounds__'s second argument; HIP leaves
+# it to hipcc): 4 x 256 threads, 64 registers a thread. Without it ptxas aims at full occupancy,
+# 32 registers, and spills the few bytes of a kernel that needs 33-40.
+MIN_BLOCKS = 4
 ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_bias")
 STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "unsigned short", DType.F16: "unsigned short"}
 
@@ -67,6 +71,8 @@ class DirectContext:
     pad: tuple[int, int, int]
     dilation: tuple[int, int, int]
     threads: int
+    min_blocks: int        # blocks per SM the registers are budgeted for (CUDA)
+    min_blocks_why: str
     index: str             # the C type of in-image offsets and coordinates: int, or long long when they need it
     index_why: str
     entries: tuple[str, ...]
@@ -88,6 +94,12 @@ def index_type(problem: ConvProblem, threads: int = THREADS) -> tuple[str, str]:
     if per_image + threads <= INT_LIMIT:
         return "int", f"32-bit in-image offsets: at most {per_image} elements per image or weight"
     return "long long", f"64-bit offsets: {per_image} elements per image or weight exceed int"
+
+
+def min_blocks_reason(threads: int = THREADS) -> str:
+    """Why the CUDA kernels ask for MIN_BLOCKS resident blocks, in the plan's and the file's words."""
+    return (f"registers for {MIN_BLOCKS} blocks of {threads} threads per SM, {65536 // (MIN_BLOCKS * threads)} "
+            f"a thread: without a target ptxas spilled to reach 32 (full occupancy)")
 
 
 def _three(values, fill: int) -> tuple[int, int, int]:
@@ -134,7 +146,8 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
         x=Operand(x[0], x[1], strides(x[2], x[0], x[1])), y=Operand(y[0], y[1], strides(y[2], y[0], y[1])),
         w_strides=strides(p.weight_layout, x[0] // p.groups if p.groups else 0, kernel),
         kernel=kernel, stride=_three(p.stride, 1), pad=_three([low for low, _ in p.padding], 0),
-        dilation=_three(p.dilation, 1), threads=threads, index=index[0], index_why=index[1], entries=tuple(entries),
+        dilation=_three(p.dilation, 1), threads=threads, min_blocks=MIN_BLOCKS,
+        min_blocks_why=min_blocks_reason(threads), index=index[0], index_why=index[1], entries=tuple(entries),
         kernels=tuple(sorted({_launches(e, p.transposed) for e in entries})))
 
 
