@@ -9,7 +9,8 @@ Identical sources are built once. Tensors are never allocated: problems come fro
 
 360 kernel files (after removing identical sources). Measured on this project's shared 2-core machine
 (four sessions compiling at once): 25.5 min wall, 8.5 min of compiler CPU time (453 s user + 58 s
-system), so about 4.5 min on two idle cores; set CONVGEN_SKIP_SUITE_BUILD=1 to skip it locally.
+system), so about 4.5 min on two idle cores; again on issue 20d: 45 min wall under heavier sharing,
+533 s of CPU (473 s user + 60 s system). Set CONVGEN_SKIP_SUITE_BUILD=1 to skip it locally.
 """
 
 from __future__ import annotations
