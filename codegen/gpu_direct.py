@@ -28,6 +28,7 @@ batch and that channel's pixels (in double, in a fixed order), as `bwd_bias` doe
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .errors import ConvSpecError
 from .gpu_wrappers import vendor_wrappers
@@ -36,6 +37,10 @@ from .target import Target, TargetKind
 from .version import generator_version
 
 THREADS = 256   # threads per block: 8 warps (4 waves), enough for the simulator and any GPU
+# Blocks per SM the CUDA kernels ask registers for (__launch_bounds__'s second argument; HIP leaves
+# it to hipcc): 4 x 256 threads, 64 registers a thread. Without it ptxas aims at full occupancy,
+# 32 registers, and spills the few bytes of a kernel that needs 33-40.
+MIN_BLOCKS = 4
 ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "unsigned short", DType.F16: "unsigned short"}
 
@@ -71,8 +76,35 @@ class DirectContext:
     pad: tuple[int, int, int]
     dilation: tuple[int, int, int]
     threads: int
+    min_blocks: int        # blocks per SM the registers are budgeted for (CUDA)
+    min_blocks_why: str
+    index: str             # the C type of in-image offsets and coordinates: int, or long long when they need it
+    index_why: str
     entries: tuple[str, ...]
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
+
+
+INT_LIMIT = 2**31 - 1
+
+
+def index_type(problem: ConvProblem, threads: int = THREADS) -> tuple[str, str]:
+    """(C type, why) of the direct kernel's offsets within one image and within the weight: 32-bit
+    `int` when the largest of them (with a block's overhang past the last thread) fits, else `long
+    long`. Only the batch term of an activation offset stays 64-bit: half the registers and
+    instructions of 64-bit index arithmetic (with the template's rolled loops, no direct kernel of
+    the suites or CASES spills; see templates/gpu/direct.cu.j2)."""
+    p = problem
+    per_image = max(p.c * math.prod(p.in_size), p.k * math.prod(p.out_size),
+                    p.k * (p.c // p.groups if p.groups else 0) * math.prod(p.kernel))
+    if per_image + threads <= INT_LIMIT:
+        return "int", f"32-bit in-image offsets: at most {per_image} elements per image or weight"
+    return "long long", f"64-bit offsets: {per_image} elements per image or weight exceed int"
+
+
+def min_blocks_reason(threads: int = THREADS) -> str:
+    """Why the CUDA kernels ask for MIN_BLOCKS resident blocks, in the plan's and the file's words."""
+    return (f"registers for {MIN_BLOCKS} blocks of {threads} threads per SM, {65536 // (MIN_BLOCKS * threads)} "
+            f"a thread: without a target ptxas spilled to reach 32 (full occupancy)")
 
 
 def _three(values, fill: int) -> tuple[int, int, int]:
@@ -104,6 +136,7 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
         raise ConvSpecError(f"threads={threads}: threads per block must be a multiple of the warp size {warp} "
                             f"and at most {target.gpu.max_threads_per_block} on {target.name()}")
     p = problem
+    index = index_type(p, threads)
     if p.transposed:   # the normal convolution whose data gradient this transposed one is
         x = (p.k, _three(p.out_size, 1), p.output_layout)
         y = (p.c, _three(p.in_size, 1), p.input_layout)
@@ -118,7 +151,8 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
         x=Operand(x[0], x[1], strides(x[2], x[0], x[1])), y=Operand(y[0], y[1], strides(y[2], y[0], y[1])),
         w_strides=strides(p.weight_layout, x[0] // p.groups if p.groups else 0, kernel),
         kernel=kernel, stride=_three(p.stride, 1), pad=_three([low for low, _ in p.padding], 0),
-        dilation=_three(p.dilation, 1), threads=threads, entries=tuple(entries),
+        dilation=_three(p.dilation, 1), threads=threads, min_blocks=MIN_BLOCKS,
+        min_blocks_why=min_blocks_reason(threads), index=index[0], index_why=index[1], entries=tuple(entries),
         kernels=tuple(sorted({_launches(e, p.transposed) for e in entries})))
 
 

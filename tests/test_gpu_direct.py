@@ -134,3 +134,22 @@ def test_the_direct_kernels_build_with_nvcc_for_sm_80(tmp_path):
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
 def test_the_direct_kernels_build_with_hipcc_for_gfx90a(tmp_path):
     _vendor_build(tmp_path, "hip", ["hipcc", "-x", "hip", "--offload-arch=gfx90a", "-c"], {**os.environ, "HIP_PLATFORM": "amd"})
+
+
+# Offsets within an image or the weight are 32-bit `int` where they fit (half the registers and
+# instructions of 64-bit index arithmetic), `long long` past that. One problem on each side of the limit; the 64-bit one is only built (it would need
+# 9 GB per tensor to run).
+NEAR_LIMIT = [
+    ("int", (1, 1, 1290, 1290, 1290)),    # 2 146 689 000 input elements: the largest offset fits
+    ("long long", (1, 1, 1291, 1291, 1291)),   # 2 151 685 171: past 2^31 - 1
+]
+
+
+@pytest.mark.parametrize("index,shape", NEAR_LIMIT)
+def test_in_image_offsets_are_int_only_where_they_fit(tmp_path, index, shape):
+    problem = ConvProblem(Op.FWD, shape[0], shape[1], 1, shape[2:], (1, 1, 1), (1, 1, 1), ((0, 0),) * 3, (1, 1, 1),
+                          dtype=DType.F32, bias=True).validate()
+    text = render_direct(problem, parse_target("cuda"), "big")
+    assert f"typedef {index} Index;" in text
+    lib = sim.build(text, tmp_path, "direct_big", "cuda")   # the simulator's compiler builds every kernel
+    assert lib is not None

@@ -46,7 +46,11 @@ def run_gpu(plan: Plan) -> Plan:
 
 
 def _direct(plan: Plan) -> Plan:
-    """direct: whole warps per block, one thread per result element."""
+    """direct: whole warps per block, one thread per result element, rolled loops, 32-bit in-image offsets
+    where they fit."""
+    from ..gpu_direct import index_type, min_blocks_reason
+    from ..target import TargetKind
+
     gpu = plan.target.gpu
     threads = min(DIRECT_THREADS, gpu.max_threads_per_block) // gpu.warp_size * gpu.warp_size
     what, count, over = _results(plan)
@@ -54,6 +58,8 @@ def _direct(plan: Plan) -> Plan:
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
     biases = (plan.geometry.cin if plan.problem.transposed else plan.geometry.cout) if bias else 0
     blocks = math.ceil((count * (plan.problem.n if per_image else 1) + biases) / threads)
+    index, index_why = index_type(plan.problem, threads)
+    occupancy = f"; {min_blocks_reason(threads)}" if plan.target.kind is TargetKind.CUDA else ""
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=threads // gpu.warp_size, per_thread=what,
                        threads_hint=f"one thread per {what}, {count} {'per image' if per_image else 'in all'}")
     return plan.decide("tiling", f"{threads} threads per block ({threads // gpu.warp_size} warps of {gpu.warp_size}); "
@@ -61,7 +67,10 @@ def _direct(plan: Plan) -> Plan:
                                  f"no shared memory); {blocks} block(s) at batch {plan.problem.n}"
                                  f"{' (the grid follows the run-time batch)' if per_image else ''}"
                                  + ("; the bias gradient fused into the same launch: past the weights, one thread per "
-                                    "channel sums its batch x pixels in double" if bias else ""),
+                                    "channel sums its batch x pixels in double" if bias else "")
+                                 + f"; every loop rolled, one load pair and multiply-add a step (unrolled, the "
+                                   f"compile-time trip counts held loads in flight past any register cap){occupancy}; "
+                                   f"offsets and coordinates within an image as {index} ({index_why})",
                        tiling=tiling)
 
 
