@@ -20,6 +20,20 @@ from ..codegen.source import KernelSource
 _CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int, "stream": ctypes.c_void_p}
 
 
+def load_entry(source: KernelSource, path: Path, what: str, library=None):
+    """(library, entry) of `source` in the shared library at `path` (or in `library`, already
+    loaded), typed from the source's signature; a BuildError naming `what` when it cannot load."""
+    try:
+        lib = library if library is not None else ctypes.CDLL(str(path))
+        fn = getattr(lib, source.entry)
+    except (OSError, AttributeError) as e:
+        raise BuildError(f"kernel {source.name}: {what} {path} could not be loaded ({e}); "
+                         f"run `convgen cache verify` or remove it and retry") from e
+    fn.argtypes = [_CTYPES[kind] for kind, _ in source.signature]
+    fn.restype = ctypes.c_int
+    return lib, fn
+
+
 class Kernel:
     """A loaded kernel entry: call it with tensors by role, the batch size and a thread count.
 
@@ -35,15 +49,7 @@ class Kernel:
             prototype = ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[kind] for kind, _ in source.signature))
             self._fn = prototype(served.address)   # as ctypes.CDLL would give it
             return
-        try:
-            self._lib = ctypes.CDLL(str(path))
-            fn = getattr(self._lib, source.entry)
-        except (OSError, AttributeError) as e:
-            raise BuildError(f"kernel {source.name}: the artifact {path} could not be loaded ({e}); "
-                             f"run `convgen cache verify` or remove it and retry") from e
-        fn.argtypes = [_CTYPES[kind] for kind, _ in source.signature]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._lib, self._fn = load_entry(source, path, "the artifact")
 
     @property
     def address(self) -> int:

@@ -25,12 +25,12 @@ from typing import Callable, Container, Sequence
 
 import torch
 
-from ..codegen.errors import BuildError, ConvgenError
+from ..codegen.errors import ConvgenError
 from ..codegen.gpu_target import GPU_ARCHS, supported
 from ..codegen.source import KernelSource
 from ..codegen.target import Target, parse_target
 from . import hip
-from .cpu import _CTYPES, Kernel
+from .cpu import Kernel, load_entry
 
 OUT_OF_MEMORY = 2   # cudaErrorMemoryAllocation and hipErrorOutOfMemory alike
 
@@ -83,15 +83,7 @@ class GpuKernel(Kernel):
     def __init__(self, source: KernelSource, path: Path | None, *, library: ctypes.CDLL | None = None):
         self.source = source
         self.path = path
-        try:
-            self._lib = library if library is not None else ctypes.CDLL(str(path))
-            fn = getattr(self._lib, source.entry)
-        except (OSError, AttributeError) as e:
-            raise BuildError(f"kernel {source.name}: the GPU library {path} could not be loaded ({e}); "
-                             f"run `convgen cache verify` or remove it and retry") from e
-        fn.argtypes = [_CTYPES[kind] for kind, _ in source.signature]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._lib, self._fn = load_entry(source, path, "the GPU library", library)
 
     @property
     def address(self) -> int:
