@@ -278,7 +278,7 @@ def test_the_vector_cases_take_the_16_byte_copies():
         assert tiles["vec_cl"]["DGRAD"].stages == expected_stages   # 24 x 9 = 216: seven steps
 
 
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor):
     """Tensors whose data starts 2 bytes past a 16-byte boundary: the launch sees it and gathers
     element by element (a 16-byte copy there would fault on a device); results still match ATen."""
