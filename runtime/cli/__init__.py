@@ -28,6 +28,7 @@ import sys
 
 from ..codegen.emit import emit
 from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
+from ..codegen.gpu_resources import explain_lines
 from ..codegen.ir import ConvProblem, DType, Layout, Op
 from ..codegen.pipeline import lower
 from ..codegen.plan import Plan
@@ -200,9 +201,6 @@ def cmd_explain(args) -> int:
 
 def _gpu_resources(plan, source) -> list[str]:
     """The compiler's report (when its compiler is here; through the cache), occupancy, roofline."""
-    from . import gpu_build
-    from .codegen.gpu_resources import explain_lines
-
     try:
         report = gpu_build.build_gpu(source).report
     except BuildError as e:
