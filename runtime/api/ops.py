@@ -64,9 +64,12 @@ def _signature(tensors, args) -> tuple | None:
     Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None.
     A tensor counts by type, dtype, whether it is on the CPU, layout, shape and strides: a call
     on any other device or layout is refused before it could be remembered. CONVGEN_SIM counts
-    too (a simulated GPU kernel is another kernel)."""
+    too (a simulated GPU kernel is another kernel), and with it torch's tf32 switch (an f32
+    problem on a GPU target is a tf32 one while torch.backends.cudnn.allow_tf32 is True)."""
     try:
-        signature = (torch.get_num_threads(), knobs.sim(), *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
+        sim = knobs.sim()
+        signature = (torch.get_num_threads(), sim, bool(sim) and torch.backends.cudnn.allow_tf32,
+                     *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
                      *[None if t is None else (type(t), t.dtype, t.is_cpu, t.layout, t.shape, t.stride())
                        for t in tensors])
         hash(signature)

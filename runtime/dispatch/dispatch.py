@@ -8,7 +8,8 @@ With CONVGEN_SIM=cuda|hip the target is that vendor's default GPU arch (sm_90, g
 arch CONVGEN_SIM names (cuda-sm_80): the generated GPU kernels are built for the SIMT simulator
 (devices/sim.py) and run on the CPU tensors' memory, through the same table (keyed by
 CONVGEN_SIM's value too), cache and counters; each simulated launch counts in
-stats()["sim_launches"]. Ahead-of-time bundles (CPU code) are not consulted then.
+stats()["sim_launches"]. An f32 problem for a GPU target takes torch's tf32 switch
+(dispatch/problem.py's gpu_problem) before it is keyed. Ahead-of-time bundles (CPU code) are not consulted then.
 
 Where things are: the plan's choice among candidates comes from the tuning database
 (dispatch/tuning.py), kernels of loaded ahead-of-time bundles from dispatch/bundle.py, the
@@ -28,6 +29,7 @@ from ..building import build
 from ..devices.cpu import Kernel
 from ..devices.sim import SimKernel
 from . import bundle, tuning
+from .problem import gpu_problem
 from ..stats import bump
 from ..codegen.emit import emit
 from ..codegen.errors import BuildError
@@ -107,6 +109,7 @@ def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
         for p in problems:
+            p = gpu_problem(p) if vendor else p
             key = f"{vendor}:{p.key()}" if vendor else p.key()
             entry = _table.get(key) or new.get(key)
             if entry is not None and key in _table:

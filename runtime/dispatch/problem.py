@@ -194,3 +194,15 @@ def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     problem.validate()   # before ATen's backend choice is asked: it trusts valid arguments
     lay = result_layout(input, weight, stride_t, pairs, dilation_t, groups, transposed, output_padding_t)
     return problem if lay is Layout.CONTIGUOUS else dataclasses.replace(problem, output_layout=lay)
+
+
+def gpu_problem(problem: ConvProblem) -> ConvProblem:
+    """`problem` as a GPU target computes it: an f32 problem takes tf32 from torch's switch for
+    convolutions, torch.backends.cudnn.allow_tf32 (True by default), read on every call as torch
+    reads it; other dtypes are unchanged. Only for GPU targets (CONVGEN_SIM, `--target cuda-...`):
+    CPU problems never carry tf32, so their keys and kernels stay as they were."""
+    if problem.dtype is not DType.F32:
+        return problem
+    allowed = bool(torch.backends.cudnn.allow_tf32)
+    return problem if problem.tf32 == allowed else dataclasses.replace(problem, tf32=allowed)
+
