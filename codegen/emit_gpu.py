@@ -7,14 +7,18 @@ with pointers by role (see codegen/gpu_direct.py):
     <prefix>_fwd(input, weight, bias, output, batch, stream)
     <prefix>_bwd_data(grad_output, weight, grad_input, batch, stream)
     <prefix>_bwd_weight(grad_output, input, grad_weight, batch, stream)
+    <prefix>_bwd_weight_bias(grad_output, input, grad_weight, grad_bias, batch, stream)
     <prefix>_bwd_bias(grad_output, grad_bias, batch, stream)
+
+(`bwd_weight_bias`: the weight gradient with the bias gradient fused into its launches, for a weight
+gradient whose problem asks for the bias too; `bwd_bias` serves the bias gradient asked alone.)
 
 and its context function is `context(problem, target, prefix, *, threads, entries)`. The emitted
 file is the plan's header comment (problem, key, reasons), the algorithm's source (which inlines
 the vendor wrappers: no include outside the vendor's own headers) and one plan entry
-`cg_<name>(pointers of the plan's operands by role, batch, stream)` that calls the pass's entries
-(for a weight gradient with a bias, the weight and then the bias gradient's), returning the first
-non-zero status. An entry that needs scratch memory (igemm's split-K weight gradient) is listed
+`cg_<name>(pointers of the plan's operands by role, batch, stream)` that calls the pass's entry
+(for a weight gradient with a bias, the fused `bwd_weight_bias`), returning its status. An entry
+that needs scratch memory (the split-K weight gradients of igemm, depthwise and stem) is listed
 in its algorithm's `workspace`: the plan entry asks `<prefix>_<entry>_workspace_bytes(batch)`,
 allocates that on the stream through the wrappers' `convgen_malloc_async` (cudaMallocAsync,
 hipMallocAsync, malloc in the simulator), passes it after the pointers and frees it with
@@ -62,14 +66,14 @@ def _fixed_threads(context: Callable, threads_of_kernel: int, entries_taken: tup
 
 ALGORITHMS: dict[str, GpuAlgorithm] = {
     "direct": GpuAlgorithm("gpu/direct.cu.j2", direct_context),
-    "igemm": GpuAlgorithm("gpu/igemm.cu.j2", igemm_context, workspace=("bwd_weight",)),
+    "igemm": GpuAlgorithm("gpu/igemm.cu.j2", igemm_context, workspace=("bwd_weight", "bwd_weight_bias")),
     "depthwise": GpuAlgorithm("gpu/depthwise.cu.j2",
                               _fixed_threads(depthwise_context, DEPTHWISE_THREADS,
-                                             ("fwd", "bwd_data", "bwd_weight", "bwd_bias")),
-                              workspace=("bwd_weight",)),
+                                             ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")),
+                              workspace=("bwd_weight", "bwd_weight_bias")),
     "stem": GpuAlgorithm("gpu/stem_wgrad.cu.j2",
-                         _fixed_threads(stem_context, DEPTHWISE_THREADS, ("bwd_weight", "bwd_bias")),
-                         workspace=("bwd_weight",)),
+                         _fixed_threads(stem_context, DEPTHWISE_THREADS, ("bwd_weight", "bwd_weight_bias", "bwd_bias")),
+                         workspace=("bwd_weight", "bwd_weight_bias")),
 }
 
 # the entries a user-level pass calls, in order, and their pointer parameters by role
@@ -77,6 +81,7 @@ ENTRY_ROLES = {
     "fwd": ("input", "weight", "bias", "output"),
     "bwd_data": ("grad_output", "weight", "grad_input"),
     "bwd_weight": ("grad_output", "input", "grad_weight"),
+    "bwd_weight_bias": ("grad_output", "input", "grad_weight", "grad_bias"),
     "bwd_bias": ("grad_output", "grad_bias"),
 }
 
@@ -88,7 +93,7 @@ def pass_entries(plan: Plan) -> tuple[str, ...]:
     if p.op is Op.BWD_DATA:
         return ("bwd_data",)
     if p.op is Op.BWD_WEIGHT:
-        return ("bwd_weight", "bwd_bias") if p.bias else ("bwd_weight",)
+        return ("bwd_weight_bias",) if p.bias else ("bwd_weight",)
     return ("bwd_bias",)
 
 

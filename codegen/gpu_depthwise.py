@@ -23,9 +23,9 @@ strides), f32/f64/bf16/f16 with f32 accumulation (f64 for f64) and one rounding 
   a second kernel sums them in split order and rounds once: no atomics, the same bits in any
   order. `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes `<prefix>_bwd_weight(
   grad_output, input, grad_weight, workspace, batch, stream)` needs; `<prefix>_bwd_bias` has the
-  direct kernel's signature (one block per filter, a fixed-order reduction).
-
-Not yet reached from `lower`/`emit`/dispatch.
+  direct kernel's signature (one block per filter, a fixed-order reduction), for the bias gradient
+  asked alone; asked with the weight gradient it is fused into it (BIAS_WHY,
+  `<prefix>_bwd_weight_bias(grad_output, input, grad_weight, grad_bias, workspace, batch, stream)`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ SHARED_BUDGET = 32 * 1024   # static shared memory per block: under the 48 KiB l
 MAX_SPLIT = 64
 MAX_TAPS = 256           # weight gradient: a thread keeps ceil(taps / SLOTS) sums in registers
 REDUCE_GROUP = 32        # CT x LANES: the threads of one (tap) sum lie in an aligned group of 32 lanes
+BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: the threads of tap slot 0 also sum "
+            "their channel's staged grad_output tiles (the same lanes and shuffle tree) into partials after the "
+            "weight's in the workspace, added in split order by the second kernel and rounded once")
 
 
 @dataclasses.dataclass(frozen=True)

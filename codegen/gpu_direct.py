@@ -17,7 +17,12 @@ stream; each returns 0 when its kernels were launched:
     <prefix>_fwd(input, weight, bias, output, batch, stream)          bias may be null
     <prefix>_bwd_data(grad_output, weight, grad_input, batch, stream)
     <prefix>_bwd_weight(grad_output, input, grad_weight, batch, stream)
+    <prefix>_bwd_weight_bias(grad_output, input, grad_weight, grad_bias, batch, stream)
     <prefix>_bwd_bias(grad_output, grad_bias, batch, stream)
+
+The weight gradient with its bias gradient (`bwd_weight_bias`) is one launch: one thread per weight
+element as `bwd_weight`, and past them one thread per bias channel summing grad_output over the
+batch and that channel's pixels (in double, in a fixed order), as `bwd_bias` does alone.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from .target import Target, TargetKind
 from .version import generator_version
 
 THREADS = 256   # threads per block: 8 warps (4 waves), enough for the simulator and any GPU
-ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_bias")
+ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "unsigned short", DType.F16: "unsigned short"}
 
 
@@ -120,9 +125,9 @@ def direct_context(problem: ConvProblem, target: Target, prefix: str, *, threads
 def _launches(entry: str, transposed: bool) -> str:
     """The kernel an entry launches: conv_y computes the normal convolution's output, conv_x its
     data gradient (a transposed convolution swaps the two), conv_w its weight gradient,
-    sum_channels a bias gradient."""
+    sum_channels a bias gradient (conv_w too, fused, for bwd_weight_bias)."""
     return {"fwd": "conv_x" if transposed else "conv_y", "bwd_data": "conv_y" if transposed else "conv_x",
-            "bwd_weight": "conv_w", "bwd_bias": "sum_channels"}[entry]
+            "bwd_weight": "conv_w", "bwd_weight_bias": "conv_w", "bwd_bias": "sum_channels"}[entry]
 
 
 def render_direct(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:

@@ -29,8 +29,14 @@ order and which operands move by 16-byte copies are codegen/gpu_tiles.py's decis
 
 The workspace contract: `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes the
 caller passes to `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace, batch, stream)`
-(SPLIT x the weight's elements x 4 today, whatever the batch). The bias gradient
-(`<prefix>_bwd_bias`) is a plain per-filter sum in f32. f64 problems (and f32 ones without tf32) stay on the direct
+(SPLIT x the weight's elements x 4 today, whatever the batch). Asked with the weight gradient, the
+bias gradient rides the same scheme (`<prefix>_bwd_weight_bias(grad_output, input, grad_weight,
+grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): after its GEMM tile each
+block's warps take bias channels of its group in turn and sum them over the split's share of the
+batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's in the
+workspace, and the second kernel adds those in split order too and rounds once (see bias_reason).
+Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32. f64 problems
+(and f32 ones without tf32) stay on the direct
 kernel (codegen/gpu_direct.py). Tensors may be contiguous or channels-last (each of input, weight
 and output by its own layout: every access goes through its strides). A transposed problem runs
 through the same equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the
@@ -57,7 +63,7 @@ SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16", DType.F32: "flo
 # The operands' raw bits in shared memory: 16-bit floats as unsigned short, f32 (tf32) as unsigned.
 BITS = {2: "unsigned short", 4: "unsigned"}
 MAX_SPLIT = 64
-ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_bias")
+ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,11 +245,21 @@ def reasons(problem: ConvProblem, target: Target) -> tuple[str, ...]:
             _split(normal, target, tiles.wgrad)[1])
 
 
+def bias_reason(problem: ConvProblem) -> str:
+    """How the weight gradient's fused bias gradient is computed, in words."""
+    what = "the normal input's channels (grad_output of this transposed problem)" if problem.transposed \
+        else "grad_output's filters"
+    return (f"bias gradient fused into the weight gradient's two launches: each split's warps sum {what} over the "
+            f"split's share of batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's; "
+            f"the second kernel adds them in split order and rounds once")
+
+
 def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
     """The kernels an entry launches (a transposed problem's forward is the normal data gradient,
     its data gradient the normal forward)."""
     return {"fwd": ("bwd_data",) if transposed else ("fwd",), "bwd_data": ("fwd",) if transposed else ("bwd_data",),
-            "bwd_weight": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
+            "bwd_weight": ("bwd_weight_partial", "bwd_weight_sum"),
+            "bwd_weight_bias": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
 
 
 def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads: int | None = None,

@@ -12,9 +12,10 @@ needed. Each split's partials (f32, f64 for f64) go to a workspace and a second 
 split order and rounds once: the same bits in any order. The workspace contract and entries are
 those of the other GPU kernels: `<prefix>_bwd_weight_workspace_bytes(batch)`,
 `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace, batch, stream)` and
-`<prefix>_bwd_bias(grad_output, grad_bias, batch, stream)`. Rank 1-3, stride, dilation,
-asymmetric padding, groups, each tensor contiguous or channels-last, f32/f64/bf16/f16.
-Not yet reached from `lower`/`emit`/dispatch.
+`<prefix>_bwd_bias(grad_output, grad_bias, batch, stream)`; with the bias gradient fused (BIAS_WHY),
+`<prefix>_bwd_weight_bias(grad_output, input, grad_weight, grad_bias, workspace, batch, stream)`.
+Rank 1-3, stride, dilation, asymmetric padding, groups, each tensor contiguous or channels-last,
+f32/f64/bf16/f16.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ MAX_CHANNELS_PER_GROUP = 4
 MAX_OWNED = 16     # (filter, channel, tap) sums one thread keeps in registers
 MAX_FILTERS = 64   # filters per block tile
 TILE_PIXELS = 128  # output pixels per staged tile
+BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: each of a block's last KT threads also "
+            "sums one filter's staged grad_output tiles in pixel order into partials after the weight's in the "
+            "workspace, added in split order by the second kernel and rounded once")
 
 
 @dataclasses.dataclass(frozen=True)

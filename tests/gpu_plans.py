@@ -19,14 +19,14 @@ def algorithm_of(problem: ConvProblem, vendor: str) -> str:
 def launches_of(problem: ConvProblem, vendor: str) -> int:
     """Launches of one non-empty problem's plan entry: direct launches one kernel per pass; igemm and
     depthwise one per stride phase for a data gradient; igemm, depthwise and stem two (partials,
-    ordered sum) for a weight gradient; a fused bias gradient one more."""
+    ordered sum) for a weight gradient, its bias gradient fused into them (no launch of its own)."""
     plan = lower(problem, parse_target(vendor))
     if plan.algorithm == "empty":
         return 0
     if plan.kop is KOp.DGRAD:   # igemm and depthwise: a launch per stride phase
         return len(Normal.of(problem).phases()) if plan.algorithm in ("igemm", "depthwise") else 1
     if plan.kop is KOp.WGRAD:   # igemm, depthwise, stem: split-K partials, then their ordered sum
-        return (1 if plan.algorithm == "direct" else 2) + (1 if problem.bias else 0)
+        return 1 if plan.algorithm == "direct" else 2
     return 1
 
 

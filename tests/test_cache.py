@@ -327,6 +327,10 @@ def test_info_verify_and_clear():
     assert [p for p, _ in problems] == [paths[1].parent] and "sha256" in problems[0][1]
     assert cache.verify(remove=True) == problems
     assert cache.verify() == [] and cache.info()["entries"] == 1
+    pch = cache.root() / "sim-pch" / ("0" * 64) / "sim"   # the simulator's precompiled headers go too
+    pch.mkdir(parents=True, mode=0o700)
+    (pch / "simt.h.gch").write_bytes(b"a precompiled header")
     assert cache.clear() == 1 and cache.info()["entries"] == 0
+    assert not (cache.root() / "sim-pch").exists()
     build_mod.clear_memory()
     assert call(build(add_kernel("add1", 1)), "add1") == 42 and stats()["builds"] == 3

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import os
 import random
 import re
@@ -217,7 +218,9 @@ def _reference(case, x, w, b, dy):
 
 
 def _run(lib, prefix, kind, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=None):
-    """Every pass `kind` has, on NaN-poisoned outputs; `keep` (a dict) receives the workspace."""
+    """Every pass `kind` has, on NaN-poisoned outputs: the weight gradient alone, the bias gradient
+    alone, and the two fused ("grad_weight (fused)", "grad_bias (fused)": the weight gradient's two
+    launches, no third); `keep` (a dict) receives the workspaces ("workspace", "fused workspace")."""
     p, n = sim.pointer, ctypes.c_longlong(problem.n)
     x, w, dy = _memory(x, problem.input_layout), _memory(w, problem.weight_layout), _memory(dy, problem.output_layout)
 
@@ -232,14 +235,24 @@ def _run(lib, prefix, kind, problem, torch_dtype, x, w, b, dy, order, seed=0, ke
         lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(out["grad_input"]), n, None, order=order, seed=seed)
     out["grad_weight"] = poisoned(problem.weight_shape, problem.weight_layout)
     out["grad_bias"] = poisoned((problem.k,), Layout.CONTIGUOUS)
-    lib.lib[f"{prefix}_bwd_weight_workspace_bytes"].restype = ctypes.c_ulonglong
     acc = torch.float64 if torch_dtype is torch.float64 else torch.float32
-    bytes_ = lib.lib[f"{prefix}_bwd_weight_workspace_bytes"](n)
-    workspace = torch.full((bytes_ // acc.itemsize,), float("nan"), dtype=acc)   # poisoned: every partial is written
-    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(out["grad_weight"]), p(workspace), n, None, order=order, seed=seed)
+
+    def workspace(entry):   # poisoned: every partial is written
+        lib.lib[f"{prefix}_{entry}_workspace_bytes"].restype = ctypes.c_ulonglong
+        return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // acc.itemsize,), float("nan"), dtype=acc)
+
+    plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
+    assert fused.numel() == plain.numel() + plain.numel() // math.prod(problem.weight_shape) * problem.k
+    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(out["grad_weight"]), p(plain), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_bias", p(dy), p(out["grad_bias"]), n, None, order=order, seed=seed)
+    out["grad_weight (fused)"] = poisoned(problem.weight_shape, problem.weight_layout)
+    out["grad_bias (fused)"] = poisoned((problem.k,), Layout.CONTIGUOUS)
+    launches = lib.launches()
+    lib.call(f"{prefix}_bwd_weight_bias", p(dy), p(x), p(out["grad_weight (fused)"]), p(out["grad_bias (fused)"]),
+             p(fused), n, None, order=order, seed=seed)
+    assert lib.launches() - launches == 2   # partials and their ordered sum, the bias gradient inside them
     if keep is not None:
-        keep["workspace"] = workspace
+        keep["workspace"], keep["fused workspace"] = plain, fused
     return out
 
 
@@ -261,8 +274,10 @@ def test_every_pass_matches_aten(libs, vendor, kind, name, dtype, layout):
     terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
     reference = _reference(case, x, w, b, dy)
     for what, got in out.items():
-        assert_close(got, reference[what], torch_dtype, f"{vendor} {kind} {name} {dtype} {layout} {what} ({order})",
-                     terms[what])
+        plain = what.split(" ")[0]
+        assert_close(got, reference[plain], torch_dtype, f"{vendor} {kind} {name} {dtype} {layout} {what} ({order})",
+                     terms[plain])
+    assert torch.equal(out["grad_weight (fused)"], out["grad_weight"])   # fusing changes no weight's sum
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -277,9 +292,10 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, kind
                     x, w, b, dy, order, seed, keep)
                for (order, seed), keep in zip((("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2)), kept)]
     for other, keep in zip(results[1:], kept[1:]):
-        for what in ("grad_weight", "grad_bias"):
+        for what in ("grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)"):
             assert torch.equal(results[0][what].view(torch.int32), other[what].view(torch.int32)), what
-        assert torch.equal(kept[0]["workspace"].view(torch.int32), keep["workspace"].view(torch.int32))
+        for space in ("workspace", "fused workspace"):
+            assert torch.equal(kept[0][space].view(torch.int32), keep[space].view(torch.int32)), space
     # grad_weight is the in-order f32 sum of the partials (in (k, c, tap) order), rounded once
     partials = kept[0]["workspace"].view(context.split, problem.k, -1)
     assert torch.isfinite(partials).all()
@@ -287,6 +303,13 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, kind
     for s in range(context.split):
         total += partials[s]
     assert torch.equal(results[0]["grad_weight"].reshape(problem.k, -1), total)
+    # fused: the bias partials follow the weight's, and grad_bias is their in-order sum too
+    bias_partials = kept[0]["fused workspace"][partials.numel():].view(context.split, problem.k)
+    assert torch.isfinite(bias_partials).all()
+    bias = torch.zeros(problem.k, dtype=torch.float32)
+    for s in range(context.split):
+        bias += bias_partials[s]
+    assert torch.equal(results[0]["grad_bias (fused)"], bias)
 
 
 @pytest.mark.parametrize("kind,name", [("stem", "resnet"), ("depthwise", "mb_s2")])
@@ -298,8 +321,9 @@ def test_bf16_weight_gradients_round_once_after_summing_f32_partials_in_split_or
     assert context.split > 1
     x, w, b, dy = _data(problem, torch.bfloat16, f"{kind}-rounding")
     keep = {}
-    dw = _run(libs["cuda"], _prefix("cuda", kind, name, "bf16", "nchw"), kind, problem, torch.bfloat16, x, w, b, dy,
-              "shuffle", 5, keep)["grad_weight"]
+    out = _run(libs["cuda"], _prefix("cuda", kind, name, "bf16", "nchw"), kind, problem, torch.bfloat16, x, w, b, dy,
+               "shuffle", 5, keep)
+    dw = out["grad_weight"]
     partials = keep["workspace"].view(context.split, problem.k, -1)
     assert torch.isfinite(partials).all()
     assert not torch.equal(partials, partials.bfloat16().float())   # f32 precision, not bf16
@@ -307,6 +331,13 @@ def test_bf16_weight_gradients_round_once_after_summing_f32_partials_in_split_or
     for s in range(context.split):
         total += partials[s]
     assert torch.equal(dw.reshape(problem.k, -1).view(torch.int16), total.bfloat16().view(torch.int16))
+    # the fused bias gradient: f32 partials after the weight's, summed in split order, rounded once
+    bias_partials = keep["fused workspace"][partials.numel():].view(context.split, problem.k)
+    assert not torch.equal(bias_partials, bias_partials.bfloat16().float())
+    bias = torch.zeros(problem.k, dtype=torch.float32)
+    for s in range(context.split):
+        bias += bias_partials[s]
+    assert torch.equal(out["grad_bias (fused)"].view(torch.int16), bias.bfloat16().view(torch.int16))
 
 
 def test_the_batch_size_is_a_run_time_argument(libs):

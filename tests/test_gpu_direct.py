@@ -98,6 +98,12 @@ def test_every_pass_matches_aten(libs, vendor, number, dtype):
     for name, out, ref in zip(("forward", "data gradient", "weight gradient", "bias gradient"), (y, dx, dw, db), refs):
         assert out.shape == ref.shape, name
         assert _rel(out, ref) < tolerance, (name, _rel(out, ref))
+    # the bias gradient fused into the weight gradient's launch: the same sums, so the same bits
+    dw2, db2 = torch.full_like(dw, float("nan")), torch.full_like(db, float("nan"))
+    launches = lib.launches()
+    lib.call(f"{prefix}_bwd_weight_bias", p(dy), p(x), p(dw2), p(db2), n, None, order=order, seed=int(number))
+    assert lib.launches() - launches == (1 if dw.numel() + db.numel() else 0)
+    assert torch.equal(dw2, dw) and torch.equal(db2, db)
 
 
 def test_the_batch_size_is_a_run_time_argument(libs):

@@ -192,22 +192,33 @@ def _reference(case, x, w, b, dy):
 
 
 def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=None):
-    """Every pass of `prefix`'s kernels on poisoned outputs; `keep` (a dict) receives the workspace."""
+    """Every pass of `prefix`'s kernels on poisoned outputs: y, dx, dw, db (alone), then dw and db
+    fused (bwd_weight_bias: the weight gradient's two launches, no third); `keep` (a dict) receives
+    the workspaces ("workspace", "fused workspace")."""
     p, n = sim.pointer, ctypes.c_longlong(problem.n)
     x, w, dy = _memory(x, problem.input_layout), _memory(w, problem.weight_layout), _memory(dy, problem.output_layout)
     y, dx, dw, db = (_memory(torch.full(s, float("nan"), dtype=torch_dtype), layout) for s, layout in
                      ((problem.output_shape, problem.output_layout), (problem.input_shape, problem.input_layout),
                       (problem.weight_shape, problem.weight_layout), ((problem.k,), Layout.CONTIGUOUS)))
-    lib.lib[f"{prefix}_bwd_weight_workspace_bytes"].restype = ctypes.c_ulonglong
-    bytes_ = lib.lib[f"{prefix}_bwd_weight_workspace_bytes"](n)
-    workspace = torch.full((bytes_ // 4,), float("nan"), dtype=torch.float32)   # poisoned: every partial is written
+    dw_fused, db_fused = torch.full_like(dw, float("nan")), torch.full_like(db, float("nan"))
+
+    def workspace(entry):   # poisoned: every partial is written
+        lib.lib[f"{prefix}_{entry}_workspace_bytes"].restype = ctypes.c_ulonglong
+        return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // 4,), float("nan"), dtype=torch.float32)
+
+    plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
     lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), n, None, order=order, seed=seed)
-    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(workspace), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(plain), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_bias", p(dy), p(db), n, None, order=order, seed=seed)
+    launches = lib.launches()
+    lib.call(f"{prefix}_bwd_weight_bias", p(dy), p(x), p(dw_fused), p(db_fused), p(fused), n, None, order=order,
+             seed=seed)
+    assert lib.launches() - launches == 2   # partials and their ordered sum, the bias gradient inside them
+    assert fused.numel() == plain.numel() + plain.numel() // dw.numel() * problem.k
     if keep is not None:
-        keep["workspace"] = workspace
-    return y, dx, dw, db
+        keep["workspace"], keep["fused workspace"] = plain, fused
+    return y, dx, dw, db, dw_fused, db_fused
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -222,8 +233,12 @@ def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
     order = ORDERS[(len(name) + (vendor == "hip")) % 3]
     out = _run(libs[vendor], _prefix(vendor, name, dtype, layout), problem, torch_dtype, x, w, b, dy, order, seed=len(name))
     terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
-    for what, got, ref in zip(("forward", "grad_input", "grad_weight", "grad_bias"), out, _reference(case, x, w, b, dy)):
-        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})", terms[what])
+    names = ("forward", "grad_input", "grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)")
+    reference = _reference(case, x, w, b, dy)
+    for what, got, ref in zip(names, out, reference + reference[2:]):
+        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})",
+                     terms[what.split(" ")[0]])
+    assert torch.equal(out[4], out[2])   # fusing the bias changes no weight's sum
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -237,8 +252,10 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
     results = [_run(libs[vendor], _prefix(vendor, "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, order, seed,
                     keep) for (order, seed), keep in zip((("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2)), kept)]
     for other, keep in zip(results[1:], kept[1:]):
-        assert torch.equal(results[0][2].view(torch.int16), other[2].view(torch.int16))
-        assert torch.equal(kept[0]["workspace"].view(torch.int32), keep["workspace"].view(torch.int32))
+        for i in (2, 4, 5):   # grad_weight, and fused with grad_bias
+            assert torch.equal(results[0][i].view(torch.int16), other[i].view(torch.int16))
+        for space in ("workspace", "fused workspace"):
+            assert torch.equal(kept[0][space].view(torch.int32), keep[space].view(torch.int32)), space
 
 
 def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_order(libs):
@@ -250,7 +267,8 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
     w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
     keep = {}
-    dw = _run(libs["cuda"], _prefix("cuda", "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, "shuffle", 5, keep)[2]
+    out = _run(libs["cuda"], _prefix("cuda", "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, "shuffle", 5, keep)
+    dw = out[2]
     partials = keep["workspace"].view(split, *problem.weight_shape)
     assert torch.isfinite(partials).all()
     assert not torch.equal(partials, partials.bfloat16().float())   # f32 precision, not bf16
@@ -258,6 +276,14 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     for s in range(split):
         total += partials[s]
     assert torch.equal(dw.view(torch.int16), total.bfloat16().view(torch.int16))
+    # fused: the bias partials (f32) follow the weight's; grad_bias is their in-order sum, rounded once
+    bias_partials = keep["fused workspace"][partials.numel():].view(split, problem.k)
+    assert torch.isfinite(bias_partials).all()
+    assert not torch.equal(bias_partials, bias_partials.bfloat16().float())
+    bias = torch.zeros(problem.k, dtype=torch.float32)
+    for s in range(split):
+        bias += bias_partials[s]
+    assert torch.equal(out[5].view(torch.int16), bias.bfloat16().view(torch.int16))
 
 
 def test_the_vector_cases_take_the_16_byte_copies():

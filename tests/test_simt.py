@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -206,6 +207,43 @@ def test_tiled_matmul(libs, order, rng):
     assert libs["cuda"].launches() == before + 1
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_each_library_and_each_calling_thread_has_its_own_counter_order_and_message(libs, rng):
+    """Two simulator libraries in one process (cuda's and hip's builds of the same program) share
+    nothing: a launch counts in its own library only, and their internals are not exported (they
+    would merge across libraries). Threads calling one library at once each count their own
+    launches and keep their own order and failure message (the runtime reads the counter around
+    each call of a kernel)."""
+    x = rng.standard_normal(1000).astype(np.float32)
+    out = np.zeros(4, np.float32)
+    before = {v: libs[v].launches() for v in libs}
+    libs["cuda"].call("block_sum", P(x), P(out), 1000, 4)
+    assert {v: libs[v].launches() - before[v] for v in libs} == {"cuda": 1, "hip": 0}
+    if shutil.which("nm"):
+        exported = subprocess.run(["nm", "-D", "-C", "--defined-only", str(libs["hip"].path)], capture_output=True,
+                                  text=True, check=True).stdout
+        assert "convgen_sim::" not in exported, [line for line in exported.splitlines() if "convgen_sim::" in line]
+
+    counts, errors = {}, {}
+
+    def work(name: str, times: int) -> None:
+        start = libs["cuda"].launches()
+        for _ in range(times):
+            libs["cuda"].call("racy_sum", P(x), P(np.zeros(1, np.float32)), 1, order="reverse")
+        counts[name] = libs["cuda"].launches() - start
+        try:
+            libs["cuda"].call("early_return", P(np.zeros(64, np.float32)))
+        except SimulatorError as e:
+            errors[name] = str(e)
+
+    threads = [threading.Thread(target=work, args=(f"t{i}", 20 + i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counts == {"t0": 20, "t1": 21, "t2": 22}
+    assert set(errors) == {"t0", "t1", "t2"} and all("early_return_kernel" in e for e in errors.values())
 
 
 def test_a_missing_barrier_is_hidden_in_forward_order_and_exposed_by_the_others(libs, rng):

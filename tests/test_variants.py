@@ -53,6 +53,15 @@ PROBLEMS = [
     ("depthwise_3d", 2, 9, 9, (4, 5, 7), (3, 3, 3), (2, 1, 2), ((1, 1), (1, 1), (2, 2)), (1, 1, 1), 9, False,
      (0, 0, 0)),
     ("depthwise_transposed", 2, 12, 12, (5, 9), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 12, True, (1, 1)),
+    # small groups (as many channels per group on both sides, whole groups per vector): the
+    # grouplanes forward spreads each group's input channels across its lanes; groups of 4, of 2
+    # with stride, dilation, uneven padding and a channel tail of 6 lanes, of 8 in 3-D, and a
+    # transposed problem (whose data gradient is a forward)
+    ("groups_of_4", 2, 16, 16, (7, 13), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 4, False, (0, 0)),
+    ("groups_of_2_s2_tail", 2, 22, 22, (9, 11), (3, 3), (2, 2), ((2, 2), (1, 1)), (1, 2), 11, False, (0, 0)),
+    ("groups_of_8_3d", 1, 16, 16, (3, 5, 6), (3, 3, 3), (1, 1, 1), ((1, 1), (1, 1), (1, 1)), (1, 1, 1), 2, False,
+     (0, 0, 0)),
+    ("groups_of_4_transposed", 2, 8, 8, (5, 6), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 2, True, (1, 1)),
     ("wide_odd", 2, 5, 7, (3, 37), (3, 3), (1, 2), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0)),
     ("pointwise", 2, 6, 10, (5, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, False, (0, 0)),
     # the pointwise GEMM's corners: strides and padding (pixels that read zeros), groups, a
@@ -105,7 +114,7 @@ def variants():
         for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT):
             combos = [(DType.F32, Layout.CONTIGUOUS), (DType.F32, Layout.CHANNELS_LAST),
                       (DType.F64, Layout.CONTIGUOUS), (DType.BF16, Layout.CHANNELS_LAST)]
-            if spec[0].startswith("depthwise"):   # grouplanes with the lanes of another width
+            if spec[0].startswith(("depthwise", "groups_of")):   # grouplanes with the lanes of another width
                 combos.append((DType.F64, Layout.CHANNELS_LAST))
             for dtype, layout in combos:
                 p = problem_for(spec, op, dtype, layout)
@@ -122,7 +131,8 @@ VARIANTS = variants()
 # The portable target (SSE vectors, no assembly register tiles; see templates/cpu/fma_tile.j2),
 # which runs on any x86-64 host: its register tiles step in C vector code instead.
 PORTABLE = Target(TargetKind.CPU, "generic", 16)
-PORTABLE_PROBLEMS = ("wide_odd", "conv3d", "k4_s2", "pointwise_many", "many_channels_across", "depthwise_cl_tail")
+PORTABLE_PROBLEMS = ("wide_odd", "conv3d", "k4_s2", "pointwise_many", "many_channels_across", "depthwise_cl_tail",
+                     "groups_of_2_s2_tail")
 
 
 def target_variants(target: Target, suffix: str, names=None):

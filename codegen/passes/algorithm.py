@@ -107,9 +107,18 @@ def _grouplanes_fits(plan: Plan) -> bool:
     alone, grouplanes against the best other candidate) mbv2_dw (144 channels at 56x56) forward
     2.0-2.6 against blocked's 6.5, data gradient 2.5-3.3 against blocked's 6.7, weight and bias
     gradients 2.9-3.3 against depthwise's 13.5; mbv2_dw_s2 (96 at 112x112, stride 2) 3.4-4.9
-    against 13.0, 3.5-4.3 against 15.8 and 3.3-3.7 against 45."""
+    against 13.0, 3.5-4.3 against 15.8 and 3.3-3.7 against 45.
+    Small groups (M = 2, 4 or 8 channels on both sides, whole groups per vector) take them for the
+    forward and data gradient: each input vector's channel m of every group is spread across the
+    group's lanes (a shuffle) against per-lane weights. On Zen 4 (f32, channels last, batch 8,
+    2 threads, kernel alone, ms, grouplanes / blocked, one run each): rnx_grouped (32 groups of 4 at
+    56x56) forward 4.09 / 8.33 (lanes 13.1), data gradient 13.8 / 20.0 (bf16 11.2 / 17.2), at
+    stride 2 5.8 / 8.5; 64 groups of 2, forward 6.8 / 17.2; 32 groups of 8 at 28x28, forward 9.4 /
+    11.0, data gradient 8.0 / 8.6. The weight gradient stays on lanes."""
     g = plan.geometry
-    return (g.groups > 1 and g.cin_g == 1 and g.cout_g == 1 and
+    lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
+    small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0 and plan.kop is not KOp.WGRAD
+    return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and
             all(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
 
 
@@ -374,8 +383,8 @@ WHY = {
     "gemm": "a packed GEMM over output channels x (input channel, tap) columns, register tiles of 6 output "
             "channels x 2 vectors of columns, reduced over pixels in a fixed order",
     "pointwise": "a packed GEMM over channels (1x1 kernel), register tiles of channels x pixels",
-    "grouplanes": "depthwise in channels last: the groups in the vector lanes, a register tile of channel vectors x "
-                  "pixels, every pixel's channels one contiguous load",
+    "grouplanes": "depthwise or small groups in channels last: the groups' channels in the vector lanes, a register "
+                  "tile of channel vectors x pixels, every pixel's channels one contiguous load",
     "depthwise": "one (image, channel) plane or channel per item: forward and data gradient over a zero-padded copy "
                  "of the plane, each tap a flat run; weight gradient per-tap vector partial sums over rows or "
                  "planes",

@@ -10,7 +10,7 @@
   (KB, NV) that fits the register file by the fraction of lanes and channels doing useful work
   and by the FMA-to-load ratio of the micro-kernel; a work item covers as many columns as keep its
   input buffer within half the L2 cache.
-- grouplanes (depthwise in channels last): a register tile of NB vectors of channels (the groups)
+- grouplanes (depthwise or small groups in channels last): a register tile of NB vectors of channels (the groups)
   x PB pixels for the forward and data gradient; the weight gradient cut into MIN_ITEMS fixed
   parts of the output rows.
 A function of problem and target only.

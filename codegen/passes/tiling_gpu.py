@@ -52,21 +52,24 @@ def _direct(plan: Plan) -> Plan:
     what, count, over = _results(plan)
     per_image = plan.kop in (KOp.FWD, KOp.DGRAD)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
-    blocks = math.ceil(count * (plan.problem.n if per_image else 1) / threads)
+    biases = (plan.geometry.cin if plan.problem.transposed else plan.geometry.cout) if bias else 0
+    blocks = math.ceil((count * (plan.problem.n if per_image else 1) + biases) / threads)
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=threads // gpu.warp_size, per_thread=what,
                        threads_hint=f"one thread per {what}, {count} {'per image' if per_image else 'in all'}")
     return plan.decide("tiling", f"{threads} threads per block ({threads // gpu.warp_size} warps of {gpu.warp_size}); "
                                  f"one thread per {what}, summing {over} in double in a fixed order (no atomics, "
                                  f"no shared memory); {blocks} block(s) at batch {plan.problem.n}"
                                  f"{' (the grid follows the run-time batch)' if per_image else ''}"
-                                 f"{'; then a second launch, one thread per channel, sums the bias gradient' if bias else ''}",
+                                 + ("; the bias gradient fused into the same launch: past the weights, one thread per "
+                                    "channel sums its batch x pixels in double" if bias else ""),
                        tiling=tiling)
 
 
 def _igemm(plan: Plan) -> Plan:
     """igemm: 4 warps (waves) per block, the GEMM tile, stages and copies of the GEMM this pass
-    launches (codegen/gpu_tiles.py); the reasons name the pass's stride phases or split."""
-    from ..gpu_igemm import reasons, tiles_of
+    launches (codegen/gpu_tiles.py); the reasons name the pass's stride phases or split, and how
+    the bias gradient rides along."""
+    from ..gpu_igemm import bias_reason, reasons, tiles_of
     from ..target import TargetKind
 
     gpu = plan.target.gpu
@@ -93,32 +96,36 @@ def _igemm(plan: Plan) -> Plan:
                        per_thread=f"a 1/{4 * gpu.warp_size} share of {share}", threads_hint=f"a block per {what}")
     return plan.decide("tiling", f"{4 * gpu.warp_size} threads per block (4 {unit} of {gpu.warp_size}); a block per "
                                  f"{what}" + (f"; {tile}" if tile else "") + (f"; {extra}" if extra else "")
-                                 + ("; then a launch, one thread per channel, sums the bias gradient" if bias else ""),
+                                 + (f"; {bias_reason(plan.problem)}" if bias else ""),
                        tiling=tiling)
 
 
-def _fixed_block(plan: Plan, what: str, context) -> Plan:
-    """depthwise, stem: their kernel's fixed block, its tiles and split in the context's own words."""
+def _fixed_block(plan: Plan, what: str, context, bias_why: str) -> Plan:
+    """depthwise, stem: their kernel's fixed block, its tiles and split in the context's own words
+    (and how a weight gradient's fused bias gradient is computed)."""
     context = context(plan.problem, plan.target, "p")
+    bias = plan.kop is KOp.WGRAD and plan.problem.bias
     gpu = plan.target.gpu
     unit = "warps" if gpu.warp_size == 32 else "waves"
     tiling = GpuTiling(threads_per_block=context.threads, warps_per_block=context.threads // gpu.warp_size,
                        per_thread=what, threads_hint=f"{context.threads} threads per block; {what}")
     return plan.decide("tiling", f"{context.threads} threads per block ({context.threads // gpu.warp_size} {unit} of "
-                                 f"{gpu.warp_size}); " + "; ".join(context.why), tiling=tiling)
+                                 f"{gpu.warp_size}); " + "; ".join(context.why + ((bias_why,) if bias else ())),
+                       tiling=tiling)
 
 
 def _depthwise(plan: Plan) -> Plan:
-    from ..gpu_depthwise import depthwise_context
+    from ..gpu_depthwise import BIAS_WHY, depthwise_context
 
     return _fixed_block(plan, "a block per tile of channels x output pixels (or a stride phase's positions)",
-                        depthwise_context)
+                        depthwise_context, BIAS_WHY)
 
 
 def _stem(plan: Plan) -> Plan:
-    from ..gpu_stem import stem_context
+    from ..gpu_stem import BIAS_WHY, stem_context
 
-    return _fixed_block(plan, "(filter, channel, tap) sums kept in registers over staged pixel tiles", stem_context)
+    return _fixed_block(plan, "(filter, channel, tap) sums kept in registers over staged pixel tiles", stem_context,
+                        BIAS_WHY)
 
 
 # GPU algorithm -> its tiling function (a new GPU algorithm adds its own)

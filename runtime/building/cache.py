@@ -360,7 +360,8 @@ def _remove_if_still_bad(directory: Path) -> None:
 
 
 def clear() -> int:
-    """Remove every entry, the failed-build files and abandoned temporary directories.
+    """Remove every entry, the failed-build files, abandoned temporary directories and the SIMT
+    simulator's precompiled headers (`sim-pch/`, rebuilt by the next simulator build).
 
     Returns the number of entries removed. Processes that already loaded an artifact keep
     working (files are unlinked, never truncated); running builds are not disturbed.
@@ -373,6 +374,10 @@ def clear() -> int:
     for d in (base / "tmp").iterdir():
         if _abandoned(d):
             shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(base / "sim-pch", ignore_errors=True)   # a build reading one falls back to the header
+    from . import sim
+
+    sim.precompiled_header.cache_clear()
     return removed
 
 

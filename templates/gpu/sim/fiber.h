@@ -39,20 +39,27 @@ struct Fiber {
 #endif
 };
 
+struct Settings { int order = 0; unsigned long long seed = 0; int workers = 0; };
+
 struct Launch {
     const char* kernel = "";
+    Settings settings;                  // the launching thread's, for the workers that run its blocks
     dim3 grid, block;
     size_t shared_bytes = 0;
     void (*body)(void*) = nullptr;
     void* closure = nullptr;
     std::atomic<bool> failed{false};
     std::mutex error_mutex;
+    std::string error;                  // the first failure, handed to the launching thread's last_error()
 };
 
-struct Settings { int order = 0; unsigned long long seed = 0; int workers = 0; };
-inline Settings& settings() { static Settings s; return s; }
-inline std::string& last_error() { static std::string e; return e; }
-inline std::atomic<unsigned long long>& launch_count() { static std::atomic<unsigned long long> n{0}; return n; }
+// Per library (simt.h gives everything here hidden visibility, so two loaded simulator libraries
+// never share these) and per launching OS thread: the settings of convgen_sim_configure, the last
+// failure's message and the launch counter that the Python side reads around each call, so that
+// concurrent callers and other libraries never disturb one another's counts, orders or messages.
+inline Settings& settings() { static thread_local Settings s; return s; }
+inline std::string& last_error() { static thread_local std::string e; return e; }
+inline unsigned long long& launch_count() { static thread_local unsigned long long n = 0; return n; }
 
 // Per OS thread (= per running block).
 struct Worker {
@@ -160,7 +167,7 @@ inline void record_error(const std::string& message) {
     Launch& l = *worker().launch;
     std::lock_guard<std::mutex> lock(l.error_mutex);
     if (!l.failed.exchange(true))
-        last_error() = "kernel " + std::string(l.kernel) + ", " + block_name() + ": " + message;
+        l.error = "kernel " + std::string(l.kernel) + ", " + block_name() + ": " + message;
 }
 
 // A rule broken inside a fiber: record it and leave the fiber for good (its stack is abandoned).

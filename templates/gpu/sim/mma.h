@@ -14,6 +14,7 @@
 
 #include <cmath>
 
+#pragma GCC visibility push(hidden)   // the library's own, as simt.h's
 namespace convgen_sim {
 
 // 16-bit float bits to f32, exactly (no rounding is involved in either direction here).
@@ -232,3 +233,4 @@ inline void matrix_instruction32(const char* site, void (*emulate)(void* const*)
 }
 
 }  // namespace convgen_sim
+#pragma GCC visibility pop

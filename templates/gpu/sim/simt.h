@@ -74,6 +74,12 @@ struct dim3 {
 };
 #endif
 
+// Everything of the simulator's own gets hidden visibility: each loaded simulator library keeps its
+// own settings, counters, per-thread workers and functions (default visibility would merge the
+// function statics across libraries as STB_GNU_UNIQUE objects and bind one library's calls to
+// another's copies, built with another warp size or sanitizer). Only the extern "C" functions at
+// the end are exported.
+#pragma GCC visibility push(hidden)
 #include "fiber.h"
 
 namespace convgen_sim {
@@ -279,11 +285,11 @@ inline void run_block(Launch& l, unsigned long long linear_block) {
         f.tid = {i % l.block.x, i / l.block.x % l.block.y, i / (l.block.x * l.block.y)};
         start_fiber(f);
     }
-    std::mt19937_64 rng(settings().seed * 0x9E3779B97F4A7C15ull + linear_block);
+    std::mt19937_64 rng(l.settings.seed * 0x9E3779B97F4A7C15ull + linear_block);
     std::vector<unsigned> order(n);
-    for (unsigned i = 0; i < n; ++i) order[i] = settings().order == 1 ? n - 1 - i : i;
+    for (unsigned i = 0; i < n; ++i) order[i] = l.settings.order == 1 ? n - 1 - i : i;
     for (;;) {
-        if (settings().order == 2) std::shuffle(order.begin(), order.end(), rng);   // a new order per round
+        if (l.settings.order == 2) std::shuffle(order.begin(), order.end(), rng);   // a new order per round
         bool ran = false;
         for (unsigned i : order) {
             if (l.failed.load(std::memory_order_relaxed)) return;
@@ -318,8 +324,27 @@ inline void run_block(Launch& l, unsigned long long linear_block) {
     }
 }
 
+// The blocks of a launch, taken in turn by its worker threads.
+struct BlockQueue {
+    Launch* launch;
+    const unsigned long long* order;
+    unsigned long long blocks;
+    std::atomic<unsigned long long> next;
+};
+
+inline void run_queue(void* p) {
+    BlockQueue& q = *static_cast<BlockQueue*>(p);
+    for (;;) {
+        unsigned long long i = q.next.fetch_add(1);
+        if (i >= q.blocks || q.launch->failed.load()) break;
+        run_block(*q.launch, q.order[i]);
+    }
+    worker().launch = nullptr;
+}
+
 inline int launch(Launch& l) {
     launch_count()++;
+    l.settings = settings();
     unsigned long long blocks = 1ull * l.grid.x * l.grid.y * l.grid.z;
     unsigned long long threads = 1ull * l.block.x * l.block.y * l.block.z;
     last_error().clear();
@@ -339,24 +364,21 @@ inline int launch(Launch& l) {
     unsigned workers = settings().workers > 0 ? static_cast<unsigned>(settings().workers)
                                               : std::max(1u, std::thread::hardware_concurrency());
     workers = static_cast<unsigned>(std::min<unsigned long long>(workers, blocks));
-    std::atomic<unsigned long long> next{0};
-    auto work = [&]() {
-        for (;;) {
-            unsigned long long i = next.fetch_add(1);
-            if (i >= blocks || l.failed.load()) break;
-            run_block(l, block_order[i]);
-        }
-        worker().launch = nullptr;
-    };
+    BlockQueue queue{&l, block_order.data(), blocks, {0}};
+    // std::thread gets a plain function and a void*: an instantiation of std::thread for a type of
+    // ours would be exported with its vtable despite hidden visibility (std:: is default-visible),
+    // and another loaded simulator library's copy could then run this library's blocks.
     if (workers <= 1) {
-        std::thread t(work);   // fibers run on their own OS thread so the caller's stack is untouched
+        std::thread t(run_queue, static_cast<void*>(&queue));   // the caller's stack stays untouched
         t.join();
     } else {
         std::vector<std::thread> pool;
-        for (unsigned t = 0; t < workers; ++t) pool.emplace_back(work);
+        for (unsigned t = 0; t < workers; ++t) pool.emplace_back(run_queue, static_cast<void*>(&queue));
         for (std::thread& t : pool) t.join();
     }
-    return l.failed.load() ? 1 : 0;
+    if (!l.failed.load()) return 0;
+    last_error() = l.error;
+    return 1;
 }
 
 template <class F>
@@ -431,6 +453,7 @@ inline T atomic_update(T* address, Op op) {
 }
 
 }  // namespace convgen_sim
+#pragma GCC visibility pop
 
 // --- the CUDA/HIP names kernels use --------------------------------------------------------
 #undef __global__
@@ -528,6 +551,7 @@ __attribute__((visibility("default"), used)) void convgen_sim_configure(int orde
     convgen_sim::settings() = {order, seed, workers};
 }
 __attribute__((visibility("default"), used)) const char* convgen_sim_error() { return convgen_sim::last_error().c_str(); }
-__attribute__((visibility("default"), used)) unsigned long long convgen_sim_launches() { return convgen_sim::launch_count().load(); }
+// the launches made by the calling thread through this library
+__attribute__((visibility("default"), used)) unsigned long long convgen_sim_launches() { return convgen_sim::launch_count(); }
 __attribute__((visibility("default"), used)) int convgen_sim_warp_size() { return CONVGEN_SIM_WARP; }
 }
