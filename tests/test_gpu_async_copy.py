@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convgen import sim
+from convgen.building import sim_build
+from convgen.devices import sim
 
 # One block of W threads; thread t owns 8 u16 of shared memory at slot t.
 # out[0][t]: slot t read right after issuing (before any wait): the old contents on CUDA
@@ -50,16 +51,16 @@ extern "C" int VENDOR_copies(const unsigned short* src, const unsigned short* sr
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
-    if sim.fp16_include_dir() is None:
+    if sim_build.fp16_include_dir() is None:
         pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: the wrappers need the 16-bit types")
     d = tmp_path_factory.mktemp("gpu_async_copy")
-    return {v: sim.build(KERNEL.replace("VENDOR", v), d, f"copies_{v}", v) for v in sim.WARP}
+    return {v: sim.build(KERNEL.replace("VENDOR", v), d, f"copies_{v}", v) for v in sim_build.WARP}
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
-@pytest.mark.parametrize("vendor", list(sim.WARP))
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_copies_land_at_the_wait_and_are_shared_after_the_barrier(libs, vendor, order):
-    warp = sim.WARP[vendor]
+    warp = sim_build.WARP[vendor]
     src = torch.arange(warp * 8, dtype=torch.int16)
     src2 = 1000 + torch.arange(warp * 8, dtype=torch.int16)
     out = torch.zeros(3 * warp, dtype=torch.int16)
