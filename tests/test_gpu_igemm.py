@@ -289,7 +289,7 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
 def test_the_vector_cases_take_the_16_byte_copies():
     """The vec_* cases exercise what they are for: operands by 16-byte copies, more reduction steps
     than pipeline stages (so the ring of stages wraps), tap-major reductions for channels-last."""
-    for vendor in sim.WARP:
+    for vendor in sim_build.WARP:
         target = parse_target(vendor)
         tiles = {name: dict(igemm_context(_problem(BY_NAME[name], DType.BF16, layout), target, "p").tiles)
                  for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}

@@ -36,15 +36,14 @@ from convgen.codegen.emit import emit
 from convgen.codegen.errors import SimulatorError
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
-from convgen.codegen.plan import KOp
-from convgen.codegen.target import parse_target
-from convgen.codegen.gpu_igemm import Normal
+from convgen.codegen.target import TargetKind, parse_target
 from convgen.devices import sim
 from convgen.dispatch import dispatch
 from convgen.dispatch.problem import gpu_problem
 from convgen.api.ops import call_problems
 import test_cases as cases
 from test_gpu_igemm import _tool
+from gpu_plans import algorithm_of, launches_of
 
 PROBLEM = ConvProblem(Op.FWD, 2, 8, 16, (9, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1))
 
@@ -83,6 +82,7 @@ def test_gpu_problem_follows_torchs_switch_and_other_dtypes_are_untouched():
     bf16 = dataclasses.replace(PROBLEM, dtype=DType.BF16)
     torch.backends.cudnn.allow_tf32 = True
     assert gpu_problem(bf16) is bf16
+    assert gpu_problem(PROBLEM, TargetKind.HIP) is PROBLEM   # no tf32 kernel on HIP: its f32 keys stay
 
 
 def test_torch_allows_tf32_for_convolutions_by_default_and_explain_says_why():
@@ -267,20 +267,15 @@ MATRIX = [
 
 
 def _plans(ops, case, masks) -> tuple[int, set[str]]:
-    """Launches and algorithms of a case's calls as the runtime plans them now (tf32 from torch's switch)."""
+    """Launches and algorithms of a case's calls (tests/gpu_plans.py) as the runtime plans them now:
+    tf32 from torch's switch."""
     total, algorithms = 0, set()
     for i, mask in enumerate(masks):
         for p in call_problems(ops.x, ops.w, ops.b, *case.args(), output_mask=mask, grad_output=ops.gy)[(0 if i == 0 else 1):]:
-            plan = lower(gpu_problem(p), parse_target("cuda"))
-            if plan.algorithm == "empty":
-                continue
-            algorithms.add(plan.algorithm)
-            if plan.kop is KOp.DGRAD:
-                total += len(Normal.of(p).phases()) if plan.algorithm in ("igemm", "depthwise") else 1
-            elif plan.kop is KOp.WGRAD:
-                total += (1 if plan.algorithm == "direct" else 2) + (1 if p.bias else 0)
-            else:
-                total += 1
+            p = gpu_problem(p, TargetKind.CUDA)
+            total += launches_of(p, "cuda")
+            if lower(p, parse_target("cuda")).algorithm != "empty":
+                algorithms.add(algorithm_of(p, "cuda"))
     return total, algorithms
 
 
@@ -402,3 +397,13 @@ def test_tf32_kernels_build_without_spills_and_issue_hmma_tf32(tmp_path, arch):
     if nvdisasm is None:
         pytest.skip("nvdisasm not found (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`): spills checked, "
                     "machine code not")
+
+
+def test_hip_f32_runs_in_f32_on_direct_whatever_torchs_switch(tf32_on, monkeypatch):
+    """No tf32 kernel on HIP: the switch leaves its f32 problems (and their keys) alone."""
+    monkeypatch.setenv("CONVGEN_SIM", "hip")
+    case = OWN["tf32-grouped-nonsquare"]
+    ops = cases.operands(case, torch.float32, "contiguous")
+    masks = [(True, True, True)]
+    cases.check_case(case, torch.float32, ops, masks=masks)   # f32's own 1e-6
+    assert _runtime_algorithms(ops, case, masks) == {("direct", False)}

@@ -119,7 +119,7 @@ def _lowered(args) -> tuple[ConvProblem, Target, Plan]:
     if target.kind is TargetKind.CPU:
         # as the runtime would plan it, including a tuned choice recorded for this machine
         return problem, target, dispatch.plan_for(problem, target)[0]
-    problem = gpu_problem(problem)   # f32: tf32 as torch.backends.cudnn.allow_tf32 says, as the runtime does
+    problem = gpu_problem(problem, target.kind)   # CUDA f32: tf32 as torch.backends.cudnn.allow_tf32 says
     return problem, target, lower(problem, target)
 
 

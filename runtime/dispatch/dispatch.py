@@ -105,11 +105,12 @@ def _load(source: KernelSource, path: Path) -> Kernel:
 def prepare(problems: Sequence[ConvProblem]) -> list[Entry]:
     """Entries for all `problems`; every kernel still missing is built in one parallel ninja run."""
     vendor = knobs.sim()
+    kind = parse_target(vendor).kind if vendor else TargetKind.CPU
     with _lock:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
         for p in problems:
-            p = gpu_problem(p) if vendor else p
+            p = gpu_problem(p, kind) if vendor else p
             key = f"{vendor}:{p.key()}" if vendor else p.key()
             entry = _table.get(key) or new.get(key)
             if entry is not None and key in _table:
