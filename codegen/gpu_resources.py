@@ -17,7 +17,7 @@ sparsity), in TFLOP/s and TB/s:
   122.6, f64 vector 61.3, HBM3 5.3 TB/s.
 Other archs (sm_86, sm_89) have no figures here; explain says so.
 
-Nothing here runs a compiler: runtime/cli.py passes the report of runtime/gpu_build.py in.
+Nothing here runs a compiler: runtime/cli/ passes the report of runtime/building/gpu_build.py in.
 """
 
 from __future__ import annotations

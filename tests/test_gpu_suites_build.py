@@ -1,5 +1,5 @@
 """Every default kernel of the bench suites (`convgen bench`'s default, "all": standard then weak;
-runtime/suites.py), as the GPU targets plan them for every pass (forward with bias, data, weight and
+runtime/bench/suites.py), as the GPU targets plan them for every pass (forward with bias, data, weight and
 bias gradients), built by the vendor compilers for sm_80, sm_90 (nvcc) and gfx90a (hipcc) with
 spills as errors, in one parallel ninja run.
 
@@ -23,7 +23,8 @@ import subprocess
 
 import pytest
 
-from convgen import knobs, suites
+from convgen import knobs
+from convgen.bench import suites
 from convgen.codegen.emit import emit
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower

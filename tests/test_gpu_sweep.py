@@ -1,6 +1,6 @@
 """Every default GPU kernel of the CASES.md cases, compiled by the vendors' compilers: nvcc for
 sm_80 and sm_90 with ptxas spills as errors (`-Xptxas -v -Xptxas -warn-spills -Xptxas -Werror`, the
-flags of runtime/gpu_build.py), hipcc for gfx90a (HIP_PLATFORM=amd, `-O3`, no SGPR or VGPR spills
+flags of runtime/building/gpu_build.py), hipcc for gfx90a (HIP_PLATFORM=amd, `-O3`, no SGPR or VGPR spills
 in `-Rpass-analysis=kernel-resource-usage`).
 
 What: every case of tests/test_cases.py (CASES.md items 1-22) in f32, f64, bf16 and f16, every
@@ -40,14 +40,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from convgen import gpu_build, knobs
-from convgen.build import find_ninja, write_if_changed
+from convgen import knobs
+from convgen.building import gpu_build
+from convgen.building.build import find_ninja, write_if_changed
 from convgen.codegen.emit_gpu import emit_gpu
 from convgen.codegen.gpu_wrappers import vendor_wrappers
 from convgen.codegen.ir import Layout
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import TargetKind, parse_target
-from convgen.ops import call_problems
+from convgen.api.ops import call_problems
 import test_cases as cases
 from reference import channels_last_format, non_contiguous
 
@@ -139,7 +140,7 @@ def _umbrella(keys: list[str]) -> str:
 
 
 def _command(target: str, src: str, out: str, exe: str) -> list[str]:
-    """runtime/gpu_build.py's command for `target` (its flags: spills are errors for nvcc)."""
+    """runtime/building/gpu_build.py's command for `target` (its flags: spills are errors for nvcc)."""
     class Source:   # what gpu_build.command reads of a KernelSource
         pass
     source = Source()

@@ -374,10 +374,7 @@ def clear() -> int:
     for d in (base / "tmp").iterdir():
         if _abandoned(d):
             shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(base / "sim-pch", ignore_errors=True)   # a build reading one falls back to the header
-    from . import sim
-
-    sim.precompiled_header.cache_clear()
+    shutil.rmtree(base / "sim-pch", ignore_errors=True)   # the next simulator build makes it again
     return removed
 
 

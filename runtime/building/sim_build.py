@@ -91,6 +91,13 @@ def headers_digest() -> str:
 
 
 @functools.lru_cache(maxsize=8)
+def _pch_key(vendor: str, cxx_argv: tuple[str, ...], identity: str) -> tuple[str, tuple[str, ...]]:
+    """The precompiled header's cache key and its compile command (computed once per process)."""
+    header = gpu_templates_dir() / "sim" / "simt.h"
+    base = compile_command(str(header), "{out}", vendor, cxx_argv=list(cxx_argv), debug=False)
+    return sha256_text(identity, shlex.join(base), headers_digest()), tuple(base)
+
+
 def precompiled_header(vendor: str, cxx_argv: tuple[str, ...], root: str, identity: str) -> Path | None:
     """A directory under the cache `root` holding sim/simt.h.gch: the simulator header
     precompiled with the runtime's flags for `vendor` (compile_command with debug=False), built
@@ -99,9 +106,8 @@ def precompiled_header(vendor: str, cxx_argv: tuple[str, ...], root: str, identi
     runtime build for the simulator then skips parsing the header: 0.75 instead of 1.25 s of CPU
     per kernel file. None when it cannot be built (the builds then parse the header, as g++ also
     does with a precompiled header that does not fit)."""
-    header = gpu_templates_dir() / "sim" / "simt.h"
-    base = compile_command(str(header), "{out}", vendor, cxx_argv=list(cxx_argv), debug=False)
-    key = sha256_text(identity, shlex.join(base), headers_digest())
+    key, base = _pch_key(vendor, cxx_argv, identity)
+    base = list(base)
     directory = Path(root) / "sim-pch" / key
     target = directory / "sim" / "simt.h.gch"
     if target.is_file():
