@@ -29,7 +29,6 @@ import sys
 from ..codegen.emit import emit
 from ..codegen.gpu_resources import explain_lines
 from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
-from ..codegen.gpu_resources import explain_lines
 from ..codegen.ir import ConvProblem, DType, Layout, Op
 from ..codegen.pipeline import lower
 from ..codegen.plan import Plan
