@@ -1,6 +1,10 @@
 """The implicit-GEMM GPU kernel on matrix instructions: forward, data gradient and weight gradient
 of bf16/f16 convolutions (normal or transposed) with f32 accumulation, rendered for CUDA or HIP from
-`templates/gpu/igemm.cu.j2`.
+`templates/gpu/igemm.cu.j2`; on CUDA also f32 problems with `tf32` set (torch allowed tf32): their
+operands are rounded to tf32 (cvt.rna.tf32.f32) as fragments are loaded from shared memory and
+multiplied by `mma.sync` m16n8k8 .tf32 (cuda.h), f32 accumulation. HIP keeps f32 on the direct
+kernel: CDNA's f32 MFMA (v_mfma_f32_16x16x4f32) is true f32, a different kernel shape (k-step 4,
+other fragments) not written yet.
 
 Every pass is one GEMM per group, its operands gathered from the tensors while they are loaded
 into shared memory (padding, stride and dilation are predicates, so channel counts need not be
@@ -31,7 +35,8 @@ grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): afte
 block's warps take bias channels of its group in turn and sum them over the split's share of the
 batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's in the
 workspace, and the second kernel adds those in split order too and rounds once (see bias_reason).
-Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32. f32 and f64 problems stay on the direct
+Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32. f64 problems
+(and f32 ones without tf32) stay on the direct
 kernel (codegen/gpu_direct.py). Tensors may be contiguous or channels-last (each of input, weight
 and output by its own layout: every access goes through its strides). A transposed problem runs
 through the same equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the
@@ -48,13 +53,15 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_target import GPU_ARCHS
-from .gpu_tiles import BLOCK_K, GemmTile, IgemmTiles, choose_tiles
+from .gpu_tiles import BLOCK_K, GemmTile, IgemmTiles, choose_tiles, lds_of, vector_of
 from .gpu_wrappers import vendor_wrappers
 from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
 from .version import generator_version
 
-SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16"}
+SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16", DType.F32: "float"}
+# The operands' raw bits in shared memory: 16-bit floats as unsigned short, f32 (tf32) as unsigned.
+BITS = {2: "unsigned short", 4: "unsigned"}
 MAX_SPLIT = 64
 ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 
@@ -95,6 +102,10 @@ class IgemmContext:
     wrappers: str          # the vendor's wrapper header, inline (the file is self-contained)
     prefix: str
     scalar: str
+    bits: str              # the operands' raw-bits type in shared memory (BITS)
+    vector: int            # elements of one 16-byte copy
+    lds: int               # a shared row's elements (BLOCK_K + one vector of padding)
+    tf32: bool             # f32 operands rounded to tf32 on the tf32 matrix instruction
     transposed: bool       # the entries map a transposed problem's roles onto the normal convolution
     channels: int
     filters: int
@@ -177,7 +188,8 @@ def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
     g = normal.groups or 1
     return choose_tiles(normal, operand_strides(x_layout, normal.channels, normal.in_size),
                         operand_strides(y_layout, normal.filters, normal.out_size),
-                        operand_strides(w_layout, normal.channels // g, normal.kernel), target)
+                        operand_strides(w_layout, normal.channels // g, normal.kernel), target,
+                        problem.dtype.itemsize)
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile) -> tuple[int, str]:
@@ -199,9 +211,15 @@ def refusal(problem: ConvProblem, target: Target) -> str | None:
     """Why the implicit-GEMM kernel does not take `problem` on `target` (parameter, value, rule), or None."""
     if target.kind is TargetKind.CPU:
         return f"target {target.name()}: the implicit-GEMM GPU kernel needs a cuda or hip target"
+    if problem.dtype is DType.F32 and not problem.tf32:
+        return ("dtype f32 with tf32 off (torch.backends.cudnn.allow_tf32 is False): f32 stays on the CUDA "
+                "cores (the direct GPU kernel)")
+    if problem.dtype is DType.F32 and target.kind is not TargetKind.CUDA:
+        return (f"dtype f32 on {target.name()}: the implicit-GEMM kernel's f32 path is CUDA's tf32 mma.sync; "
+                "AMD's f32 MFMA (v_mfma_f32_16x16x4f32) is not written yet, so f32 runs on the direct GPU kernel")
     if problem.dtype not in SCALARS:
         return (f"dtype {problem.dtype.value}: the implicit-GEMM GPU kernel takes bf16 or f16 (matrix "
-                "instructions); f32 and f64 run on the direct GPU kernel")
+                "instructions), or f32 as tf32 on CUDA; f64 runs on the direct GPU kernel")
     if problem.groups > 65535:
         return (f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
                 "at most 65535")
@@ -270,7 +288,8 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix,
-        scalar=SCALARS[problem.dtype], transposed=problem.transposed, channels=normal.channels,
+        scalar=SCALARS[problem.dtype], bits=BITS[problem.dtype.itemsize], vector=vector_of(problem.dtype.itemsize),
+        lds=lds_of(problem.dtype.itemsize), tf32=problem.dtype is DType.F32, transposed=problem.transposed, channels=normal.channels,
         filters=normal.filters, groups=normal.groups, in_size=normal.in_size, out_size=normal.out_size,
         kernel=normal.kernel, stride=normal.stride, pad=normal.pad, dilation=normal.dilation,
         layouts=tuple(layout.value for layout in normal.layouts),

@@ -174,7 +174,7 @@ def short_name(mangled: str) -> str:
 def units_of(plan) -> str:
     """Which peak bounds the plan's kernel: matrix instructions for igemm, else the vector units."""
     if plan.algorithm == "igemm":
-        return "matrix16"
+        return "tf32" if plan.problem.tf32 else "matrix16"
     return "f64" if plan.problem.dtype.value == "f64" else "f32"
 
 

@@ -13,14 +13,16 @@ Each of the kernel's GEMMs (forward, data gradient, weight gradient) gets its ow
   while the tensor cores work on the current one; up to 4 stages (CUTLASS's sm_80 instances use
   3-5) while two blocks still fit an SM's shared memory, fewer when the reduction has fewer steps.
   On HIP (gfx90a, gfx940) copies are staged through registers into two LDS buffers.
-- Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements) when 8 consecutive
-  reduction indices are 8 consecutive, 16-byte aligned elements in memory: channels-last
-  activations with channel counts (per group and in all) multiple of 8 and the reduction ordered
-  tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel, tap)
-  reduction of a multiple of 8; a contiguous grad_output along its pixels (weight gradient, output
-  pixels a multiple of 8). The launch entry also checks the pointers' 16-byte alignment at run
+- Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements, 4 f32 ones for tf32)
+  when that many consecutive reduction indices are consecutive, 16-byte aligned elements in memory: channels-last
+  activations with channel counts (per group and in all) multiple of the vector and the reduction
+  ordered tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel,
+  tap) reduction of a multiple of it; a contiguous grad_output along its pixels (weight gradient,
+  output pixels a multiple of it). The launch entry also checks the pointers' 16-byte alignment at run
   time; the other operands (and misaligned pointers) are gathered element by element, with the
   same predicates, into the same stages.
+- Element size: 2 bytes (bf16/f16 bits) or 4 (f32 for tf32): shared rows are BLOCK_K + one 16-byte
+  vector of elements long, and a stage's bytes, hence the stages that fit, scale with it.
 """
 
 from __future__ import annotations
@@ -29,10 +31,20 @@ import dataclasses
 
 from .target import Target, TargetKind
 
-BLOCK_K = 32          # two 16-deep matrix instructions per reduction step
-LDS = BLOCK_K + 8     # shared rows padded by 16 bytes: fragment loads spread over banks
-VECTOR = 8            # elements of one 16-byte copy
+BLOCK_K = 32          # two 16-deep (bf16/f16) or four 8-deep (tf32) matrix instructions per reduction step
+LDS = BLOCK_K + 8     # shared rows of 16-bit elements padded by 16 bytes: fragment loads spread over banks
+VECTOR = 8            # 16-bit elements of one 16-byte copy
 MAX_STAGES = 4
+
+
+def vector_of(itemsize: int) -> int:
+    """Elements of one 16-byte copy: 8 of 2 bytes, 4 of 4 bytes."""
+    return 16 // itemsize
+
+
+def lds_of(itemsize: int) -> int:
+    """A shared row's elements: BLOCK_K plus 16 bytes of padding."""
+    return BLOCK_K + vector_of(itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +57,11 @@ class GemmTile:
     tap_major: bool     # reduction (tap, channel) instead of (channel, tap)
     vector_a: bool      # A by 16-byte copies (when the pointers are aligned)
     vector_b: bool
+    itemsize: int = 2   # bytes of one operand element in shared memory (2: bf16/f16 bits, 4: f32 for tf32)
 
     @property
     def shared_bytes(self) -> int:
-        return self.stages * (self.m + self.n) * LDS * 2
+        return self.stages * (self.m + self.n) * lds_of(self.itemsize) * self.itemsize
 
     def describe(self, async_copy: bool) -> str:
         how = "cp.async" if async_copy else "register-staged"
@@ -63,12 +76,12 @@ def _side(length: int) -> int:
     return 128 if length >= 128 else 64
 
 
-def _stages(target: Target, tile_m: int, tile_n: int, steps: int) -> tuple[int, str]:
+def _stages(target: Target, tile_m: int, tile_n: int, steps: int, itemsize: int = 2) -> tuple[int, str]:
     """Pipeline stages of one GEMM, and why."""
     gpu = target.gpu
     if target.kind is not TargetKind.CUDA or not gpu.async_copy:
         return 2, "two LDS buffers, the next stage's copies staged in registers while the matrix cores work"
-    per_stage = (tile_m + tile_n) * LDS * 2
+    per_stage = (tile_m + tile_n) * lds_of(itemsize) * itemsize
     fit = min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) // per_stage
     stages = max(2, min(MAX_STAGES, fit, steps))
     return stages, (f"{stages} stages of cp.async copies in flight ({per_stage // 1024} KiB each, two blocks per SM "
@@ -96,33 +109,36 @@ class IgemmTiles:
     reasons: tuple[str, ...]
 
 
-def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target) -> IgemmTiles:
-    """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`."""
+def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2) -> IgemmTiles:
+    """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`, for
+    operands of `itemsize` bytes in shared memory."""
     from math import prod
+
+    vector = vector_of(itemsize)   # elements of one 16-byte copy
 
     g = max(normal.groups, 1)
     cg, kg = normal.channels // g, normal.filters // g
     taps, ov = prod(normal.kernel), prod(normal.out_size)
     tap_phase = max(1, prod(-(-r // (s // _gcd(s, d))) for r, s, d in zip(normal.kernel, normal.stride, normal.dilation)))
     positions = max(1, prod(normal.in_size) // prod(normal.stride))
-    aligned_c = normal.channels % VECTOR == 0 and cg % VECTOR == 0
-    aligned_k = normal.filters % VECTOR == 0 and kg % VECTOR == 0
+    aligned_c = normal.channels % vector == 0 and cg % vector == 0
+    aligned_k = normal.filters % vector == 0 and kg % vector == 0
     steps = lambda reduction: max(1, -(-reduction // BLOCK_K))
 
     # forward: A = input (rows pixels, reduction (channel, tap)), B = weight (columns filters)
     fwd_tap = _channels_last(x_strides) and aligned_c
     fwd_b = (fwd_tap and _channels_last(w_strides)) or (
-        not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % VECTOR == 0)
+        not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % vector == 0)
     fm, fn = _side(ov), _side(kg)
-    fwd = GemmTile(fm, fn, _stages(target, fm, fn, steps(cg * taps))[0], fwd_tap, fwd_tap, fwd_b)
+    fwd = GemmTile(fm, fn, _stages(target, fm, fn, steps(cg * taps), itemsize)[0], fwd_tap, fwd_tap, fwd_b, itemsize)
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
     dm, dn = _side(positions), _side(cg)
-    dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase))[0], dg_tap, dg_tap, False)
+    dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase), itemsize)[0], dg_tap, dg_tap, False, itemsize)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
-    wg_a = _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % VECTOR == 0
+    wg_a = _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
     wm, wn = _side(kg), _side(cg * taps)
-    wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov))[0], False, wg_a, False)
+    wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov), itemsize)[0], False, wg_a, False, itemsize)
 
     gpu = target.gpu
     how = (f"up to {MAX_STAGES} stages of cp.async copies in flight while two blocks fit an SM's "

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import math
 
-from .keys import canonical_json, canonical_key
+from .keys import canonical_json, canonical_key, to_jsonable
 
 
 class Op(str, enum.Enum):
@@ -98,6 +98,10 @@ class ConvProblem:
     weight_layout: Layout = Layout.CONTIGUOUS
     output_layout: Layout = Layout.CONTIGUOUS
     bias: bool = False   # FWD: add a bias; BWD_WEIGHT: also produce the bias gradient
+    # f32 on a GPU's tf32 matrix instructions (operands rounded to tf32, f32 accumulation): set at
+    # dispatch from torch.backends.cudnn.allow_tf32 for GPU targets only; never on a CPU problem.
+    # Left out of the canonical form while False, so every key from before it existed stays.
+    tf32: bool = False
 
     def __post_init__(self):
         # no checks here: validate() reports ill-typed fields with a ConvSpecError
@@ -164,13 +168,20 @@ class ConvProblem:
         return elems * self.dtype.itemsize
 
     # --- identity ------------------------------------------------------------------------
+    def _identity(self) -> dict:
+        """The canonical form's fields: all of them, less `tf32` while it is False."""
+        fields = to_jsonable(self)
+        if not self.tf32:
+            del fields["tf32"]
+        return fields
+
     def validate(self) -> "ConvProblem":
         from .rules import check_problem
         check_problem(self)
         return self
 
     def to_json(self) -> str:
-        return canonical_json(self)
+        return canonical_json(self._identity())
 
     @classmethod
     def from_dict(cls, d: dict) -> "ConvProblem":
@@ -188,17 +199,18 @@ class ConvProblem:
             dtype=DType(d.get("dtype", "f32")), input_layout=Layout(d.get("input_layout", "contiguous")),
             weight_layout=Layout(d.get("weight_layout", "contiguous")),
             output_layout=Layout(d.get("output_layout", "contiguous")), bias=bool(d.get("bias", False)),
+            tf32=bool(d.get("tf32", False)),
         )
 
     def key(self) -> str:
-        return canonical_key(self)
+        return canonical_key(self._identity())
 
     def with_batch(self, n: int) -> "ConvProblem":
         return dataclasses.replace(self, n=n)
 
     def kernel_key(self) -> str:
         """The key of the problem at any batch size: the batch is a run-time argument of kernels."""
-        return canonical_key(self.with_batch(-1))
+        return self.with_batch(-1).key()
 
     def name(self) -> str:
         """Readable and symbol-safe, e.g. conv2d_bwdw_c64_k128_56x56_r3x3_s2_p1_f32_nhwc."""
@@ -223,7 +235,7 @@ class ConvProblem:
             parts.append(f"g{self.groups}")
         if any(self.output_padding):
             parts.append(f"op{uniform(self.output_padding)}")
-        parts.append(self.dtype.value)
+        parts.append(self.dtype.value + ("_tf32" if self.tf32 else ""))
         layouts = {self.input_layout, self.weight_layout, self.output_layout}
         if layouts != {Layout.CONTIGUOUS}:
             parts.append("".join(lay.short(self.rank) if lay is Layout.CHANNELS_LAST else "c"

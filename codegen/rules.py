@@ -45,7 +45,7 @@ def check_types(p: ConvProblem) -> None:
     for name in ("n", "c", "k", "groups"):
         if not _is_int(getattr(p, name)):
             raise ConvSpecError(f"{name}={getattr(p, name)!r}: expected an integer")
-    for name in ("transposed", "bias"):
+    for name in ("transposed", "bias", "tf32"):
         if not isinstance(getattr(p, name), bool):
             raise ConvSpecError(f"{name}={getattr(p, name)!r}: expected a bool")
     for name in ("in_size", "kernel", "stride", "dilation", "output_padding"):
@@ -60,6 +60,9 @@ def check_types(p: ConvProblem) -> None:
 
 def check_problem(p: ConvProblem) -> None:
     check_types(p)
+    if p.tf32 and p.dtype.value != "f32":
+        raise ConvSpecError(f"tf32=True with dtype {p.dtype.value}: tf32 matrix instructions compute f32 "
+                            f"convolutions only; leave tf32 False for other dtypes")
     rank = p.rank
     if rank not in (1, 2, 3):
         raise ConvSpecError(f"input: convolutions have 1, 2 or 3 spatial dimensions, but the input has {rank} "

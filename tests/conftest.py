@@ -8,6 +8,12 @@ per test with monkeypatch, which restores this session value afterwards.
 CONVGEN_TEST_CACHE_DIR, when set, names the directory to use instead of a fresh one: for
 iterating on the tests without rebuilding every kernel each run (CI leaves it unset).
 The comparison helpers live in tests/reference.py.
+
+torch's tf32 switch for convolutions (torch.backends.cudnn.allow_tf32, True by default) decides
+whether f32 problems on GPU targets (CONVGEN_SIM, `--target cuda-...`) run on tf32 matrix
+instructions. Every test runs with it False unless it says otherwise, so the tests written for
+f32 on the CUDA cores (the direct kernel, f32's 1e-6 tolerance) keep testing that;
+tests/test_gpu_tf32.py turns it on where it tests tf32 (and tests torch's default there).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,3 +36,13 @@ def session_cache_dir(tmp_path_factory):
             os.environ.pop("CONVGEN_CACHE_DIR", None)
         else:
             os.environ["CONVGEN_CACHE_DIR"] = saved
+
+
+@pytest.fixture(autouse=True)
+def f32_on_cuda_cores_unless_a_test_allows_tf32():
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved

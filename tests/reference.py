@@ -29,11 +29,25 @@ import torch
 # in one element of case 19b's weight gradient is a relative error of about 1e-4.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 SHORT_REDUCTION = 4096
+# f32 on tf32 matrix instructions (a GPU target while torch.backends.cudnn.allow_tf32): each operand
+# is rounded to 11 significant bits (cvt.rna), a relative error of at most u = 2^-11 each, so each
+# product is off by at most 2u + u^2 relative; products are exact in f32 after that and summed in
+# f32 (f32's own bound above still applies, and is added). Independent rounding errors of
+# random-signed terms average out rather than add up: the norm-wise error ||out - ref|| / ||ref||
+# is about the root mean square of a product's relative error, sqrt(2) x (u / sqrt(3)) ~ 0.8u ~ 4e-4
+# for errors spread evenly over [-u, u] (measured here: 2.5-3.5e-4), and never more than the
+# per-product bound 2u = 2^-10 ~ 9.8e-4 unless the terms cancel abnormally. So 2^-10: about twice
+# to three times what is expected, independent of the reduction's length (each product's error is
+# relative to itself). Rounding in a wrong direction or a fragment that skips the rounding shows as
+# 0.5-1x the bound at worst -- the simulator's emulation refuses unrounded operands outright, and
+# a misplaced element or a missing term costs far more.
+TF32_TOLERANCE = 2.0 ** -10
 
 
-def tolerance(dtype: torch.dtype, terms: int = 1) -> float:
-    """The bound for a result whose elements each sum `terms` products."""
-    return TOLERANCE[dtype] * max(1.0, math.sqrt(terms / SHORT_REDUCTION))
+def tolerance(dtype: torch.dtype, terms: int = 1, tf32: bool = False) -> float:
+    """The bound for a result whose elements each sum `terms` products (`tf32`: f32 on tf32
+    matrix instructions)."""
+    return TOLERANCE[dtype] * max(1.0, math.sqrt(terms / SHORT_REDUCTION)) + (TF32_TOLERANCE if tf32 else 0.0)
 
 
 def reduction_terms(x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int]) -> dict[str, int]:
@@ -59,15 +73,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / norm
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str, terms: int = 1) -> None:
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str, terms: int = 1,
+                 tf32: bool = False) -> None:
     """`out` within the dtype's tolerance of the float64 reference, with no NaN or inf of its own;
-    `terms`: how many products each element sums (see `tolerance`)."""
+    `terms`: how many products each element sums; `tf32`: computed on tf32 matrix instructions
+    (see `tolerance`)."""
     assert out.dtype == dtype, f"{what}: dtype {out.dtype}, expected {dtype}"
     assert out.shape == ref.shape, f"{what}: shape {list(out.shape)}, reference {list(ref.shape)}"
     bad = ~torch.isfinite(out.detach()) & torch.isfinite(ref.detach())
     assert not bad.any(), f"{what}: {int(bad.sum())} NaN/inf elements where the reference is finite"
-    err, tol = rel_err(out, ref), tolerance(dtype, terms)
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} ({dtype}, {terms} terms)"
+    err, tol = rel_err(out, ref), tolerance(dtype, terms, tf32)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} ({dtype}{', tf32' if tf32 else ''}, {terms} terms)"
 
 
 # ------------------------------------------------------------------------------- layouts

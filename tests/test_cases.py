@@ -214,16 +214,16 @@ def prebuilt():
     return convgen.stats()["builds"]
 
 
-def check_case(case: Case, dtype: torch.dtype, ops: Operands, masks=MASKS) -> None:
+def check_case(case: Case, dtype: torch.dtype, ops: Operands, masks=MASKS, tf32: bool = False) -> None:
     """Forward and the backward `masks` of `case` against the float64 reference and torch's formats;
-    the operands must come out unchanged."""
+    the operands must come out unchanged. `tf32`: f32 on tf32 matrix instructions (its bound)."""
     aten = case.aten()
     x, w, b, gy = ops.x, ops.w, ops.b, ops.gy
     before = [t.clone() for t in (x, w, b, gy)]
 
     y = convgen.convolution(x, w, b, *case.args())
     terms = reduction_terms(x.shape, w.shape, y.shape)
-    assert_close(y, aten.forward64(x, w, b), dtype, "forward", terms["forward"])
+    assert_close(y, aten.forward64(x, w, b), dtype, "forward", terms["forward"], tf32)
     assert_same_format(y, aten.forward(x, w, b), "forward")
 
     for mask in masks:
@@ -236,7 +236,7 @@ def check_case(case: Case, dtype: torch.dtype, ops: Operands, masks=MASKS) -> No
             if not wanted:
                 assert g is None, f"{what}: masked off, but convgen returned a tensor"
                 continue
-            assert_close(g, r, dtype, what, terms[name])
+            assert_close(g, r, dtype, what, terms[name], tf32)
             assert_same_format(g, nat, what)
 
     none = convgen.convolution_backward(gy, x, w, [case.k], *case.args(), [False, False, False])

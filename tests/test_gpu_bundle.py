@@ -20,6 +20,8 @@ import pytest
 
 import convgen
 
+from reference import TF32_TOLERANCE
+
 MODEL = '''
 import torch
 from torch import nn
@@ -40,6 +42,7 @@ STEP = '''
 import json, sys, torch, convgen
 sys.path.insert(0, sys.argv[2])
 from tiny import Tiny
+torch.backends.cudnn.allow_tf32 = sys.argv[3] == "tf32"   # torch's own default is True
 torch.manual_seed(0)
 model, reference = Tiny(), Tiny()
 reference.load_state_dict(model.state_dict())
@@ -109,21 +112,26 @@ def test_the_device_libraries_export_every_entry(gpu_bundle):
 
 
 @pytest.mark.parametrize("vendor", ["cuda", "hip"])
-def test_a_fresh_process_without_compilers_runs_a_training_step_from_the_bundle_in_the_simulator(gpu_bundle, vendor):
+@pytest.mark.parametrize("tf32", ["tf32", "f32"])
+def test_a_fresh_process_without_compilers_runs_a_training_step_from_the_bundle_in_the_simulator(gpu_bundle, vendor,
+                                                                                                 tf32):
+    """Either way torch's tf32 switch is set, the bundle serves every call: on CUDA it carries the f32
+    kernels with tf32 and without (their keys differ), HIP computes f32 either way."""
     work, out, _ = gpu_bundle
     (work / "step.py").write_text(STEP)
     env = {"HOME": os.environ.get("HOME", "/tmp"), "PATH": "/nonexistent", "CXX": "/nonexistent/c++",
            "CONVGEN_NVCC": "/nonexistent/nvcc", "CONVGEN_HIPCC": "/nonexistent/hipcc",
-           "CONVGEN_CACHE_DIR": str(work / f"empty-cache-{vendor}"), "CONVGEN_SIM": vendor,
+           "CONVGEN_CACHE_DIR": str(work / f"empty-cache-{vendor}-{tf32}"), "CONVGEN_SIM": vendor,
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, str(work / "step.py"), str(out), str(work)], env=env,
+    done = subprocess.run([sys.executable, str(work / "step.py"), str(out), str(work), tf32], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     stats = result["stats"]
     assert stats["builds"] == 0 and stats["bundle_hits"] > 0 and stats["sim_launches"] > 0, stats
     for name, error in result["errors"].items():
-        assert error < 1e-5, (name, error)   # float32 against float64, reductions of at most 72 terms
+        # float32 against float64, reductions of at most 72 terms; tf32 operands (CUDA): 2^-10 more
+        assert error < 1e-5 + (TF32_TOLERANCE if tf32 == "tf32" and vendor == "cuda" else 0.0), (name, error)
 
 
 def test_a_stale_gpu_build_is_refused_and_the_jit_takes_over(gpu_bundle, tmp_path):

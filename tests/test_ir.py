@@ -121,6 +121,7 @@ CHANGES = {
     "weight_layout": CL,
     "output_layout": CL,
     "bias": True,
+    "tf32": True,   # f32 on tf32 matrix instructions (GPU targets; left out of the key while False)
 }
 
 

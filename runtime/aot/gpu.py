@@ -2,7 +2,8 @@
 ones -> the libraries dispatch/gpu_bundle.py serves with zero builds.
 
 For each GPU target (cuda-sm_80, cuda-sm_90, hip-gfx90a, ...) `generate_gpu` lowers every problem
-for that arch and writes kernels/TARGET/NAME.cu and gpu-manifest.json (rewriting only files whose
+as that target computes it (on CUDA an f32 problem both with tf32 and without, as torch's switch
+may be either way where the bundle is loaded) for that arch and writes kernels/TARGET/NAME.cu and gpu-manifest.json (rewriting only files whose
 content changes). `build_gpu` then runs ONE ninja build (build/gpu.ninja) that makes
 
     build/gpu/VENDOR.so          a fat library per vendor: each target's kernels compiled by the
@@ -17,6 +18,7 @@ builds only: the bundle then serves CONVGEN_SIM but no device; the record says s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -29,10 +31,11 @@ from ..building import gpu_library, sim_build
 from ..building.gpu_build import compiler
 from ..codegen.emit import emit
 from ..codegen.errors import BuildError, ConvgenError
-from ..codegen.ir import ConvProblem
+from ..codegen.ir import ConvProblem, DType
 from ..codegen.pipeline import lower
 from ..codegen.target import Target, TargetKind
 from ..dispatch import gpu_bundle
+from ..dispatch.problem import gpu_problem
 from .. import knobs
 from ..stats import bump
 
@@ -49,8 +52,7 @@ def generate_gpu(problems: Sequence[ConvProblem], out: str | Path, targets: Sequ
         tname = target.name()
         kernels: dict[str, dict] = {}
         listed = []
-        for p in problems:
-            p.validate()
+        for p in _as_computed(problems, target):
             plan = lower(p, target)
             source = emit(plan)
             kernel = None
@@ -85,6 +87,20 @@ def generate_gpu(problems: Sequence[ConvProblem], out: str | Path, targets: Sequ
             if f"kernels/{tname}/{stale.name}" not in files:
                 stale.unlink()
     return manifest
+
+
+def _as_computed(problems: Sequence[ConvProblem], target: Target) -> list[ConvProblem]:
+    """The problems as `target` computes them (dispatch/problem.py's gpu_problem): on CUDA an f32
+    problem twice, with tf32 allowed and not, so that the bundle serves it whichever way
+    torch.backends.cudnn.allow_tf32 is set where it is loaded (its problems are keyed by it)."""
+    computed: dict[str, ConvProblem] = {}
+    for p in problems:
+        p.validate()
+        variants = [dataclasses.replace(p, tf32=allowed) for allowed in (True, False)] \
+            if target.kind is TargetKind.CUDA and p.dtype is DType.F32 else [gpu_problem(p, target.kind)]
+        for v in variants:
+            computed.setdefault(v.key(), v)
+    return list(computed.values())
 
 
 def _object_command(target: Target, file: str, obj: str, exe: str) -> list[str]:

@@ -69,9 +69,11 @@ def _signature(tensors, args) -> tuple | None:
     Arguments are frozen one level deep (lists of ints); deeper nesting does not hash: None.
     A tensor counts by type, dtype, device, layout, shape and strides: a call on a device or
     layout convgen does not serve is refused before it could be remembered. CONVGEN_SIM counts
-    too (a simulated GPU kernel is another kernel)."""
+    too (a simulated GPU kernel is another kernel), and torch's tf32 switch (an f32 problem on a
+    GPU target, simulated or a device, is a tf32 one while torch.backends.cudnn.allow_tf32 is True)."""
     try:
-        signature = (torch.get_num_threads(), knobs.sim(), *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
+        signature = (torch.get_num_threads(), knobs.sim(), bool(torch.backends.cudnn.allow_tf32),
+                     *[tuple(a) if type(a) in _SEQUENCES else a for a in args],
                      *[None if t is None else (type(t), t.dtype, t.device, t.layout, t.shape, t.stride())
                        for t in tensors])
         hash(signature)

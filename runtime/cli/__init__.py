@@ -37,7 +37,7 @@ from ..api import eager
 from ..bench import bench, check, suites
 from ..building import build, cache, gpu_build
 from ..dispatch import dispatch
-from ..dispatch.problem import expand_param, padding_pairs
+from ..dispatch.problem import expand_param, gpu_problem, padding_pairs
 from . import aot as aot_cli
 from .flags import add_dtype_flag
 
@@ -119,6 +119,7 @@ def _lowered(args) -> tuple[ConvProblem, Target, Plan]:
     if target.kind is TargetKind.CPU:
         # as the runtime would plan it, including a tuned choice recorded for this machine
         return problem, target, dispatch.plan_for(problem, target)[0]
+    problem = gpu_problem(problem, target.kind)   # CUDA f32: tf32 as torch.backends.cudnn.allow_tf32 says
     return problem, target, lower(problem, target)
 
 

@@ -16,6 +16,8 @@ the target of that device's arch (devices/cuda.py `target_of`): the plan is lowe
 source built by the vendor's compiler into a loadable library (building/gpu_library.py) or
 served by a loaded GPU bundle, and called through devices/cuda.py's GpuKernel on torch's current
 stream. Such entries are keyed by the target too (two devices of different archs in one process).
+An f32 problem for a GPU target (simulated or a device) takes torch's tf32 switch
+(dispatch/problem.py's gpu_problem) before it is keyed.
 
 Where things are: the plan's choice among candidates comes from the tuning database
 (dispatch/tuning.py), kernels of loaded ahead-of-time bundles from dispatch/bundle.py, the
@@ -37,6 +39,7 @@ from ..devices import cuda
 from ..devices.cpu import Kernel
 from ..devices.sim import SimKernel
 from . import bundle, tuning
+from .problem import gpu_problem
 from ..stats import bump
 from ..codegen.emit import emit
 from ..codegen.errors import BuildError
@@ -123,10 +126,12 @@ def prepare(problems: Sequence[ConvProblem], device=None) -> list[Entry]:
     (a GPU device's: one vendor compile each)."""
     gpu = device_target(device)
     vendor = gpu.name() if gpu is not None else knobs.sim()
+    kind = gpu.kind if gpu is not None else parse_target(vendor).kind if vendor else TargetKind.CPU
     with _lock:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
         for p in problems:
+            p = gpu_problem(p, kind) if vendor else p
             key = f"{vendor}:{p.key()}" if vendor else p.key()
             entry = _table.get(key) or new.get(key)
             if entry is not None and key in _table:

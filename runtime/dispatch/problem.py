@@ -15,6 +15,7 @@ from torch._prims_common import suggest_memory_format
 
 from ..codegen.errors import ConvSpecError
 from ..codegen.ir import ConvProblem, DType, Layout, Op
+from ..codegen.target import TargetKind
 
 DTYPES = {torch.float32: DType.F32, torch.float64: DType.F64, torch.bfloat16: DType.BF16, torch.float16: DType.F16}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
@@ -196,3 +197,15 @@ def base_problem(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     problem.validate()   # before ATen's backend choice is asked: it trusts valid arguments
     lay = result_layout(input, weight, stride_t, pairs, dilation_t, groups, transposed, output_padding_t)
     return problem if lay is Layout.CONTIGUOUS else dataclasses.replace(problem, output_layout=lay)
+
+
+def gpu_problem(problem: ConvProblem, kind: TargetKind = TargetKind.CUDA) -> ConvProblem:
+    """`problem` as a GPU target of `kind` computes it: on CUDA an f32 problem takes tf32 from
+    torch's switch for convolutions, torch.backends.cudnn.allow_tf32 (True by default), read on
+    every call as torch reads it -- a permission, as in torch: kernels without a tf32 path
+    (depthwise, stem) still compute in f32. Other dtypes, and HIP (no tf32 kernel: f32 runs in
+    f32 there), are unchanged; CPU problems never come here, so their keys and kernels stay."""
+    if problem.dtype is not DType.F32 or kind is not TargetKind.CUDA:
+        return problem
+    allowed = bool(torch.backends.cudnn.allow_tf32)
+    return problem if problem.tf32 == allowed else dataclasses.replace(problem, tf32=allowed)

@@ -74,10 +74,29 @@ template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) {
     return __shfl_sync(CONVGEN_FULL_MASK, v, lane);
 }
 
-// --- 16-bit floats and the matrix instruction: mma.sync.aligned.m16n8k16 (sm_80+) -----------------
-// Kernels keep 16-bit operands as raw bits (unsigned short) in shared memory, load fragments with
-// convgen_mma_load_a/_b, multiply with convgen_mma_sync and find their accumulators' places with
-// convgen_mma_acc_row/_col; the layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16".
+// --- the matrix instructions' shared names: mma.sync.aligned.m16n8k{16,8} (sm_80+) -----------------
+// Kernels keep operands as raw bits in shared memory (unsigned short for 16-bit floats, unsigned
+// for f32 as tf32), load fragments with convgen_mma_load_a/_b, multiply with convgen_mma_sync and
+// find their accumulators' places with convgen_mma_acc_row/_col. Both shapes have a 16 x 8 f32
+// accumulator and 4 A registers and 2 B registers per lane; the depth is convgen_mma_k<T>::value
+// (16 for bf16/f16, 8 for tf32). The layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16"
+// and "... for mma.m16n8k8" (.tf32).
+#define CONVGEN_MMA_M 16
+#define CONVGEN_MMA_N 8
+#define CONVGEN_MMA_K 16   // the 16-bit shape's depth; kernels ask convgen_mma_k<T>::value
+template <class T> struct convgen_mma_k { static constexpr int value = 16; };
+template <class T> struct convgen_mma_a { unsigned r[4]; };   // bf16/f16: a0..a7, two per register, low half first; tf32: a0..a3
+template <class T> struct convgen_mma_b { unsigned r[2]; };   // bf16/f16: b0..b3; tf32: b0, b1
+struct convgen_mma_acc { float c[4]; };                        // c0..c3
+// Where accumulator element e (0..3) of `lane` sits in the 16 x 8 result (both shapes).
+__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
+__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
+#if defined(CONVGEN_SIM)
+#include "sim/mma.h"
+#define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)
+#endif
+
+// --- 16-bit floats: mma.sync.aligned.m16n8k16 ---------------------------------------------------
 // (A simulator build without NVIDIA's half/bfloat16 headers has none of this; f32/f64 kernels build.)
 #if !defined(CONVGEN_SIM) || defined(CONVGEN_SIM_HAVE_FP16)
 typedef __nv_bfloat16 convgen_bf16;
@@ -87,13 +106,6 @@ __device__ __forceinline__ float convgen_to_f32(convgen_f16 v) { return __half2f
 template <class T> __device__ __forceinline__ T convgen_from_f32(float v);   // round to nearest even
 template <> __device__ __forceinline__ convgen_bf16 convgen_from_f32<convgen_bf16>(float v) { return __float2bfloat16(v); }
 template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>(float v) { return __float2half(v); }
-
-#define CONVGEN_MMA_M 16
-#define CONVGEN_MMA_N 8
-#define CONVGEN_MMA_K 16
-template <class T> struct convgen_mma_a { unsigned r[4]; };   // a0..a7, two per register, low half first
-template <class T> struct convgen_mma_b { unsigned r[2]; };   // b0..b3
-struct convgen_mma_acc { float c[4]; };                        // c0..c3
 
 __device__ __forceinline__ unsigned convgen_pack2(unsigned short low, unsigned short high) {
     return static_cast<unsigned>(low) | static_cast<unsigned>(high) << 16;
@@ -115,12 +127,8 @@ __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const un
     b.r[0] = convgen_pack2(column[0], column[1]);
     b.r[1] = convgen_pack2(column[8], column[9]);
 }
-// Where accumulator element e (0..3) of `lane` sits in the 16 x 8 result.
-__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
-__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
 
 #if defined(CONVGEN_SIM)
-#include "sim/mma.h"
 template <class T> struct convgen_sim_bits;
 template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };
 template <> struct convgen_sim_bits<convgen_f16> { typedef ::convgen_sim::F16Bits type; };
@@ -132,7 +140,6 @@ inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_
     ::convgen_sim::matrix_instruction(site, &::convgen_sim::emulate_mma_m16n8k16<typename convgen_sim_bits<T>::type>,
                                       a16, b16, d.c);
 }
-#define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)
 #else
 // d += a b on the tensor cores, f32 accumulation.
 __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_bf16>& a,
@@ -150,4 +157,54 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
                  : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
 }
 #endif
+#endif
+
+// --- f32 as tf32: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 -----------------------------
+// convgen_mma_a<float>/_b<float> are tf32 fragments: f32 operands (raw bits in shared memory)
+// rounded to tf32 as they are loaded -- round to nearest, ties away from zero, as cvt.rna.tf32.f32
+// does (10 explicit mantissa bits, the low 13 bits zero) -- and multiplied with f32 accumulation.
+// The epilogues' conversions are the identity.
+__device__ __forceinline__ float convgen_to_f32(float v) { return v; }
+template <class T> __device__ __forceinline__ T convgen_from_f32(float v);
+template <> __device__ __forceinline__ float convgen_from_f32<float>(float v) { return v; }
+template <> struct convgen_mma_k<float> { static constexpr int value = 8; };
+#if defined(CONVGEN_SIM)
+__device__ __forceinline__ unsigned convgen_tf32(unsigned bits) { return ::convgen_sim::round_tf32(bits); }
+#else
+__device__ __forceinline__ unsigned convgen_tf32(unsigned bits) {
+    unsigned rounded;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(rounded) : "f"(__uint_as_float(bits)));
+    return rounded;
+}
+#endif
+// A (16 x 8) from tile[row * ld + k]: lane holds rows lane/4 (a0, a2) and lane/4 + 8 (a1, a3),
+// columns lane%4 (a0, a1) and lane%4 + 4 (a2, a3).
+__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<float>& a, const unsigned* tile, int ld, int lane) {
+    const unsigned* top = tile + (lane >> 2) * ld + (lane & 3);
+    const unsigned* bottom = top + 8 * ld;
+    a.r[0] = convgen_tf32(top[0]);
+    a.r[1] = convgen_tf32(bottom[0]);
+    a.r[2] = convgen_tf32(top[4]);
+    a.r[3] = convgen_tf32(bottom[4]);
+}
+// B (8 x 8) from tile[col * ld + k]: lane holds column lane/4, rows lane%4 (b0) and lane%4 + 4 (b1).
+__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<float>& b, const unsigned* tile, int ld, int lane) {
+    const unsigned* column = tile + (lane >> 2) * ld + (lane & 3);
+    b.r[0] = convgen_tf32(column[0]);
+    b.r[1] = convgen_tf32(column[4]);
+}
+#if defined(CONVGEN_SIM)
+inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<float>& a,
+                            const convgen_mma_b<float>& b) {
+    ::convgen_sim::matrix_instruction32(site, &::convgen_sim::emulate_mma_m16n8k8_tf32, a.r, b.r, d.c);
+}
+#else
+// d += a b on the tensor cores, tf32 operands, f32 accumulation.
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<float>& a,
+                                                 const convgen_mma_b<float>& b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d.c[0]), "+f"(d.c[1]), "+f"(d.c[2]), "+f"(d.c[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
 #endif

@@ -96,6 +96,7 @@ template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>
 #define CONVGEN_MMA_M 16
 #define CONVGEN_MMA_N 16
 #define CONVGEN_MMA_K 16
+template <class T> struct convgen_mma_k { static constexpr int value = CONVGEN_MMA_K; };
 template <class T> struct convgen_mma_a { unsigned short h[4]; };
 template <class T> struct convgen_mma_b { unsigned short h[4]; };
 struct convgen_mma_acc { float c[4]; };

@@ -5,8 +5,8 @@
 // call site (simt.h's resolve_collectives checks it, as for shuffles), each lane offering a record
 // with pointers to its own fragment registers. When all have arrived the emulation gathers the
 // whole warp's A, B and C fragments into matrices by the vendor's documented fragment layout,
-// computes D = A B + C in f32 -- every product exact (a 16-bit float has at most 11 significant
-// bits, so a product fits f32's 24), the sum in f32 in k order, starting from C -- and scatters D
+// computes D = A B + C in f32 -- every product exact (a 16-bit float or a tf32 value has at most 11
+// significant bits, so a product fits f32's 24), the sum in f32 in k order, starting from C -- and scatters D
 // back by the same layout. The hardware's order of accumulation inside one instruction is not
 // documented; results may differ from a device in the last bits of a sum, never in which element
 // goes where. Every layout is checked to cover each matrix element exactly once.
@@ -139,11 +139,95 @@ inline void emulate_mfma_16x16x16(void* const* lanes) {
     }
 }
 
+// f32 to tf32 as cvt.rna.tf32.f32 does (PTX ISA, cvt: ".rna: round to nearest, ties away from
+// zero"): the result is a .b32 whose low 13 mantissa bits are zero. Adding half of the dropped
+// unit (0x1000) to the magnitude's bits and clearing the low 13 bits rounds the magnitude half
+// away from zero; a carry into the exponent is exact (up to infinity for the largest finite
+// values, as rounding to nearest must). NaN stays NaN (its payload's high bits kept, quiet bit set:
+// the device's NaN payload is not documented), infinities and zeros are unchanged.
+inline uint32_t round_tf32(uint32_t bits) {
+    if ((bits & 0x7f800000u) == 0x7f800000u) return (bits & 0x007fffffu) ? ((bits | 0x00400000u) & ~0x1fffu) : bits;
+    uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7fffffffu;
+    return sign | ((magnitude + 0x1000u) & ~0x1fffu);
+}
+
+inline float tf32_value(uint32_t bits) {   // matrix_instruction32 checked the low 13 bits are zero
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+// One lane's operands of a tf32 matrix instruction: 32-bit A and B registers, the f32 accumulator.
+struct MatrixLane32 {
+    const uint32_t* a;
+    const uint32_t* b;
+    float* d;
+};
+
+// PTX ISA, "Matrix Fragments for mma.m16n8k8" (.tf32 multiplicands, .f32 accumulators), with
+// groupID = lane >> 2 and threadID_in_group = lane % 4:
+//   A (16x8, row): a0..a3, one per register; row = groupID for a0, a2 and groupID + 8 for a1, a3;
+//      col = threadID_in_group for a0, a1 and threadID_in_group + 4 for a2, a3.
+//   B (8x8, col): b0, b1; row = threadID_in_group for b0 and threadID_in_group + 4 for b1;
+//      col = groupID.
+//   C, D (16x8): as for m16n8k16.
+// Each operand must already be a tf32 value (the wrappers round with cvt.rna); a product of two
+// (11 significant bits each) is exact in f32, and the sum is taken in f32 in k order from C, as
+// for the 16-bit shapes (the hardware's internal order and rounding of the sum are not documented).
+inline void emulate_mma_m16n8k8_tf32(void* const* lanes) {
+    Tile<16, 8, 8> t;
+    for (int lane = 0; lane < 32; ++lane) {
+        const MatrixLane32& l = *static_cast<const MatrixLane32*>(lanes[lane]);
+        int group = lane >> 2, in_group = lane & 3;
+        for (int i = 0; i < 4; ++i) {
+            int row = group + (i & 1) * 8, col = in_group + (i >> 1) * 4;
+            t.a[row][col] = tf32_value(l.a[i]);
+            t.seen_a[row][col]++;
+        }
+        for (int i = 0; i < 2; ++i) {
+            int row = in_group + i * 4, col = group;
+            t.b[row][col] = tf32_value(l.b[i]);
+            t.seen_b[row][col]++;
+        }
+        for (int i = 0; i < 4; ++i) {
+            int row = group + (i >= 2 ? 8 : 0), col = in_group * 2 + (i & 1);
+            t.d[row][col] = l.d[i];
+            t.seen_d[row][col]++;
+        }
+    }
+    multiply(t, "mma.m16n8k8.tf32");
+    for (int lane = 0; lane < 32; ++lane) {
+        const MatrixLane32& l = *static_cast<const MatrixLane32*>(lanes[lane]);
+        int group = lane >> 2, in_group = lane & 3;
+        for (int i = 0; i < 4; ++i) l.d[i] = t.d[group + (i >= 2 ? 8 : 0)][in_group * 2 + (i & 1)];
+    }
+}
+
 // The calling lane's part of a matrix instruction: waits for the whole warp, which `emulate` then
 // serves at once. `a`, `b`: the lane's 16-bit elements in register order; `d`: its accumulator.
 inline void matrix_instruction(const char* site, void (*emulate)(void* const*), const unsigned short* a,
                                const unsigned short* b, float* d) {
     MatrixLane lane{a, b, d};
+    collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
+               reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
+}
+
+// The same for a matrix instruction on 32-bit operands (tf32).
+inline void matrix_instruction32(const char* site, void (*emulate)(void* const*), const uint32_t* a, const uint32_t* b,
+                                 float* d) {
+    // A .tf32 operand must be a tf32 value: the hardware's use of the low 13 bits of an unrounded
+    // f32 is not documented, so an operand that skipped the wrappers' rounding is a kernel defect.
+    for (int i = 0; i < 6; ++i) {
+        uint32_t bits = i < 4 ? a[i] : b[i - 4];
+        if (bits & 0x1fffu) {
+            char text[160];
+            std::snprintf(text, sizeof text, "tf32 matrix instruction at %s: %s operand %d is 0x%08x, not a tf32 value "
+                          "(low 13 bits nonzero: not rounded with cvt.rna.tf32.f32)", site, i < 4 ? "A" : "B",
+                          i < 4 ? i : i - 4, static_cast<unsigned>(bits));
+            fail(text);
+        }
+    }
+    MatrixLane32 lane{a, b, d};
     collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
                reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
 }
