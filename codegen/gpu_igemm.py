@@ -59,9 +59,18 @@ from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
 from .version import generator_version
 
-SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16", DType.F32: "float"}
-# The operands' raw bits in shared memory: 16-bit floats as unsigned short, f32 (tf32) as unsigned.
-BITS = {2: "unsigned short", 4: "unsigned"}
+SCALARS = {DType.BF16: "convgen_bf16", DType.F16: "convgen_f16", DType.F32: "float", DType.F64: "double"}
+# The operands' type in shared memory: 16-bit floats as raw bits (unsigned short), f32 as tf32 as
+# raw bits (unsigned, rounded as fragments load); on the FMA path (f32 without tf32, f64) the values.
+BITS = {DType.BF16: "unsigned short", DType.F16: "unsigned short", DType.F32: "unsigned"}
+# What the FMA path accumulates in: f32 in f32 (as the matrix instructions do), f64 in f64.
+ACCUMULATORS = {DType.F32: "float", DType.F64: "double"}
+
+
+def on_fma(problem: ConvProblem) -> bool:
+    """Whether the kernel multiplies on the vector units (CUDA cores, AMD's SIMDs) with fused
+    multiply-adds instead of matrix instructions: f64, and f32 without tf32."""
+    return problem.dtype is DType.F64 or (problem.dtype is DType.F32 and not problem.tf32)
 MAX_SPLIT = 64
 ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 
@@ -102,7 +111,9 @@ class IgemmContext:
     wrappers: str          # the vendor's wrapper header, inline (the file is self-contained)
     prefix: str
     scalar: str
-    bits: str              # the operands' raw-bits type in shared memory (BITS)
+    bits: str              # the operands' type in shared memory (BITS; the scalar itself on the FMA path)
+    fma: bool              # multiplied on the vector units, a register tile of FMAs per thread (on_fma)
+    acc: str               # what products accumulate in: float, or double for f64
     vector: int            # elements of one 16-byte copy
     lds: int               # a shared row's elements (BLOCK_K + one vector of padding)
     tf32: bool             # f32 operands rounded to tf32 on the tf32 matrix instruction
@@ -189,7 +200,7 @@ def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
     return choose_tiles(normal, operand_strides(x_layout, normal.channels, normal.in_size),
                         operand_strides(y_layout, normal.filters, normal.out_size),
                         operand_strides(w_layout, normal.channels // g, normal.kernel), target,
-                        problem.dtype.itemsize)
+                        problem.dtype.itemsize, on_fma(problem))
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile) -> tuple[int, str]:
@@ -211,15 +222,9 @@ def refusal(problem: ConvProblem, target: Target) -> str | None:
     """Why the implicit-GEMM kernel does not take `problem` on `target` (parameter, value, rule), or None."""
     if target.kind is TargetKind.CPU:
         return f"target {target.name()}: the implicit-GEMM GPU kernel needs a cuda or hip target"
-    if problem.dtype is DType.F32 and not problem.tf32:
-        return ("dtype f32 with tf32 off (torch.backends.cudnn.allow_tf32 is False): f32 stays on the CUDA "
-                "cores (the direct GPU kernel)")
-    if problem.dtype is DType.F32 and target.kind is not TargetKind.CUDA:
-        return (f"dtype f32 on {target.name()}: the implicit-GEMM kernel's f32 path is CUDA's tf32 mma.sync; "
-                "AMD's f32 MFMA (v_mfma_f32_16x16x4f32) is not written yet, so f32 runs on the direct GPU kernel")
-    if problem.dtype not in SCALARS:
-        return (f"dtype {problem.dtype.value}: the implicit-GEMM GPU kernel takes bf16 or f16 (matrix "
-                "instructions), or f32 as tf32 on CUDA; f64 runs on the direct GPU kernel")
+    if problem.tf32 and target.kind is not TargetKind.CUDA:
+        return (f"tf32 on {target.name()}: the implicit-GEMM kernel's tf32 path is CUDA's mma.sync m16n8k8; "
+                "on HIP f32 runs on the vector units (tf32 off)")
     if problem.groups > 65535:
         return (f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
                 "at most 65535")
@@ -285,11 +290,13 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     normal = Normal.of(problem)
     x_layout, w_layout, y_layout = normal.layouts
     tiles = tiles_of(problem, target)
+    fma = on_fma(problem)
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix,
-        scalar=SCALARS[problem.dtype], bits=BITS[problem.dtype.itemsize], vector=vector_of(problem.dtype.itemsize),
-        lds=lds_of(problem.dtype.itemsize), tf32=problem.dtype is DType.F32, transposed=problem.transposed, channels=normal.channels,
+        scalar=SCALARS[problem.dtype], bits=SCALARS[problem.dtype] if fma else BITS[problem.dtype], fma=fma,
+        acc=ACCUMULATORS.get(problem.dtype, "float"), vector=vector_of(problem.dtype.itemsize),
+        lds=lds_of(problem.dtype.itemsize), tf32=problem.tf32, transposed=problem.transposed, channels=normal.channels,
         filters=normal.filters, groups=normal.groups, in_size=normal.in_size, out_size=normal.out_size,
         kernel=normal.kernel, stride=normal.stride, pad=normal.pad, dilation=normal.dilation,
         layouts=tuple(layout.value for layout in normal.layouts),

@@ -173,8 +173,10 @@ def short_name(mangled: str) -> str:
 
 def units_of(plan) -> str:
     """Which peak bounds the plan's kernel: matrix instructions for igemm, else the vector units."""
-    if plan.algorithm == "igemm":
-        return "tf32" if plan.problem.tf32 else "matrix16"
+    if plan.algorithm == "igemm" and plan.problem.tf32:
+        return "tf32"
+    if plan.algorithm == "igemm" and plan.problem.dtype.itemsize == 2:
+        return "matrix16"
     return "f64" if plan.problem.dtype.value == "f64" else "f32"
 
 

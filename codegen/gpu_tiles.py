@@ -21,8 +21,11 @@ Each of the kernel's GEMMs (forward, data gradient, weight gradient) gets its ow
   output pixels a multiple of it). The launch entry also checks the pointers' 16-byte alignment at run
   time; the other operands (and misaligned pointers) are gathered element by element, with the
   same predicates, into the same stages.
-- Element size: 2 bytes (bf16/f16 bits) or 4 (f32 for tf32): shared rows are BLOCK_K + one 16-byte
-  vector of elements long, and a stage's bytes, hence the stages that fit, scale with it.
+- Element size: 2 bytes (bf16/f16 bits), 4 (f32, as tf32 or on FMAs) or 8 (f64): shared rows are
+  BLOCK_K + one 16-byte vector of elements long, and a stage's bytes, hence the stages that fit,
+  scale with it.
+- The FMA path (f64, f32 without tf32: no matrix instruction) keeps the same block and warp
+  quarters, 64 a side, and gives each lane a register tile of the quarter (`_fma_side`).
 """
 
 from __future__ import annotations
@@ -76,6 +79,13 @@ def _side(length: int) -> int:
     return 128 if length >= 128 else 64
 
 
+def _fma_side(length: int) -> int:
+    """The FMA path's tiles stay 64 a side: a warp's 32 x 32 quarter is 32 results a thread on
+    32-wide warps (16 on 64-wide waves), which f64 accumulators (two registers each) still fit
+    without spilling; 128 a side would be 128 a thread."""
+    return 64
+
+
 def _stages(target: Target, tile_m: int, tile_n: int, steps: int, itemsize: int = 2) -> tuple[int, str]:
     """Pipeline stages of one GEMM, and why."""
     gpu = target.gpu
@@ -109,10 +119,14 @@ class IgemmTiles:
     reasons: tuple[str, ...]
 
 
-def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2) -> IgemmTiles:
+def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
+                 fma: bool = False) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`, for
-    operands of `itemsize` bytes in shared memory."""
+    operands of `itemsize` bytes in shared memory, multiplied on matrix instructions or (`fma`) by
+    each thread's register tile of fused multiply-adds."""
     from math import prod
+
+    side = _fma_side if fma else _side
 
     vector = vector_of(itemsize)   # elements of one 16-byte copy
 
@@ -129,15 +143,15 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
     fwd_tap = _channels_last(x_strides) and aligned_c
     fwd_b = (fwd_tap and _channels_last(w_strides)) or (
         not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % vector == 0)
-    fm, fn = _side(ov), _side(kg)
+    fm, fn = side(ov), side(kg)
     fwd = GemmTile(fm, fn, _stages(target, fm, fn, steps(cg * taps), itemsize)[0], fwd_tap, fwd_tap, fwd_b, itemsize)
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
-    dm, dn = _side(positions), _side(cg)
+    dm, dn = side(positions), side(cg)
     dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase), itemsize)[0], dg_tap, dg_tap, False, itemsize)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
     wg_a = _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
-    wm, wn = _side(kg), _side(cg * taps)
+    wm, wn = side(kg), side(cg * taps)
     wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov), itemsize)[0], False, wg_a, False, itemsize)
 
     gpu = target.gpu
@@ -145,7 +159,15 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
            f"{gpu.shared_bytes_per_sm // 1024} KiB of shared memory, no more stages than reduction steps"
            if target.kind is TargetKind.CUDA and gpu.async_copy else _stages(target, 64, 64, 1)[1])
     unit = "warps" if target.kind is TargetKind.CUDA else "waves"
-    reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like): "
+    lanes = target.gpu.warp_size
+    per_thread = 32 * 32 // lanes
+    multiply = (f"on the vector units: each lane of a {lanes}-wide {unit[:-1]} keeps a register tile of "
+                f"{per_thread} results ({32 // (lanes // 8)} rows x 4 columns, strided over the quarter so a "
+                f"{unit[:-1]}'s shared-memory reads do not conflict), {itemsize}-byte operands multiplied by fused "
+                f"multiply-adds in {'f64' if itemsize == 8 else 'f32'}; tiles 64 a side to keep those registers"
+                if fma else "on the matrix instructions")
+    reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like; "
+               f"{multiply}): "
                f"forward {fwd.describe(target.kind is TargetKind.CUDA)}; data gradient "
                f"{dgrad.describe(target.kind is TargetKind.CUDA)}; weight gradient "
                f"{wgrad.describe(target.kind is TargetKind.CUDA)}",

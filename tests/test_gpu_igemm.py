@@ -160,8 +160,9 @@ def test_stride_phases_cover_every_input_position_once_with_the_right_taps():
 def test_what_the_kernel_does_not_take_is_refused_by_name():
     base = _problem(BY_NAME["ragged"], DType.BF16)
     cuda = parse_target("cuda-sm_80")
-    for change, word in [({"dtype": DType.F32}, "dtype f32"),
-                         ({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537"),
+    with pytest.raises(ConvSpecError, match="tf32 on hip-gfx90a"):   # f32 as tf32 is CUDA's path (f32 alone runs on FMAs)
+        igemm_context(dataclasses.replace(base, dtype=DType.F32, tf32=True), parse_target("hip-gfx90a"), "p")
+    for change, word in [({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537"),
                          ({"in_size": (1 << 15, 1 << 15)}, "an input image has 3221225472 elements")]:
         with pytest.raises(ConvSpecError, match=word):
             igemm_context(dataclasses.replace(base, **change), cuda, "p")

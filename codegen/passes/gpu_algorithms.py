@@ -4,9 +4,9 @@ RULES lists the GPU algorithms in order of preference, each with a test of wheth
 plan (None: it does; else why not) and why it is chosen. The first that takes the plan is the
 default; every one that takes it is a candidate. The direct kernel (codegen/gpu_direct.py) takes
 every problem, so it is always last and always a candidate; igemm (codegen/gpu_igemm.py) takes
-bf16/f16 problems on the matrix instructions, and on CUDA f32 problems whose `tf32` is set (torch
-allows tf32: the runtime sets it from torch.backends.cudnn.allow_tf32 for GPU targets); f64 and f32
-without tf32 stay on direct; before it, depthwise problems
+every dtype: bf16/f16 on the matrix instructions, on CUDA f32 problems whose `tf32` is set too (torch
+allows tf32: the runtime sets it from torch.backends.cudnn.allow_tf32 for GPU targets), f64 and f32
+without tf32 on the vector units (a register tile of FMAs per thread); before it, depthwise problems
 (every dtype, codegen/gpu_depthwise.py) and few-channel weight gradients (codegen/gpu_stem.py). A new GPU algorithm is a rule here
 and an entry in codegen/emit_gpu.py's ALGORITHMS table (its template and context function).
 """
@@ -72,11 +72,9 @@ RULES: tuple[GpuRule, ...] = (
             "tap) sums in registers over staged tiles, the batch x pixels reduction split over blocks, partials "
             "summed in order"),
     GpuRule("igemm", _igemm_refuses,
-            "bf16/f16 (f32 as tf32 on CUDA) on the tensor cores: an implicit GEMM, 64-128 x 64-128 x 32 block "
-            "tiles, 4 warps of a quarter each from the target's matrix instruction, f32 accumulation rounded once; "
-            "data gradients by stride phases, weight "
-            "gradients split-K with f32 partials summed in order (a transposed problem through the normal "
-            "convolution's equivalent pass)"),
+            "an implicit GEMM, 64-128 x 64-128 x 32 block tiles, 4 warps of a quarter each, the accumulators "
+            "rounded once; data gradients by stride phases, weight gradients split-K with partials summed in "
+            "order (a transposed problem through the normal convolution's equivalent pass)"),
     GpuRule("direct", _direct_refuses,
             "one GPU thread per result element, every sum in double and rounded once: the reference GPU kernel, "
             "any shape, layout and dtype"),
@@ -85,7 +83,10 @@ RULES: tuple[GpuRule, ...] = (
 TF32_WHY = ("; f32 as tf32 because torch allows it (torch.backends.cudnn.allow_tf32, torch's default for "
             "convolutions): operands rounded to tf32 (10-bit mantissa, cvt.rna: round to nearest, ties away) as "
             "fragments load, mma.sync m16n8k8 .tf32 with f32 accumulation, 4-byte shared elements, k-step 8; "
-            "set allow_tf32 False for f32 on the CUDA cores (direct)")
+            "set allow_tf32 False for f32 on the CUDA cores")
+MATRIX_WHY = "; bf16/f16 on the target's matrix instruction, f32 accumulation"
+FMA_WHY = ("; {dtype} on the vector units (no {dtype} matrix instruction in convgen yet): each lane a register tile "
+           "of fused multiply-adds, accumulated in {dtype}")
 
 _WHAT = {KOp.FWD: "forward", KOp.DGRAD: "data gradient", KOp.WGRAD: "weight gradient",
          KOp.BIAS: "bias gradient (per-channel sum)"}
@@ -98,8 +99,11 @@ def run_gpu(plan: Plan) -> Plan:
     refused = "; ".join(f"not {rule.algorithm}: {why_not}" for rule, why_not in taken if why_not is not None)
     rule = next(rule for rule, why_not in taken if why_not is None)
     choice, why = rule.algorithm, rule.why
-    if choice == "igemm" and plan.problem.tf32:
-        why += TF32_WHY
+    if choice == "igemm":
+        from ..gpu_igemm import on_fma
+
+        why += TF32_WHY if plan.problem.tf32 else \
+            FMA_WHY.format(dtype=plan.problem.dtype.value) if on_fma(plan.problem) else MATRIX_WHY
     if plan.requested_algorithm is not None:
         if plan.requested_algorithm not in candidates:
             raise ConvgenError(f"algorithm {plan.requested_algorithm!r} is not a candidate for a {plan.kop.value} "

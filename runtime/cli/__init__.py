@@ -26,6 +26,8 @@ import json
 import os
 import sys
 
+import torch
+
 from ..codegen.emit import emit
 from ..codegen.gpu_resources import explain_lines
 from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
@@ -335,6 +337,9 @@ def _problem_flags(with_op: bool, required: bool = True) -> argparse.ArgumentPar
                    help="cpu (CONVGEN_ISA, else AVX2 where this CPU runs it), cpu-avx512, cpu-avx2, cpu-generic, "
                         "cuda[-sm_80|-sm_86|-sm_89|-sm_90|-sm_90a] (default sm_90), hip[-gfx90a|-gfx940] (default "
                         "gfx90a)")
+    g.add_argument("--no-tf32", action="store_true",
+                   help="CUDA f32 in f32 on the CUDA cores, as with torch.backends.cudnn.allow_tf32 = False (torch's "
+                        "default, True, lets f32 run as tf32 on the tensor cores)")
     return p
 
 
@@ -404,7 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:   # --help, or argparse's own usage error (already printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
-        return args.run(args)
+        if not getattr(args, "no_tf32", False):
+            return args.run(args)
+        allowed = torch.backends.cudnn.allow_tf32   # read where GPU problems are formed (gpu_problem)
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            return args.run(args)
+        finally:
+            torch.backends.cudnn.allow_tf32 = allowed
     except BuildError as e:
         print(f"convgen: error: {e}", file=sys.stderr)
         return EXIT_FAILED

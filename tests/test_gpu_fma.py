@@ -1,0 +1,161 @@
+"""The implicit-GEMM GPU kernel's FMA path (codegen/gpu_igemm.py `on_fma`, templates/gpu/igemm.cu.j2):
+f64 problems, and f32 ones without tf32, multiplied on the vector units by each lane's register
+tile of fused multiply-adds, accumulated in the dtype.
+
+- The `algorithm` pass gives them igemm (the direct kernel stays a candidate), and explain says how.
+- The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64, every pass
+  and the fused bias gradient, over the cases of test_gpu_igemm.py (ragged channels, stride
+  phases, 1-D/3-D, groups, channels-last, 16-byte copies) and its random ones, under forward,
+  reversed and shuffled thread and block orders; the weight gradient's split-K sum is bitwise the
+  same in any order.
+- They build with nvcc for sm_80 and sm_90 with spills as errors, with FFMA/DFMA and no HMMA in
+  their machine code, and with hipcc for gfx90a and gfx940 without scratch and without MFMA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from convgen.building import sim_build
+from convgen.codegen.gpu_igemm import igemm_context, on_fma, render_igemm
+from convgen.codegen.ir import DType
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import parse_target
+from convgen.devices import sim
+
+from reference import assert_close, generator_for, randn, reduction_terms
+from test_gpu_igemm import BY_NAME, CASES, CHANNELS_LAST_CASES, NCHW_ONLY_IN_LAYOUT, ORDERS, RANDOM_CASES, \
+    _problem, _reference, _run, _tool
+
+DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64)}
+F64_CASES = {"c2", "c19", "c20", "ragged", "tiles", "s3d2", "s_3d", "split", "vec_nchw", "empty"}
+PARAMS = ([(c[0], "f32", "nchw") for c in CASES if c[0] not in NCHW_ONLY_IN_LAYOUT]
+          + [(name, "f64", "nchw") for name in sorted(F64_CASES)]
+          + [(name, "f32", layout) for name, layout in CHANNELS_LAST_CASES.items()]
+          + [("vec_cl", "f64", "cl"), ("s_3d", "f64", "cl")]
+          + [(c[0], "f64" if i % 2 else "f32", "cl" if i % 3 == 0 and len(c[1]) > 3 else "nchw")
+             for i, c in enumerate(RANDOM_CASES)])
+
+
+def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
+    return f"fma_{vendor}_{name}_{dtype}_{layout}"
+
+
+def _source(vendor: str, arch: str | None = None) -> str:
+    target = parse_target(f"{vendor}-{arch}" if arch else vendor)
+    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay))
+                   for n, d, lay in PARAMS)
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpu_fma")
+    return {vendor: sim.build(_source(vendor), d, "fma", vendor) for vendor in sim_build.WARP}
+
+
+def test_f64_and_f32_without_tf32_take_the_fma_path_and_explain_says_so():
+    base = _problem(BY_NAME["ragged"], DType.F32)
+    for target in ("cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"):
+        for problem in (base, dataclasses.replace(base, dtype=DType.F64)):
+            assert on_fma(problem)
+            plan = lower(problem, parse_target(target))
+            assert plan.algorithm == "igemm" and "direct" in plan.candidates
+            words = " ".join(why for _, why in plan.reasons)
+            assert f"{problem.dtype.value} on the vector units" in words and "register tile" in words, words
+            context = igemm_context(problem, parse_target(target), "p")
+            assert context.fma and context.acc == ("double" if problem.dtype is DType.F64 else "float")
+            assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)   # 64 a side (gpu_tiles._fma_side)
+    tf32 = dataclasses.replace(base, tf32=True)
+    assert not on_fma(tf32) and not igemm_context(tf32, parse_target("cuda-sm_80"), "p").fma
+    on_hip = lower(tf32, parse_target("hip-gfx90a"))   # tf32 is CUDA's: such a problem goes to direct on HIP
+    assert on_hip.algorithm == "direct" and "not igemm: tf32 on hip-gfx90a" in " ".join(w for _, w in on_hip.reasons)
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+@pytest.mark.parametrize("name,dtype,layout", PARAMS)
+def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
+    case = BY_NAME[name]
+    problem = _problem(case, DTYPES[dtype][0], layout)
+    torch_dtype = DTYPES[dtype][1]
+    g = generator_for(f"fma-{vendor}-{name}-{dtype}-{layout}")
+    x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
+    b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
+    order = ORDERS[(len(name) + len(dtype) + (vendor == "hip")) % 3]
+    out = _run(libs[vendor], _prefix(vendor, name, dtype, layout), problem, torch_dtype, x, w, b, dy, order,
+               seed=len(name))
+    terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
+    names = ("forward", "grad_input", "grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)")
+    reference = _reference(case, x, w, b, dy)
+    for what, got, ref in zip(names, out, reference + reference[2:]):
+        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})",
+                     terms[what.split(" ")[0]])
+    assert torch.equal(out[4], out[2])   # fusing the bias changes no weight's sum
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, dtype):
+    kind, torch_dtype = DTYPES[dtype]
+    problem = _problem(BY_NAME["split"], kind)
+    assert igemm_context(problem, parse_target(vendor), "p").split > 1
+    g = generator_for(f"fma-determinism-{vendor}-{dtype}")
+    x, dy = randn(problem.input_shape, torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
+    w, b = randn(problem.weight_shape, torch_dtype, g), randn((problem.k,), torch_dtype, g)
+    bits = torch.int64 if torch_dtype is torch.float64 else torch.int32
+    kept = [{} for _ in range(4)]
+    results = [_run(libs[vendor], _prefix(vendor, "split", dtype), problem, torch_dtype, x, w, b, dy, order, seed, keep)
+               for (order, seed), keep in zip((("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2)), kept)]
+    for other, keep in zip(results[1:], kept[1:]):
+        for i in (2, 4, 5):   # grad_weight, and fused with grad_bias
+            assert torch.equal(results[0][i].view(bits), other[i].view(bits))
+        for space in ("workspace", "fused workspace"):
+            assert torch.equal(kept[0][space].view(torch.int32), keep[space].view(torch.int32)), space
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_build_with_nvcc_without_spills_on_fused_multiply_adds(tmp_path, arch):
+    src = tmp_path / f"fma_{arch}.cu"
+    src.write_text(_source("cuda", arch))
+    cubin = tmp_path / "fma.cubin"
+    done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v,-warn-spills,-Werror",
+                           "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(cubin)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = done.stdout + done.stderr
+    assert set(re.findall(r"(\d+) bytes spill stores", report)) == {"0"}
+    nvdisasm = _tool("nvdisasm")
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not found (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`): machine code not checked")
+    sass = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
+    functions = re.split(r"\n\s*\.text\.", sass)
+    for n, d, lay in PARAMS:
+        prefix = _prefix("cuda", n, d, lay)
+        for symbol in ("3fwd", "8bwd_data", "18bwd_weight_partial"):
+            (body,) = [f for f in functions if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
+            assert re.search(r"\bDFMA\b" if d == "f64" else r"\bFFMA\b", body), (prefix, symbol)
+            assert not re.search(r"\bHMMA\b", body), (prefix, symbol)
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch(tmp_path):
+    src = tmp_path / "fma_hip.cu"
+    src.write_text(_source("hip", "gfx90a"))
+    done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
+                           "-Rpass-analysis=kernel-resource-usage", "-I", str(sim_build.gpu_templates_dir()), str(src),
+                           "-o", str(tmp_path / "fma.o")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "HIP_PLATFORM": "amd"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
+    for arch in ("gfx90a", "gfx940"):
+        assembly = next(tmp_path.glob(f"*{arch}*.s")).read_text()
+        assert not re.search(r"\bv_mfma", assembly), arch
+        # gfx90a/gfx940 spell them v_fmac_f64 / v_fma_f64, v_fmac_f32 / v_fma_f32 / v_pk_fma_f32 (two lanes' worth)
+        assert re.search(r"\bv_fmac?_f64", assembly) and re.search(r"\bv_(fmac|fma|pk_fma)_f32", assembly), arch
