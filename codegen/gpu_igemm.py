@@ -33,7 +33,7 @@ caller passes to `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace
 bias gradient rides the same scheme (`<prefix>_bwd_weight_bias(grad_output, input, grad_weight,
 grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): after its GEMM tile each
 block's warps take bias channels of its group in turn and sum them over the split's share of the
-batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's in the
+batch x pixels (threads strided, a shuffle tree) into f32 (f64: f64) partials after the weight's in the
 workspace, and the second kernel adds those in split order too and rounds once (see bias_reason).
 Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32. f64 problems
 (and f32 ones without tf32) stay on the direct
@@ -53,7 +53,7 @@ import math
 
 from .errors import ConvSpecError
 from .gpu_target import GPU_ARCHS
-from .gpu_tiles import BLOCK_K, GemmTile, IgemmTiles, choose_tiles, lds_of, vector_of
+from .gpu_tiles import BLOCK_K, GemmTile, IgemmTiles, block_k_of, choose_tiles, lds_of, vector_of
 from .gpu_wrappers import vendor_wrappers
 from .ir import ConvProblem, DType, Layout
 from .target import Target, TargetKind
@@ -203,7 +203,7 @@ def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
                         problem.dtype.itemsize, on_fma(problem))
 
 
-def _split(normal: Normal, target: Target, tile: GemmTile) -> tuple[int, str]:
+def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
     units = target.gpu.sm_count if target.gpu else GPU_ARCHS[target.isa].sm_count
     groups = normal.groups
     kg, cg = normal.filters // groups, normal.channels // groups
@@ -214,7 +214,7 @@ def _split(normal: Normal, target: Target, tile: GemmTile) -> tuple[int, str]:
     split = max(1, min(MAX_SPLIT, by_units, by_depth, 65535 // max(groups, 1)))
     return split, (f"weight gradient: {tiles} output tiles; split the batch x {out_pixels} pixels reduction "
                    f"{split} way{'' if split == 1 else 's'} (about two blocks per {'SM' if target.kind is TargetKind.CUDA else 'CU'} of "
-                   f"{units}, at least {4 * BLOCK_K} pixels of one image per split), f32 partials in a workspace "
+                   f"{units}, at least {4 * BLOCK_K} pixels of one image per split), {partials} partials in a workspace "
                    f"summed in split order by a second kernel (no atomics)")
 
 
@@ -224,7 +224,7 @@ def refusal(problem: ConvProblem, target: Target) -> str | None:
         return f"target {target.name()}: the implicit-GEMM GPU kernel needs a cuda or hip target"
     if problem.tf32 and target.kind is not TargetKind.CUDA:
         return (f"tf32 on {target.name()}: the implicit-GEMM kernel's tf32 path is CUDA's mma.sync m16n8k8; "
-                "on HIP f32 runs on the vector units (tf32 off)")
+                "on HIP f32 runs on FMAs (tf32 off)")
     if problem.groups > 65535:
         return (f"groups={problem.groups}: the implicit-GEMM GPU kernel launches a grid row per group; "
                 "at most 65535")
@@ -235,7 +235,19 @@ def refusal(problem: ConvProblem, target: Target) -> str | None:
         return ("size: the implicit-GEMM GPU kernel indexes within one image and the weight in 32 bits; "
                 + ", ".join(f"{name} has {count} elements" for name, count in too_big.items())
                 + " (at most 2^31 - 1)")
+    tiles = tiles_of(problem, target)
+    limit = (target.gpu or GPU_ARCHS[target.isa]).shared_bytes_per_block
+    over = [(name, t.shared_bytes) for name, t in (("forward", tiles.fwd), ("data gradient", tiles.dgrad),
+                                                   ("weight gradient", tiles.wgrad)) if t.shared_bytes > limit]
+    if over:
+        return (f"shared memory: the implicit-GEMM tiles need {', '.join(f'{b} bytes ({n})' for n, b in over)}; "
+                f"{target.name()} gives a block at most {limit}")
     return None
+
+
+def _partials(problem: ConvProblem) -> str:
+    """What the weight gradient's split-K partials are kept in."""
+    return "f64" if problem.dtype is DType.F64 else "f32"
 
 
 def reasons(problem: ConvProblem, target: Target) -> tuple[str, ...]:
@@ -247,7 +259,7 @@ def reasons(problem: ConvProblem, target: Target) -> tuple[str, ...]:
     return (*tiles.reasons,
             f"data gradient: {len(phases)} stride phases ({len(with_taps)} with taps, the rest written as zeros): "
             + " ".join(p.name() for p in phases),
-            _split(normal, target, tiles.wgrad)[1])
+            _split(normal, target, tiles.wgrad, _partials(problem))[1])
 
 
 def bias_reason(problem: ConvProblem) -> str:
@@ -255,7 +267,8 @@ def bias_reason(problem: ConvProblem) -> str:
     what = "the normal input's channels (grad_output of this transposed problem)" if problem.transposed \
         else "grad_output's filters"
     return (f"bias gradient fused into the weight gradient's two launches: each split's warps sum {what} over the "
-            f"split's share of batch x pixels (lanes strided, a shuffle tree) into f32 partials after the weight's; "
+            f"split's share of batch x pixels (threads strided, a shuffle tree) into {_partials(problem)} partials after "
+            f"the weight's; "
             f"the second kernel adds them in split order and rounds once")
 
 
@@ -303,7 +316,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         x_strides=operand_strides(x_layout, normal.channels, normal.in_size),
         y_strides=operand_strides(y_layout, normal.filters, normal.out_size),
         w_strides=operand_strides(w_layout, normal.channels // normal.groups if normal.groups else 0, normal.kernel),
-        block_k=BLOCK_K, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
+        block_k=block_k_of(problem.dtype.itemsize), tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), split=_split(normal, target, tiles.wgrad)[0],
         why=reasons(problem, target), entries=tuple(entries),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))

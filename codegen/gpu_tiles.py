@@ -25,7 +25,8 @@ Each of the kernel's GEMMs (forward, data gradient, weight gradient) gets its ow
   BLOCK_K + one 16-byte vector of elements long, and a stage's bytes, hence the stages that fit,
   scale with it.
 - The FMA path (f64, f32 without tf32: no matrix instruction) keeps the same block and warp
-  quarters, 64 a side, and gives each lane a register tile of the quarter (`_fma_side`).
+  quarters, 64 a side, and gives each lane a register tile of the quarter (`_fma_side`); f64 steps
+  16 deep (`block_k_of`), so that two stages fit HIP's 64 KiB of LDS.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ def vector_of(itemsize: int) -> int:
     return 16 // itemsize
 
 
+def block_k_of(itemsize: int) -> int:
+    """The reduction step's depth: BLOCK_K, or 16 for 8-byte (f64) operands, whose 32-deep stages
+    of two 64-row tiles (69632 bytes for two) would not fit HIP's 64 KiB of LDS."""
+    return 16 if itemsize == 8 else BLOCK_K
+
+
 def lds_of(itemsize: int) -> int:
-    """A shared row's elements: BLOCK_K plus 16 bytes of padding."""
-    return BLOCK_K + vector_of(itemsize)
+    """A shared row's elements: the step's depth plus 16 bytes of padding."""
+    return block_k_of(itemsize) + vector_of(itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +78,7 @@ class GemmTile:
         operands = [name for name, on in (("A", self.vector_a), ("B", self.vector_b)) if on]
         copies = (f"{' and '.join(operands)} by 16-byte {how} copies" if operands
                   else "operands gathered element by element")
-        return (f"{self.m}x{self.n}x{BLOCK_K}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
+        return (f"{self.m}x{self.n}x{block_k_of(self.itemsize)}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
                 f"{copies}{', reduction tap-major' if self.tap_major else ''}")
 
 
@@ -90,7 +97,7 @@ def _stages(target: Target, tile_m: int, tile_n: int, steps: int, itemsize: int 
     """Pipeline stages of one GEMM, and why."""
     gpu = target.gpu
     if target.kind is not TargetKind.CUDA or not gpu.async_copy:
-        return 2, "two LDS buffers, the next stage's copies staged in registers while the matrix cores work"
+        return 2, "two LDS buffers, the next stage's copies staged in registers while the block computes on the other"
     per_stage = (tile_m + tile_n) * lds_of(itemsize) * itemsize
     fit = min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) // per_stage
     stages = max(2, min(MAX_STAGES, fit, steps))
@@ -137,7 +144,7 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
     positions = max(1, prod(normal.in_size) // prod(normal.stride))
     aligned_c = normal.channels % vector == 0 and cg % vector == 0
     aligned_k = normal.filters % vector == 0 and kg % vector == 0
-    steps = lambda reduction: max(1, -(-reduction // BLOCK_K))
+    steps = lambda reduction: max(1, -(-reduction // block_k_of(itemsize)))
 
     # forward: A = input (rows pixels, reduction (channel, tap)), B = weight (columns filters)
     fwd_tap = _channels_last(x_strides) and aligned_c
@@ -161,10 +168,10 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
     unit = "warps" if target.kind is TargetKind.CUDA else "waves"
     lanes = target.gpu.warp_size
     per_thread = 32 * 32 // lanes
-    multiply = (f"on the vector units: each lane of a {lanes}-wide {unit[:-1]} keeps a register tile of "
-                f"{per_thread} results ({32 // (lanes // 8)} rows x 4 columns, strided over the quarter so a "
-                f"{unit[:-1]}'s shared-memory reads do not conflict), {itemsize}-byte operands multiplied by fused "
-                f"multiply-adds in {'f64' if itemsize == 8 else 'f32'}; tiles 64 a side to keep those registers"
+    multiply = (f"on FMAs: each thread of a {lanes}-wide {unit[:-1]} keeps {per_thread} results in registers "
+                f"({32 // (lanes // 8)} rows x 4 columns, strided over the quarter so a {unit[:-1]}'s shared-memory "
+                f"reads do not conflict), {itemsize}-byte operands, fused multiply-adds in "
+                f"{'f64' if itemsize == 8 else 'f32'}; tiles 64 a side to keep those registers"
                 if fma else "on the matrix instructions")
     reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like; "
                f"{multiply}): "

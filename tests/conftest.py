@@ -38,6 +38,17 @@ def session_cache_dir(tmp_path_factory):
             os.environ["CONVGEN_CACHE_DIR"] = saved
 
 
+@pytest.fixture(autouse=True, scope="session")
+def f32_on_cuda_cores_in_session_fixtures_too():
+    """The same for module- and session-scoped fixtures (they are set up before any function's)."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.fixture(autouse=True)
 def f32_on_cuda_cores_unless_a_test_allows_tf32():
     saved = torch.backends.cudnn.allow_tf32

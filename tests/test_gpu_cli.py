@@ -73,10 +73,11 @@ SHOWN += [
                         "bwd_weight", "--bias", "--dtype", "f16"]),
 ]
 # the algorithm each shown file must have: depthwise problems the depthwise kernels, few-channel weight
-# gradients the stem kernel, other bf16/f16 problems igemm (tensor cores / matrix cores), the rest direct
-ALGORITHM = {name: "depthwise" if name.startswith("dw_") else "stem" if name.startswith("stem_")
-             else "igemm" if any(d in flags for d in ("bf16", "f16")) else "direct" for name, flags in SHOWN}
-LOW_PRECISION = {name for name, algorithm in ALGORITHM.items() if algorithm == "igemm"}   # HMMA / v_mfma inside
+# gradients the stem kernel, the others igemm (bf16/f16 on tensor cores / matrix cores, f32/f64 on FMAs)
+ALGORITHM = {name: "depthwise" if name.startswith("dw_") else "stem" if name.startswith("stem_") else "igemm"
+             for name, flags in SHOWN}
+LOW_PRECISION = {name for name, flags in SHOWN if ALGORITHM[name] == "igemm"
+                 and any(d in flags for d in ("bf16", "f16"))}   # HMMA / v_mfma inside
 GEMM_KERNEL = r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E"
 
 
@@ -219,10 +220,14 @@ def test_explain_depthwise_and_stem(flags, op, algorithm, target):
         assert word not in decisions, f"a CPU reason in explain --target {target}: {word!r}\n{decisions}"
 
 
-def test_explain_f32_stays_on_direct():
-    code, out, err = run_cli("explain", "--input", "2,4,7,7", "--weight", "6,4,3,3", "--target", "cuda-sm_90")
+@pytest.mark.parametrize("dtype, target", [("f32", "cuda-sm_90"), ("f64", "cuda-sm_90"), ("f32", "hip-gfx90a")])
+def test_explain_f32_and_f64_take_igemm_on_fmas(dtype, target):
+    # (the tests run with torch's tf32 switch off: f32 in f32)
+    code, out, err = run_cli("explain", "--input", "2,4,7,7", "--weight", "6,4,3,3", "--dtype", dtype, "--target", target)
     assert code == 0, err
-    assert "algorithm:   direct" in out and "not igemm: dtype f32" in out
+    units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
+    assert "algorithm:   igemm (candidates: igemm, direct)" in out and f"{dtype} on the {units}" in out, out
+    assert "keeps 32 results in registers" in out if target.startswith("cuda") else "keeps 16 results in registers" in out
 
 
 # ------------------------------------------------------------------------------- build
@@ -276,9 +281,9 @@ def test_check_runs_every_pass(target, dtype):
         assert any(line.startswith(name) for line in lines[1:]), out
     if target != "cpu":
         # 2 channels per group: the weight gradient is the stem kernel's (partials, ordered sum: 2 launches,
-        # the bias gradient fused into them); f32: direct for the rest, a launch each; bf16: igemm, bwd_data
+        # the bias gradient fused into them); the rest igemm (bf16 on matrix cores, f32 on FMAs): bwd_data
         # 4 stride phases; the bias gradient alone 1
-        launches = 1 + (4 if dtype == "bf16" else 1) + 2 + 1
+        launches = 1 + 4 + 2 + 1
         assert "simulated launches" in lines[0] and f"{launches} simulated launches" in lines[0]
 
 

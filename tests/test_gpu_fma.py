@@ -68,10 +68,14 @@ def test_f64_and_f32_without_tf32_take_the_fma_path_and_explain_says_so():
             plan = lower(problem, parse_target(target))
             assert plan.algorithm == "igemm" and "direct" in plan.candidates
             words = " ".join(why for _, why in plan.reasons)
-            assert f"{problem.dtype.value} on the vector units" in words and "register tile" in words, words
+            units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
+            assert f"{problem.dtype.value} on the {units}" in words and "results in registers" in words, words
             context = igemm_context(problem, parse_target(target), "p")
             assert context.fma and context.acc == ("double" if problem.dtype is DType.F64 else "float")
             assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)   # 64 a side (gpu_tiles._fma_side)
+            limit = parse_target(target).gpu.shared_bytes_per_block   # HIP: 64 KiB of LDS, f64 steps 16 deep
+            assert all(t.shared_bytes <= limit for _, t in context.tiles), (target, problem.dtype, context.tiles)
+            assert context.block_k == (16 if problem.dtype is DType.F64 else 32)
     tf32 = dataclasses.replace(base, tf32=True)
     assert not on_fma(tf32) and not igemm_context(tf32, parse_target("cuda-sm_80"), "p").fma
     on_hip = lower(tf32, parse_target("hip-gfx90a"))   # tf32 is CUDA's: such a problem goes to direct on HIP

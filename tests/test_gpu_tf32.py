@@ -9,8 +9,8 @@
   dilated, grouped, transposed, ragged, 3-D, NCHW and channels-last cases, in forward, reversed and
   shuffled thread/block orders, against ATen in float64 within tests/reference.py's tf32 bound
   (TF32_TOLERANCE, derived there). Launch counts and the runtime's own plan entries prove igemm ran.
-- With it off, f32 stays on the CUDA cores (the direct kernel), within f32's 1e-6.
-- HIP keeps f32 on direct (its f32 MFMA is not written): the plan says why.
+- With it off, f32 stays on the CUDA cores (igemm on FMAs), within f32's 1e-6.
+- HIP computes f32 in f32 on FMAs (its f32 MFMA is not written); a tf32 problem for HIP goes to direct and says why.
 - The kernels build for sm_80 and sm_90 with nvcc without spills, with HMMA .TF32 in the machine code.
 
 tests/conftest.py turns tf32 off for every test; the tests here turn it on where they test it.
@@ -99,13 +99,18 @@ def test_torch_allows_tf32_for_convolutions_by_default_and_explain_says_why():
     assert "mma.sync m16n8k8" in out and "tf32 matrix" in out, out   # the reason, and the roofline's units
 
 
-def test_explain_with_tf32_off_keeps_f32_on_the_cuda_cores():
+def test_explain_with_tf32_off_keeps_f32_on_the_cuda_cores(tf32_on):
     from test_gpu_cli import run_cli
 
-    code, out, err = run_cli("explain", "--input", "2,8,9,9", "--weight", "16,8,3,3", "--target", "cuda-sm_90",
-                             "--dtype", "float32")
+    flags = ["explain", "--input", "2,8,9,9", "--weight", "16,8,3,3", "--target", "cuda-sm_90", "--dtype", "float32"]
+    code, out, err = run_cli(*flags)   # torch allows tf32 here
     assert code == 0, err
-    assert "algorithm:   direct" in out and "not igemm: dtype f32 with tf32 off" in out, out
+    assert "_f32_tf32" in out and "mma.sync m16n8k8" in out, out
+    code, out, err = run_cli(*flags, "--no-tf32")
+    assert code == 0, err
+    assert "_f32_tf32" not in out and "algorithm:   igemm" in out and "f32 on the CUDA cores" in out, out
+    assert "f32 FMA" in out   # the roofline's units
+    assert torch.backends.cudnn.allow_tf32   # --no-tf32 leaves the caller's switch as it was
 
 
 @pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90"])
@@ -113,7 +118,8 @@ def test_cuda_f32_with_tf32_plans_igemm_with_4_byte_tiles(target):
     on = dataclasses.replace(PROBLEM, tf32=True).validate()
     plan = lower(on, parse_target(target))
     assert plan.algorithm == "igemm"
-    assert lower(PROBLEM, parse_target(target)).algorithm == "direct"
+    off = lower(PROBLEM, parse_target(target))   # f32 in f32: the same kernel on FMAs
+    assert off.algorithm == "igemm" and "typedef float Bits;" in emit(off).text
     text = emit(plan).text
     assert "typedef unsigned Bits;" in text and "VECTOR = 4;" in text and "LDS = 36;" in text
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in text and "cvt.rna.tf32.f32" in text
@@ -123,11 +129,11 @@ def test_cuda_f32_with_tf32_plans_igemm_with_4_byte_tiles(target):
         assert tile.itemsize == 4 and tile.shared_bytes == tile.stages * (tile.m + tile.n) * 36 * 4
 
 
-def test_hip_f32_stays_on_direct_and_says_why():
-    on = dataclasses.replace(PROBLEM, tf32=True).validate()
+def test_hip_has_no_tf32_kernel_and_says_why():
+    on = dataclasses.replace(PROBLEM, tf32=True).validate()   # (the runtime never sets tf32 for HIP: gpu_problem)
     plan = lower(on, parse_target("hip-gfx90a"))
     assert plan.algorithm == "direct"
-    assert "not igemm: dtype f32 on hip-gfx90a" in " ".join(r for _, r in plan.reasons)
+    assert "not igemm: tf32 on hip-gfx90a" in " ".join(r for _, r in plan.reasons)
 
 
 # ------------------------------------------------------------------------------- the simulator's tf32
@@ -330,17 +336,17 @@ def test_f32_runs_on_tf32_igemm_in_the_simulator(case_id, variant, order, prebui
     assert ("igemm", True) in _runtime_algorithms(ops, case, cases.MASKS)
 
 
-def test_with_tf32_off_f32_runs_on_the_direct_kernel(monkeypatch):
+def test_with_tf32_off_f32_runs_on_fmas(monkeypatch):
     monkeypatch.setenv("CONVGEN_SIM", "cuda")
     case = OWN["tf32-grouped-nonsquare"]
     ops = cases.operands(case, torch.float32, "contiguous")
     masks = [(True, True, True)]
     launches, algorithms = _plans(ops, case, masks)
-    assert algorithms == {"direct"}
+    assert algorithms == {"igemm"}
     before = convgen.stats()["sim_launches"]
     cases.check_case(case, torch.float32, ops, masks=masks)   # f32's own 1e-6
     assert convgen.stats()["sim_launches"] - before == launches
-    assert _runtime_algorithms(ops, case, masks) == {("direct", False)}
+    assert _runtime_algorithms(ops, case, masks) == {("igemm", False)}
 
 
 def test_toggling_torchs_switch_between_calls_changes_the_kernel(monkeypatch):
@@ -348,12 +354,12 @@ def test_toggling_torchs_switch_between_calls_changes_the_kernel(monkeypatch):
     monkeypatch.setenv("CONVGEN_SIM", "cuda")
     case = OWN["tf32-grouped-nonsquare"]
     ops = cases.operands(case, torch.float32, "contiguous")
-    y_direct = convgen.convolution(ops.x, ops.w, ops.b, *case.args())
+    y_f32 = convgen.convolution(ops.x, ops.w, ops.b, *case.args())
     torch.backends.cudnn.allow_tf32 = True
     y_tf32 = convgen.convolution(ops.x, ops.w, ops.b, *case.args())
     torch.backends.cudnn.allow_tf32 = False
     y_again = convgen.convolution(ops.x, ops.w, ops.b, *case.args())
-    assert not torch.equal(y_direct, y_tf32) and torch.equal(y_direct, y_again)
+    assert not torch.equal(y_f32, y_tf32) and torch.equal(y_f32, y_again)
 
 
 # ------------------------------------------------------------------------------- machine code
@@ -399,11 +405,11 @@ def test_tf32_kernels_build_without_spills_and_issue_hmma_tf32(tmp_path, arch):
                     "machine code not")
 
 
-def test_hip_f32_runs_in_f32_on_direct_whatever_torchs_switch(tf32_on, monkeypatch):
+def test_hip_f32_runs_in_f32_on_fmas_whatever_torchs_switch(tf32_on, monkeypatch):
     """No tf32 kernel on HIP: the switch leaves its f32 problems (and their keys) alone."""
     monkeypatch.setenv("CONVGEN_SIM", "hip")
     case = OWN["tf32-grouped-nonsquare"]
     ops = cases.operands(case, torch.float32, "contiguous")
     masks = [(True, True, True)]
     cases.check_case(case, torch.float32, ops, masks=masks)   # f32's own 1e-6
-    assert _runtime_algorithms(ops, case, masks) == {("direct", False)}
+    assert _runtime_algorithms(ops, case, masks) == {("igemm", False)}

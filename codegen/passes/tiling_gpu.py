@@ -78,7 +78,7 @@ def _igemm(plan: Plan) -> Plan:
     """igemm: 4 warps (waves) per block, the GEMM tile, stages and copies of the GEMM this pass
     launches (codegen/gpu_tiles.py); the reasons name the pass's stride phases or split, and how
     the bias gradient rides along."""
-    from ..gpu_igemm import bias_reason, reasons, tiles_of
+    from ..gpu_igemm import bias_reason, on_fma, reasons, tiles_of
     from ..target import TargetKind
 
     gpu = plan.target.gpu
@@ -95,14 +95,19 @@ def _igemm(plan: Plan) -> Plan:
             else f"{gemm.m} (image, input position) rows of one stride phase x {gemm.n} channels of one group"
             if plan.kop is not KOp.WGRAD else
             f"{gemm.m} filters x {gemm.n} (channel, tap) columns of one group and one split")
+    fma = on_fma(plan.problem) and gemm is not None
+    rows, columns = (gemm.m // 2 // (gpu.warp_size // 8), gemm.n // 2 // 8) if fma else (0, 0)
+    held = (f"; each thread keeps {rows * columns} results in registers ({rows} rows x {columns} columns of its warp's "
+            f"quarter), multiplied by fused multiply-adds" if fma else "")
     tile = ("" if gemm is None else f"tile {gemm.describe(plan.target.kind is TargetKind.CUDA)}; warp tile "
-            f"{gemm.m // 2}x{gemm.n // 2}; {pipeline}")
+            f"{gemm.m // 2}x{gemm.n // 2}{held}; {pipeline}")
     extra = {KOp.DGRAD: phases if not transposed else None, KOp.FWD: phases if transposed else None,
              KOp.WGRAD: split}.get(plan.kop)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
     share = f"a block's {gemm.m}x{gemm.n} tile" if gemm else "the bias gradient"
     tiling = GpuTiling(threads_per_block=4 * gpu.warp_size, warps_per_block=4,
-                       per_thread=f"a 1/{4 * gpu.warp_size} share of {share}", threads_hint=f"a block per {what}")
+                       per_thread=(f"{rows}x{columns} results of {share}" if fma else
+                                   f"a 1/{4 * gpu.warp_size} share of {share}"), threads_hint=f"a block per {what}")
     return plan.decide("tiling", f"{4 * gpu.warp_size} threads per block (4 {unit} of {gpu.warp_size}); a block per "
                                  f"{what}" + (f"; {tile}" if tile else "") + (f"; {extra}" if extra else "")
                                  + (f"; {bias_reason(plan.problem)}" if bias else ""),
