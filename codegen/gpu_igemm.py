@@ -1,10 +1,16 @@
-"""The implicit-GEMM GPU kernel on matrix instructions: forward, data gradient and weight gradient
-of bf16/f16 convolutions (normal or transposed) with f32 accumulation, rendered for CUDA or HIP from
-`templates/gpu/igemm.cu.j2`; on CUDA also f32 problems with `tf32` set (torch allowed tf32): their
-operands are rounded to tf32 (cvt.rna.tf32.f32) as fragments are loaded from shared memory and
-multiplied by `mma.sync` m16n8k8 .tf32 (cuda.h), f32 accumulation. HIP keeps f32 on the direct
-kernel: CDNA's f32 MFMA (v_mfma_f32_16x16x4f32) is true f32, a different kernel shape (k-step 4,
-other fragments) not written yet.
+"""The implicit-GEMM GPU kernel: forward, data gradient and weight gradient of convolutions (normal
+or transposed) of every dtype, rendered for CUDA or HIP from `templates/gpu/igemm.cu.j2`.
+
+- bf16/f16 on matrix instructions with f32 accumulation.
+- On CUDA, f32 problems with `tf32` set (torch allowed tf32): their operands are rounded to tf32
+  (cvt.rna.tf32.f32) as fragments are loaded from shared memory and multiplied by `mma.sync`
+  m16n8k8 .tf32 (cuda.h), f32 accumulation.
+- On HIP, f32 on `v_mfma_f32_16x16x4f32` (true f32 operands, k-step 4, hip.h), f32 accumulation.
+- f64, and on CUDA f32 without tf32 (sm_80's f64 DMMA is not written yet): the FMA path (`on_fma`). The same blocks, stages and warp quarters, 64 a side; each thread keeps
+  a tile of its warp's quarter in registers (8 x 4 results on 32-wide warps, 4 x 4 on 64-wide
+  waves, rows and columns strided so that a warp's shared-memory reads fall in different banks)
+  and multiplies with fused multiply-adds accumulated in the dtype (f64 in f64, whose partials and
+  workspace are f64 too); f64 steps 16 deep so that two stages fit HIP's 64 KiB of LDS.
 
 Every pass is one GEMM per group, its operands gathered from the tensors while they are loaded
 into shared memory (padding, stride and dilation are predicates, so channel counts need not be
@@ -35,9 +41,8 @@ grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): afte
 block's warps take bias channels of its group in turn and sum them over the split's share of the
 batch x pixels (threads strided, a shuffle tree) into f32 (f64: f64) partials after the weight's in the
 workspace, and the second kernel adds those in split order too and rounds once (see bias_reason).
-Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32. f64 problems
-(and f32 ones without tf32) stay on the direct
-kernel (codegen/gpu_direct.py). Tensors may be contiguous or channels-last (each of input, weight
+Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32 (f64 for
+f64). The direct kernel (codegen/gpu_direct.py) stays a candidate for every problem. Tensors may be contiguous or channels-last (each of input, weight
 and output by its own layout: every access goes through its strides). A transposed problem runs
 through the same equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the
 normal convolution's data gradient (plus the bias), its data gradient the normal forward, its
@@ -67,10 +72,12 @@ BITS = {DType.BF16: "unsigned short", DType.F16: "unsigned short", DType.F32: "u
 ACCUMULATORS = {DType.F32: "float", DType.F64: "double"}
 
 
-def on_fma(problem: ConvProblem) -> bool:
+def on_fma(problem: ConvProblem, target: Target) -> bool:
     """Whether the kernel multiplies on the vector units (CUDA cores, AMD's SIMDs) with fused
-    multiply-adds instead of matrix instructions: f64, and f32 without tf32."""
-    return problem.dtype is DType.F64 or (problem.dtype is DType.F32 and not problem.tf32)
+    multiply-adds instead of matrix instructions: f64, and on CUDA f32 without tf32 (HIP's f32
+    takes v_mfma_f32_16x16x4f32)."""
+    return problem.dtype is DType.F64 or (problem.dtype is DType.F32 and not problem.tf32
+                                          and target.kind is TargetKind.CUDA)
 MAX_SPLIT = 64
 ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
 
@@ -200,7 +207,7 @@ def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
     return choose_tiles(normal, operand_strides(x_layout, normal.channels, normal.in_size),
                         operand_strides(y_layout, normal.filters, normal.out_size),
                         operand_strides(w_layout, normal.channels // g, normal.kernel), target,
-                        problem.dtype.itemsize, on_fma(problem))
+                        problem.dtype.itemsize, on_fma(problem, target))
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
@@ -303,7 +310,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     normal = Normal.of(problem)
     x_layout, w_layout, y_layout = normal.layouts
     tiles = tiles_of(problem, target)
-    fma = on_fma(problem)
+    fma = on_fma(problem, target)
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix,

@@ -14,7 +14,7 @@ sparsity), in TFLOP/s and TB/s:
   matrix 95.7, f32 vector 47.9, f64 vector 47.9, HBM2e 3.2768 TB/s; convgen's gfx90a target is one
   die (110 CUs, codegen/gpu_target.py), so half of each.
 - MI300A (gfx940): AMD Instinct MI300A datasheet: bf16/f16 matrix 980.6, tf32 490.3, f32 vector
-  122.6, f64 vector 61.3, HBM3 5.3 TB/s.
+  122.6, f32 matrix 122.6, f64 vector 61.3, HBM3 5.3 TB/s.
 Other archs (sm_86, sm_89) have no figures here; explain says so.
 
 Nothing here runs a compiler: runtime/cli/ passes the report of runtime/building/gpu_build.py in.
@@ -38,14 +38,15 @@ class Peaks:
     f64: float
     memory: float       # HBM, TB/s
     source: str
+    matrix32: float = 0.0   # true f32 on matrix cores (AMD's v_mfma_f32_*; none on NVIDIA)
 
 
 PEAKS = {
     "sm_80": Peaks(312, 156, 19.5, 9.7, 2.039, "NVIDIA A100 datasheet (SXM, 80 GB)"),
     "sm_90": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)"),
     "sm_90a": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)"),
-    "gfx90a": Peaks(191.5, 47.85, 23.95, 23.95, 1.638, "AMD Instinct MI250X datasheet, one of its two dies"),
-    "gfx940": Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet"),
+    "gfx90a": Peaks(191.5, 47.85, 23.95, 23.95, 1.638, "AMD Instinct MI250X datasheet, one of its two dies", 47.85),
+    "gfx940": Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet", 122.6),
 }
 
 
@@ -145,7 +146,7 @@ def occupancy_line(arch: GpuArch, kernel: KernelResources, threads: int, dynamic
 
 def roofline(arch: GpuArch, flops: int, bytes_moved: int, units: str) -> str:
     """The bound of a problem with `flops` and `bytes_moved` on `arch` when its kernel uses `units`
-    ("matrix16", "tf32", "f32" or "f64")."""
+    ("matrix16", "tf32", "matrix32", "f32" or "f64")."""
     peaks = PEAKS.get(arch.arch)
     if peaks is None:
         return f"no datasheet figures for {arch.arch} here (codegen/gpu_resources.py lists sm_80, sm_90, gfx90a, gfx940)"
@@ -155,7 +156,8 @@ def roofline(arch: GpuArch, flops: int, bytes_moved: int, units: str) -> str:
     intensity = flops / bytes_moved if bytes_moved else float("inf")
     ridge = peak / peaks.memory
     bound = "compute" if compute >= memory else "memory"
-    words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "f32": "f32 FMA", "f64": "f64 FMA"}[units]
+    words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "matrix32": "f32 matrix", "f32": "f32 FMA",
+             "f64": "f64 FMA"}[units]
     return (f"{bound}-bound: {intensity:.1f} FLOP/B against a ridge of {ridge:.0f} FLOP/B ({words} {peak:g} TFLOP/s, "
             f"memory {peaks.memory:g} TB/s; {peaks.source}); at best {max(compute, memory) * 1e6:.1f} us "
             f"(compute {compute * 1e6:.1f} us, compulsory traffic {memory * 1e6:.1f} us)")
@@ -175,6 +177,8 @@ def units_of(plan) -> str:
     """Which peak bounds the plan's kernel: matrix instructions for igemm, else the vector units."""
     if plan.algorithm == "igemm" and plan.problem.tf32:
         return "tf32"
+    if plan.algorithm == "igemm" and plan.problem.dtype.value == "f32" and plan.target.kind.value == "hip":
+        return "matrix32"
     if plan.algorithm == "igemm" and plan.problem.dtype.itemsize == 2:
         return "matrix16"
     return "f64" if plan.problem.dtype.value == "f64" else "f32"

@@ -93,6 +93,14 @@ def _fma_side(length: int) -> int:
     return 64
 
 
+def _fitted(target: Target, m: int, n: int, itemsize: int) -> tuple[int, int]:
+    """(m, n), a 128 side taken down to 64 (the longer first) until two stages fit a block's shared
+    memory: HIP's 64 KiB of LDS holds two 128x128 stages of 2-byte operands, not of 4-byte ones."""
+    while 2 * (m + n) * lds_of(itemsize) * itemsize > target.gpu.shared_bytes_per_block and max(m, n) > 64:
+        m, n = (64, n) if m >= n else (m, 64)
+    return m, n
+
+
 def _stages(target: Target, tile_m: int, tile_n: int, steps: int, itemsize: int = 2) -> tuple[int, str]:
     """Pipeline stages of one GEMM, and why."""
     gpu = target.gpu
@@ -150,15 +158,15 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
     fwd_tap = _channels_last(x_strides) and aligned_c
     fwd_b = (fwd_tap and _channels_last(w_strides)) or (
         not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % vector == 0)
-    fm, fn = side(ov), side(kg)
+    fm, fn = _fitted(target, side(ov), side(kg), itemsize)
     fwd = GemmTile(fm, fn, _stages(target, fm, fn, steps(cg * taps), itemsize)[0], fwd_tap, fwd_tap, fwd_b, itemsize)
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
-    dm, dn = side(positions), side(cg)
+    dm, dn = _fitted(target, side(positions), side(cg), itemsize)
     dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase), itemsize)[0], dg_tap, dg_tap, False, itemsize)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
     wg_a = _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
-    wm, wn = side(kg), side(cg * taps)
+    wm, wn = _fitted(target, side(kg), side(cg * taps), itemsize)
     wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov), itemsize)[0], False, wg_a, False, itemsize)
 
     gpu = target.gpu

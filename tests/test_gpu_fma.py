@@ -1,6 +1,7 @@
-"""The implicit-GEMM GPU kernel's FMA path (codegen/gpu_igemm.py `on_fma`, templates/gpu/igemm.cu.j2):
-f64 problems, and f32 ones without tf32, multiplied on the vector units by each lane's register
-tile of fused multiply-adds, accumulated in the dtype.
+"""The implicit-GEMM GPU kernel's f32 and f64 paths (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2):
+f64 problems, and CUDA f32 ones without tf32, multiplied on the vector units by each thread's
+register tile of fused multiply-adds (`on_fma`), accumulated in the dtype; HIP's f32 on
+v_mfma_f32_16x16x4f32 (true f32 operands, f32 accumulation).
 
 - The `algorithm` pass gives them igemm (the direct kernel stays a candidate), and explain says how.
 - The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64, every pass
@@ -9,7 +10,8 @@ tile of fused multiply-adds, accumulated in the dtype.
   reversed and shuffled thread and block orders; the weight gradient's split-K sum is bitwise the
   same in any order.
 - They build with nvcc for sm_80 and sm_90 with spills as errors, with FFMA/DFMA and no HMMA in
-  their machine code, and with hipcc for gfx90a and gfx940 without scratch and without MFMA.
+  their machine code, and with hipcc for gfx90a and gfx940 without scratch: f64 with v_fma(c)_f64
+  and no MFMA, f32 with v_mfma_f32_16x16x4(_)f32.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from convgen.building import sim_build
 from convgen.codegen.gpu_igemm import igemm_context, on_fma, render_igemm
+from convgen.codegen.gpu_resources import explain_lines
 from convgen.codegen.ir import DType
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import parse_target
@@ -60,24 +63,33 @@ def libs(tmp_path_factory):
     return {vendor: sim.build(_source(vendor), d, "fma", vendor) for vendor in sim_build.WARP}
 
 
-def test_f64_and_f32_without_tf32_take_the_fma_path_and_explain_says_so():
+def test_f64_and_f32_without_tf32_take_igemm_and_explain_says_how():
     base = _problem(BY_NAME["ragged"], DType.F32)
     for target in ("cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"):
         for problem in (base, dataclasses.replace(base, dtype=DType.F64)):
-            assert on_fma(problem)
+            mfma = target.startswith("hip") and problem.dtype is DType.F32
+            assert on_fma(problem, parse_target(target)) == (not mfma)
             plan = lower(problem, parse_target(target))
             assert plan.algorithm == "igemm" and "direct" in plan.candidates
             words = " ".join(why for _, why in plan.reasons)
-            units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
-            assert f"{problem.dtype.value} on the {units}" in words and "results in registers" in words, words
+            if mfma:
+                assert "f32 on the matrix cores (the target's matrix instruction)" in words, words
+                assert "f32 matrix" in " ".join(explain_lines(plan, None, "no compiler"))   # the roofline's units
+            else:
+                units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
+                assert f"{problem.dtype.value} on the {units}" in words and "results in registers" in words, words
             context = igemm_context(problem, parse_target(target), "p")
-            assert context.fma and context.acc == ("double" if problem.dtype is DType.F64 else "float")
-            assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)   # 64 a side (gpu_tiles._fma_side)
+            assert context.fma == (not mfma) and context.acc == ("double" if problem.dtype is DType.F64 else "float")
+            if not mfma:
+                assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)   # 64 a side (gpu_tiles._fma_side)
             limit = parse_target(target).gpu.shared_bytes_per_block   # HIP: 64 KiB of LDS, f64 steps 16 deep
             assert all(t.shared_bytes <= limit for _, t in context.tiles), (target, problem.dtype, context.tiles)
             assert context.block_k == (16 if problem.dtype is DType.F64 else 32)
     tf32 = dataclasses.replace(base, tf32=True)
-    assert not on_fma(tf32) and not igemm_context(tf32, parse_target("cuda-sm_80"), "p").fma
+    assert not on_fma(tf32, parse_target("cuda-sm_80")) and not igemm_context(tf32, parse_target("cuda-sm_80"), "p").fma
+    big = dataclasses.replace(base, c=256, k=256)   # 128-wide f32 tiles: two stages over HIP's 64 KiB, so one side is 64
+    tiles = igemm_context(big, parse_target("hip-gfx90a"), "p").tiles
+    assert all(t.shared_bytes <= 65536 and 64 in (t.m, t.n) for _, t in tiles) and any(128 in (t.m, t.n) for _, t in tiles)
     on_hip = lower(tf32, parse_target("hip-gfx90a"))   # tf32 is CUDA's: such a problem goes to direct on HIP
     assert on_hip.algorithm == "direct" and "not igemm: tf32 on hip-gfx90a" in " ".join(w for _, w in on_hip.reasons)
 
@@ -149,7 +161,7 @@ def test_the_kernels_build_with_nvcc_without_spills_on_fused_multiply_adds(tmp_p
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
-def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch(tmp_path):
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch_f32_on_mfma(tmp_path):
     src = tmp_path / "fma_hip.cu"
     src.write_text(_source("hip", "gfx90a"))
     done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
@@ -160,6 +172,12 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch(tmp_
     assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
     for arch in ("gfx90a", "gfx940"):
         assembly = next(tmp_path.glob(f"*{arch}*.s")).read_text()
-        assert not re.search(r"\bv_mfma", assembly), arch
-        # gfx90a/gfx940 spell them v_fmac_f64 / v_fma_f64, v_fmac_f32 / v_fma_f32 / v_pk_fma_f32 (two lanes' worth)
-        assert re.search(r"\bv_fmac?_f64", assembly) and re.search(r"\bv_(fmac|fma|pk_fma)_f32", assembly), arch
+        functions = re.split(r"\n(?=_ZN\w+:)", assembly)
+        for n, d, lay in PARAMS:
+            prefix = _prefix("hip", n, d, lay)
+            for symbol in ("3fwd", "8bwd_data", "18bwd_weight_partial"):
+                (body,) = [f for f in functions if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E\w*:", f)]
+                if d == "f64":   # gfx90a/gfx940 spell it v_fmac_f64 / v_fma_f64
+                    assert re.search(r"\bv_fmac?_f64", body) and not re.search(r"\bv_mfma", body), (arch, prefix, symbol)
+                else:   # gfx90a spells it v_mfma_f32_16x16x4f32, gfx940 v_mfma_f32_16x16x4_f32
+                    assert re.search(r"\bv_mfma_f32_16x16x4_?f32\b", body), (arch, prefix, symbol)

@@ -182,7 +182,7 @@ def check_against_torch(call: Call, masks) -> None:
 
 
 @st.composite
-def valid_calls(draw, rank: int, transposed: bool) -> Call:
+def valid_calls(draw, rank: int, transposed: bool, dtypes=(torch.float32, torch.float64)) -> Call:
     groups = draw(st.sampled_from([1, 1, 2, 3, 4]))
     depthwise = groups > 1 and draw(st.booleans())
     in_per_group = 1 if depthwise else draw(st.sampled_from([0, 1, 1, 2, 3]))
@@ -215,7 +215,7 @@ def valid_calls(draw, rank: int, transposed: bool) -> Call:
     formats = tuple(draw(st.sampled_from(["contiguous", "channels_last", "non_contiguous"])) for _ in range(3))
     mask = draw(st.tuples(st.booleans(), st.booleans(), st.booleans()))
     return Call((n, c, *in_size), weight, draw(st.booleans()), stride, padding, dilation, transposed,
-                output_padding, groups, draw(st.sampled_from([torch.float32, torch.float64])), formats, mask)
+                output_padding, groups, draw(st.sampled_from(list(dtypes))), formats, mask)
 
 
 # parametrised by rank and kind, so that every run covers each with some examples (hypothesis

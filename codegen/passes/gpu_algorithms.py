@@ -84,7 +84,7 @@ TF32_WHY = ("; f32 as tf32 because torch allows it (torch.backends.cudnn.allow_t
             "convolutions): operands rounded to tf32 (10-bit mantissa, cvt.rna: round to nearest, ties away) as "
             "fragments load, mma.sync m16n8k8 .tf32 with f32 accumulation, 4-byte shared elements, k-step 8; "
             "set allow_tf32 False for f32 on the CUDA cores")
-MATRIX_WHY = "; bf16/f16 on the {units}' matrix instruction, f32 accumulation"
+MATRIX_WHY = "; {dtype} on the {units} (the target's matrix instruction), f32 accumulation"
 FMA_WHY = ("; {dtype} on the {units} (no {dtype} matrix instruction in convgen yet): each thread keeps a tile of "
            "results in registers, fused multiply-adds accumulated in {dtype}")
 
@@ -105,7 +105,8 @@ def run_gpu(plan: Plan) -> Plan:
         cuda = plan.target.kind.value == "cuda"
         why += TF32_WHY if plan.problem.tf32 else \
             FMA_WHY.format(dtype=plan.problem.dtype.value, units="CUDA cores" if cuda else "SIMDs") \
-            if on_fma(plan.problem) else MATRIX_WHY.format(units="tensor cores" if cuda else "matrix cores")
+            if on_fma(plan.problem, plan.target) else \
+            MATRIX_WHY.format(dtype=plan.problem.dtype.value, units="tensor cores" if cuda else "matrix cores")
     if plan.requested_algorithm is not None:
         if plan.requested_algorithm not in candidates:
             raise ConvgenError(f"algorithm {plan.requested_algorithm!r} is not a candidate for a {plan.kop.value} "

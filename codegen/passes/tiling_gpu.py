@@ -95,7 +95,7 @@ def _igemm(plan: Plan) -> Plan:
             else f"{gemm.m} (image, input position) rows of one stride phase x {gemm.n} channels of one group"
             if plan.kop is not KOp.WGRAD else
             f"{gemm.m} filters x {gemm.n} (channel, tap) columns of one group and one split")
-    fma = on_fma(plan.problem) and gemm is not None
+    fma = on_fma(plan.problem, plan.target) and gemm is not None
     rows, columns = (gemm.m // 2 // (gpu.warp_size // 8), gemm.n // 2 // 8) if fma else (0, 0)
     held = (f"; each thread keeps {rows * columns} results in registers ({rows} rows x {columns} columns of its warp's "
             f"quarter), multiplied by fused multiply-adds" if fma else "")

@@ -71,9 +71,27 @@ template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned 
 template <class T> __device__ __forceinline__ T convgen_shfl_xor(T v, int lanes) { return __shfl_xor(v, lanes); }
 template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) { return __shfl(v, lane); }
 
-// --- 16-bit floats and the matrix instruction: v_mfma_f32_16x16x16{bf16_1k,f16} (gfx90a, gfx940) ----
-// The same names as cuda.h's (kernels read alike); the layouts are AMD's for one 16x16x16 block:
-// lane l holds A[l % 16][4(l / 16) + j], B[4(l / 16) + j][l % 16] and D[4(l / 16) + j][l % 16], j < 4.
+// --- the matrix instructions' shared names: v_mfma_f32_16x16x{16,4} (gfx90a, gfx940) --------------
+// The same names as cuda.h's (kernels read alike). Both shapes have a 16 x 16 f32 accumulator,
+// 4 elements per lane: D[4(l / 16) + j][l % 16], j < 4, in lane l; the depth is
+// convgen_mma_k<T>::value (16 for bf16/f16, 4 for f32).
+#define CONVGEN_MMA_M 16
+#define CONVGEN_MMA_N 16
+#define CONVGEN_MMA_K 16
+template <class T> struct convgen_mma_k { static constexpr int value = CONVGEN_MMA_K; };
+template <class T> struct convgen_mma_a { unsigned short h[4]; };   // bf16/f16; f32 below
+template <class T> struct convgen_mma_b { unsigned short h[4]; };
+struct convgen_mma_acc { float c[4]; };
+// Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result.
+__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return 4 * (lane / 16) + e; }
+__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return lane % 16; }
+#if defined(CONVGEN_SIM)
+#include "sim/mma.h"
+#define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)   // each dtype's overload below
+#endif
+
+// --- 16-bit floats: v_mfma_f32_16x16x16{bf16_1k,f16} ---------------------------------------------
+// AMD's layouts for one 16x16x16 block: lane l holds A[l % 16][4(l / 16) + j], B[4(l / 16) + j][l % 16].
 #if !defined(CONVGEN_SIM) || defined(CONVGEN_SIM_HAVE_FP16)
 #if defined(CONVGEN_SIM)
 typedef __nv_bfloat16 convgen_bf16;   // the simulator's 16-bit types: NVIDIA's, bit-exact conversions
@@ -93,13 +111,6 @@ template <> __device__ __forceinline__ convgen_bf16 convgen_from_f32<convgen_bf1
 template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>(float v) { return __float2half(v); }
 #endif
 
-#define CONVGEN_MMA_M 16
-#define CONVGEN_MMA_N 16
-#define CONVGEN_MMA_K 16
-template <class T> struct convgen_mma_k { static constexpr int value = CONVGEN_MMA_K; };
-template <class T> struct convgen_mma_a { unsigned short h[4]; };
-template <class T> struct convgen_mma_b { unsigned short h[4]; };
-struct convgen_mma_acc { float c[4]; };
 
 // A (16 x 16) from tile[row * ld + k]
 template <class T>
@@ -113,12 +124,8 @@ __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const un
     const unsigned short* column = tile + (lane % 16) * ld + 4 * (lane / 16);
     for (int j = 0; j < 4; ++j) b.h[j] = column[j];
 }
-// Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result.
-__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return 4 * (lane / 16) + e; }
-__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return lane % 16; }
 
 #if defined(CONVGEN_SIM)
-#include "sim/mma.h"
 template <class T> struct convgen_sim_bits;
 template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };
 template <> struct convgen_sim_bits<convgen_f16> { typedef ::convgen_sim::F16Bits type; };
@@ -127,7 +134,6 @@ inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_
     ::convgen_sim::matrix_instruction(site, &::convgen_sim::emulate_mfma_16x16x16<typename convgen_sim_bits<T>::type>,
                                       a.h, b.h, d.c);
 }
-#define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)
 #else
 typedef short convgen_v4i16 __attribute__((ext_vector_type(4)));
 typedef _Float16 convgen_v4f16 __attribute__((ext_vector_type(4)));
@@ -153,4 +159,33 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
     for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
 }
 #endif
+#endif
+
+// --- f32: v_mfma_f32_16x16x4f32 (gfx90a; gfx940 spells it v_mfma_f32_16x16x4_f32) ---------------
+// True f32 operands (no tf32 on AMD), raw bits in shared memory: AMD's layout for the one 16x16x4
+// block: lane l holds A[l % 16][l / 16] and B[l / 16][l % 16] (one element each), D as above.
+__device__ __forceinline__ float convgen_to_f32(float v) { return v; }
+template <class T> __device__ __forceinline__ T convgen_from_f32(float v);
+template <> __device__ __forceinline__ float convgen_from_f32<float>(float v) { return v; }
+template <> struct convgen_mma_k<float> { static constexpr int value = 4; };
+template <> struct convgen_mma_a<float> { unsigned r[1]; };
+template <> struct convgen_mma_b<float> { unsigned r[1]; };
+__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<float>& a, const unsigned* tile, int ld, int lane) {
+    a.r[0] = tile[(lane % 16) * ld + lane / 16];
+}
+__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<float>& b, const unsigned* tile, int ld, int lane) {
+    b.r[0] = tile[(lane % 16) * ld + lane / 16];
+}
+#if defined(CONVGEN_SIM)
+inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<float>& a,
+                            const convgen_mma_b<float>& b) {
+    ::convgen_sim::matrix_instruction_f32(site, &::convgen_sim::emulate_mfma_16x16x4_f32, a.r, b.r, d.c);
+}
+#else
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<float>& a,
+                                                 const convgen_mma_b<float>& b) {
+    convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
+    vd = __builtin_amdgcn_mfma_f32_16x16x4f32(__uint_as_float(a.r[0]), __uint_as_float(b.r[0]), vd, 0, 0, 0);
+    for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
+}
 #endif

@@ -67,7 +67,9 @@ inline void multiply(Tile<M, N, K>& t, const char* name) {
         for (int j = 0; j < N; ++j) {
             if (t.seen_d[i][j] != 1) layout_bug(name);
             float sum = t.d[i][j];
-            for (int k = 0; k < K; ++k) sum += t.a[i][k] * t.b[k][j];   // the product is exact in f32
+            // one rounding per step: the product of two 16-bit or tf32 values is exact in f32, so this is
+            // their sum; true f32 operands (v_mfma_f32_16x16x4f32) get a fused multiply-add each
+            for (int k = 0; k < K; ++k) sum = std::fmaf(t.a[i][k], t.b[k][j], sum);
             t.d[i][j] = sum;
         }
 }
@@ -203,6 +205,32 @@ inline void emulate_mma_m16n8k8_tf32(void* const* lanes) {
     }
 }
 
+// AMD's v_mfma_f32_16x16x4f32 (one 16x16x4 block, true f32 operands), wave 64: lane l holds
+// A[l % 16][l / 16], B[l / 16][l % 16] and D[4(l / 16) + j][l % 16], j < 4 (AMD's matrix instruction
+// calculator's layout for this shape, the 16x16x16 layout with one k per group of 16 lanes). The
+// products of f32 operands are not exact in f32: each step is a fused multiply-add here; the
+// device's internal precision and order are not documented (results may differ in the last bits).
+inline void emulate_mfma_16x16x4_f32(void* const* lanes) {
+    Tile<16, 16, 4> t;
+    for (int lane = 0; lane < 64; ++lane) {
+        const MatrixLane32& l = *static_cast<const MatrixLane32*>(lanes[lane]);
+        int across = lane % 16, k = lane / 16;
+        t.a[across][k] = tf32_value(l.a[0]);   // (the bits as f32; any f32 is a valid operand here)
+        t.seen_a[across][k]++;
+        t.b[k][across] = tf32_value(l.b[0]);
+        t.seen_b[k][across]++;
+        for (int j = 0; j < 4; ++j) {
+            t.d[4 * k + j][across] = l.d[j];
+            t.seen_d[4 * k + j][across]++;
+        }
+    }
+    multiply(t, "v_mfma_f32_16x16x4f32");
+    for (int lane = 0; lane < 64; ++lane) {
+        const MatrixLane32& l = *static_cast<const MatrixLane32*>(lanes[lane]);
+        for (int j = 0; j < 4; ++j) l.d[j] = t.d[4 * (lane / 16) + j][lane % 16];
+    }
+}
+
 // The calling lane's part of a matrix instruction: waits for the whole warp, which `emulate` then
 // serves at once. `a`, `b`: the lane's 16-bit elements in register order; `d`: its accumulator.
 inline void matrix_instruction(const char* site, void (*emulate)(void* const*), const unsigned short* a,
@@ -227,6 +255,14 @@ inline void matrix_instruction32(const char* site, void (*emulate)(void* const*)
             fail(text);
         }
     }
+    MatrixLane32 lane{a, b, d};
+    collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
+               reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
+}
+
+// The same for a matrix instruction on true f32 operands (any bits: no rounding is asked of them).
+inline void matrix_instruction_f32(const char* site, void (*emulate)(void* const*), const uint32_t* a,
+                                   const uint32_t* b, float* d) {
     MatrixLane32 lane{a, b, d};
     collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
                reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
