@@ -220,13 +220,18 @@ def test_explain_depthwise_and_stem(flags, op, algorithm, target):
         assert word not in decisions, f"a CPU reason in explain --target {target}: {word!r}\n{decisions}"
 
 
-@pytest.mark.parametrize("dtype, target", [("f32", "cuda-sm_90"), ("f64", "cuda-sm_90"), ("f32", "hip-gfx90a")])
-def test_explain_f32_and_f64_take_igemm_on_fmas(dtype, target):
+@pytest.mark.parametrize("dtype, target", [("f32", "cuda-sm_90"), ("f64", "cuda-sm_90"), ("f64", "hip-gfx90a"),
+                                           ("f32", "hip-gfx90a")])
+def test_explain_f32_and_f64_take_igemm(dtype, target):
     # (the tests run with torch's tf32 switch off: f32 in f32)
     code, out, err = run_cli("explain", "--input", "2,4,7,7", "--weight", "6,4,3,3", "--dtype", dtype, "--target", target)
     assert code == 0, err
+    assert "algorithm:   igemm (candidates: igemm, direct)" in out, out
+    if (dtype, target) == ("f32", "hip-gfx90a"):   # true f32 on v_mfma_f32_16x16x4f32
+        assert "f32 on the matrix cores (the target's matrix instruction)" in out and "f32 matrix" in out, out
+        return
     units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
-    assert "algorithm:   igemm (candidates: igemm, direct)" in out and f"{dtype} on the {units}" in out, out
+    assert f"{dtype} on the {units}" in out, out
     assert "keeps 32 results in registers" in out if target.startswith("cuda") else "keeps 16 results in registers" in out
 
 
