@@ -21,8 +21,10 @@ How it fits CI's 2 cores (measured on one, see the figures in the issue-17 repor
   the kernels' own tests; here each file must inline its vendor's wrappers and include nothing else.
 - one ninja run over the batches of all three targets, CONVGEN_BUILD_JOBS compiles at a time.
 - a failed batch is compiled again file by file, to name the failing kernels with a repro command.
-- the tensor cores: every matrix kernel of every implicit-GEMM file (bf16/f16) holds HMMA in the
-  sm_80/sm_90 machine code (read with nvdisasm, when it is installed).
+- the units: every GEMM kernel of every implicit-GEMM file holds, in the sm_80/sm_90 machine code
+  (read with nvdisasm, when it is installed), its dtype's instructions: HMMA.16816.F32 for
+  bf16/f16, HMMA.1688.F32.TF32 for f32 as tf32, and FFMA (f32) or DFMA (f64) and no HMMA on the
+  FMA path.
 """
 
 from __future__ import annotations
@@ -199,8 +201,17 @@ def _without_hmma(cubin: Path, texts: list[str], nvdisasm: str) -> list[str]:
         gemms = [f for f in functions if re.match(rf"_ZN{len(name)}{name}(3fwd|8bwd_data|18bwd_weight_partial)E", f)]
         if not gemms:
             missing.append(f"{cubin.name}: {name}: no matrix kernel found")
-        missing += [f"{cubin.name}: {f.split(':', 1)[0]}" for f in gemms if not re.search(r"HMMA\.16816\.F32", f)]
+        dtype = re.search(r"_(bf16|f16|f32_tf32|f32|f64)(?:_|$)", prefix).group(1)
+        wanted, unwanted = UNITS[dtype]
+        missing += [f"{cubin.name}: {f.split(':', 1)[0]} (wants {wanted})" for f in gemms
+                    if not re.search(wanted, f) or (unwanted and re.search(unwanted, f))]
     return missing
+
+
+# each dtype's instruction in an igemm GEMM kernel, and what must not be there (the FMA path)
+UNITS = {"bf16": (r"HMMA\.16816\.F32", None), "f16": (r"HMMA\.16816\.F32", None),
+         "f32_tf32": (r"HMMA\.1688\.F32\.TF32", None), "f32": (r"\bFFMA\b", r"\bHMMA\b"),
+         "f64": (r"\bDFMA\b", r"\bHMMA\b")}
 
 
 def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(session_cache_dir):
@@ -270,7 +281,7 @@ def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(sess
     (root / "summary.txt").write_text(summary + "\n")
     print(summary)
     assert not failures, f"{len(failures)} kernel file(s) failed:\n" + "\n".join(failures[:10])
-    assert not without_hmma, "matrix kernels without tensor-core instructions:\n" + "\n".join(without_hmma[:20])
+    assert not without_hmma, "GEMM kernels without their dtype's instructions:\n" + "\n".join(without_hmma[:20])
     missing = [tool for kind, tool in (("cuda", "nvcc"), ("hip", "hipcc")) if not compilers[TargetKind(kind)]]
     if not nvdisasm and compilers[TargetKind.CUDA]:
         missing.append("nvdisasm (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`: HMMA not checked)")
