@@ -95,7 +95,7 @@ def test_explain_lists_every_pass_and_the_plan(capsys):
 def test_explain_for_a_gpu_target_shows_the_plan_and_its_kernel(capsys):
     code, out, err = run(capsys, "explain", *SMALL, "--target", "cuda")
     assert code == 0, err
-    assert "[tiling] 256 threads per block" in out
+    assert "[tiling] 128 threads per block (4 warps of 32)" in out and "algorithm:   igemm" in out   # f32 on FMAs
     assert "self-contained" in out and "entry:       cg_" in out
 
 
