@@ -10,7 +10,7 @@
   shuffled thread/block orders, against ATen in float64 within tests/reference.py's tf32 bound
   (TF32_TOLERANCE, derived there). Launch counts and the runtime's own plan entries prove igemm ran.
 - With it off, f32 stays on the CUDA cores (igemm on FMAs), within f32's 1e-6.
-- HIP computes f32 in f32 on FMAs (its f32 MFMA is not written); a tf32 problem for HIP goes to direct and says why.
+- HIP computes f32 in f32 (v_mfma_f32_16x16x4f32); a tf32 problem for HIP goes to direct and says why.
 - The kernels build for sm_80 and sm_90 with nvcc without spills, with HMMA .TF32 in the machine code.
 
 tests/conftest.py turns tf32 off for every test; the tests here turn it on where they test it.
@@ -405,7 +405,7 @@ def test_tf32_kernels_build_without_spills_and_issue_hmma_tf32(tmp_path, arch):
                     "machine code not")
 
 
-def test_hip_f32_runs_in_f32_on_fmas_whatever_torchs_switch(tf32_on, monkeypatch):
+def test_hip_f32_runs_in_f32_on_the_f32_mfma_whatever_torchs_switch(tf32_on, monkeypatch):
     """No tf32 kernel on HIP: the switch leaves its f32 problems (and their keys) alone."""
     monkeypatch.setenv("CONVGEN_SIM", "hip")
     case = OWN["tf32-grouped-nonsquare"]
