@@ -38,9 +38,8 @@ def session_cache_dir(tmp_path_factory):
             os.environ["CONVGEN_CACHE_DIR"] = saved
 
 
-@pytest.fixture(autouse=True, scope="session")
-def f32_on_cuda_cores_in_session_fixtures_too():
-    """The same for module- and session-scoped fixtures (they are set up before any function's)."""
+def _tf32_off():
+    """torch's tf32 switch off for the fixture's scope, then as it was."""
     saved = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
@@ -49,11 +48,7 @@ def f32_on_cuda_cores_in_session_fixtures_too():
         torch.backends.cudnn.allow_tf32 = saved
 
 
-@pytest.fixture(autouse=True)
-def f32_on_cuda_cores_unless_a_test_allows_tf32():
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32 = saved
+# off for module- and session-scoped fixtures too (they are set up before any function's), and
+# again for each test (a test that turns it on is undone after it)
+f32_on_cuda_cores_in_session_fixtures_too = pytest.fixture(autouse=True, scope="session")(_tf32_off)
+f32_on_cuda_cores_unless_a_test_allows_tf32 = pytest.fixture(autouse=True)(_tf32_off)

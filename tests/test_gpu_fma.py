@@ -33,9 +33,9 @@ from convgen.codegen.pipeline import lower
 from convgen.codegen.target import parse_target
 from convgen.devices import sim
 
-from reference import assert_close, generator_for, randn, reduction_terms
+from reference import generator_for, randn
 from test_gpu_igemm import BY_NAME, CASES, CHANNELS_LAST_CASES, NCHW_ONLY_IN_LAYOUT, ORDERS, RANDOM_CASES, \
-    _problem, _reference, _run, _tool
+    _problem, _run, _tool, check_every_pass
 
 DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64)}
 F64_CASES = {"c2", "c19", "c20", "ragged", "tiles", "s3d2", "s_3d", "split", "vec_nchw", "empty"}
@@ -97,22 +97,8 @@ def test_f64_and_f32_without_tf32_take_igemm_and_explain_says_how():
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("name,dtype,layout", PARAMS)
 def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
-    case = BY_NAME[name]
-    problem = _problem(case, DTYPES[dtype][0], layout)
-    torch_dtype = DTYPES[dtype][1]
-    g = generator_for(f"fma-{vendor}-{name}-{dtype}-{layout}")
-    x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
-    b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
-    order = ORDERS[(len(name) + len(dtype) + (vendor == "hip")) % 3]
-    out = _run(libs[vendor], _prefix(vendor, name, dtype, layout), problem, torch_dtype, x, w, b, dy, order,
-               seed=len(name))
-    terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
-    names = ("forward", "grad_input", "grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)")
-    reference = _reference(case, x, w, b, dy)
-    for what, got, ref in zip(names, out, reference + reference[2:]):
-        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})",
-                     terms[what.split(" ")[0]])
-    assert torch.equal(out[4], out[2])   # fusing the bias changes no weight's sum
+    check_every_pass(libs[vendor], _prefix(vendor, name, dtype, layout), BY_NAME[name], DTYPES[dtype], layout,
+                     ORDERS[(len(name) + len(dtype) + (vendor == "hip")) % 3], f"fma-{vendor}-{name}-{dtype}-{layout}")
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))

@@ -225,20 +225,24 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
 @pytest.mark.parametrize("name,dtype,layout", PARAMS)
 def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
-    case = BY_NAME[name]
-    problem = _problem(case, DTYPES[dtype][0], layout)
-    torch_dtype = DTYPES[dtype][1]
-    g = generator_for(f"igemm-{vendor}-{name}-{dtype}-{layout}")
+    check_every_pass(libs[vendor], _prefix(vendor, name, dtype, layout), BY_NAME[name], DTYPES[dtype], layout,
+                     ORDERS[(len(name) + (vendor == "hip")) % 3], f"igemm-{vendor}-{name}-{dtype}-{layout}")
+
+
+def check_every_pass(lib, prefix: str, case, dtypes, layout: str, order: str, seed_name: str) -> None:
+    """`prefix`'s kernels of `case` ((DType, torch dtype) `dtypes`, `layout`) against ATen in float64:
+    every pass and the fused bias gradient, in `order`, on data drawn for `seed_name`."""
+    problem = _problem(case, dtypes[0], layout)
+    torch_dtype = dtypes[1]
+    g = generator_for(seed_name)
     x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
     b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
-    order = ORDERS[(len(name) + (vendor == "hip")) % 3]
-    out = _run(libs[vendor], _prefix(vendor, name, dtype, layout), problem, torch_dtype, x, w, b, dy, order, seed=len(name))
+    out = _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=len(case[0]))
     terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
     names = ("forward", "grad_input", "grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)")
     reference = _reference(case, x, w, b, dy)
     for what, got, ref in zip(names, out, reference + reference[2:]):
-        assert_close(got, ref, torch_dtype, f"{vendor} {name} {dtype} {layout} {what} ({order})",
-                     terms[what.split(" ")[0]])
+        assert_close(got, ref, torch_dtype, f"{prefix} {what} ({order})", terms[what.split(" ")[0]])
     assert torch.equal(out[4], out[2])   # fusing the bias changes no weight's sum
 
 
