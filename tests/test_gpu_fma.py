@@ -17,7 +17,6 @@ v_mfma_f32_16x16x4f32 (true f32 operands, f32 accumulation).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from convgen.devices import sim
 
 from reference import generator_for, randn
 from test_gpu_igemm import BY_NAME, CASES, CHANNELS_LAST_CASES, NCHW_ONLY_IN_LAYOUT, ORDERS, RANDOM_CASES, \
-    _problem, _run, _tool, check_every_pass
+    _problem, _run, _tool, check_every_pass, hipcc_functions
 
 DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64)}
 F64_CASES = {"c2", "c19", "c20", "ragged", "tiles", "s3d2", "s_3d", "split", "vec_nchw", "empty"}
@@ -148,17 +147,7 @@ def test_the_kernels_build_with_nvcc_without_spills_on_fused_multiply_adds(tmp_p
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
 def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch_f32_on_mfma(tmp_path):
-    src = tmp_path / "fma_hip.cu"
-    src.write_text(_source("hip", "gfx90a"))
-    done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
-                           "-Rpass-analysis=kernel-resource-usage", "-I", str(sim_build.gpu_templates_dir()), str(src),
-                           "-o", str(tmp_path / "fma.o")], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "HIP_PLATFORM": "amd"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
-    for arch in ("gfx90a", "gfx940"):
-        assembly = next(tmp_path.glob(f"*{arch}*.s")).read_text()
-        functions = re.split(r"\n(?=_ZN\w+:)", assembly)
+    for arch, functions in hipcc_functions(tmp_path, _source("hip", "gfx90a"), "fma_hip").items():   # no scratch
         for n, d, lay in PARAMS:
             prefix = _prefix("hip", n, d, lay)
             for symbol in ("3fwd", "8bwd_data", "18bwd_weight_partial"):

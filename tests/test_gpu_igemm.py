@@ -392,20 +392,26 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
             assert uses == (tiles[gemm].vector_a or tiles[gemm].vector_b), (prefix, symbol, uses)
 
 
-@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
-def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores(tmp_path):
-    src = tmp_path / "igemm_hip.cu"
-    src.write_text(_source("hip", "gfx90a"))   # the HIP source is the same for both archs
+def hipcc_functions(directory: Path, source: str, name: str) -> dict[str, list[str]]:
+    """`source` built by hipcc for gfx90a and gfx940 (HIP_PLATFORM=amd), asserted to succeed without
+    scratch (spills); each arch's assembly split into its functions."""
+    src = directory / f"{name}.cu"
+    src.write_text(source)
     done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
                            "-Rpass-analysis=kernel-resource-usage", "-I", str(sim_build.gpu_templates_dir()), str(src),
-                           "-o", str(tmp_path / "igemm.o")], capture_output=True, text=True, cwd=tmp_path,
+                           "-o", str(directory / f"{name}.o")], capture_output=True, text=True, cwd=directory,
                           env={**os.environ, "HIP_PLATFORM": "amd"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
-    # gfx90a spells the instructions v_mfma_f32_16x16x16bf16_1k / ...f16, gfx940 ..._bf16 / ..._f16
-    for arch in ("gfx90a", "gfx940"):
-        assembly = next(tmp_path.glob(f"*{arch}*.s")).read_text()
-        functions = re.split(r"\n(?=_ZN\w+:)", assembly)
+    return {arch: re.split(r"\n(?=_ZN\w+:)", next(directory.glob(f"{name}*{arch}*.s")).read_text())
+            for arch in ("gfx90a", "gfx940")}
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores(tmp_path):
+    # the HIP source is the same for both archs; gfx90a spells the instructions
+    # v_mfma_f32_16x16x16bf16_1k / ...f16, gfx940 ..._bf16 / ..._f16
+    for arch, functions in hipcc_functions(tmp_path, _source("hip", "gfx90a"), "igemm_hip").items():
         gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E\w*:", f)]
         assert len(gemm_kernels) == 3 * len(PARAMS), arch
         for body in gemm_kernels:
