@@ -85,6 +85,7 @@ class KernelContext:
     bias_channels: int
     bias_size: tuple[int, int, int]
     fma_asm: str              # "ps" / "pd": register tiles step in x86 FMA3 assembly; "": in portable C
+    evex: bool = False        # those assembly tiles may use all 32 vector registers (Target.evex_tiles)
 
 
 def _context(plan: Plan, entry: str) -> KernelContext:
@@ -112,7 +113,7 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
-                         fma_asm=fma_suffix(plan))
+                         fma_asm=fma_suffix(plan), evex=evex_tile(plan))
 
 
 def fma_suffix(plan: Plan) -> str:
@@ -121,6 +122,16 @@ def fma_suffix(plan: Plan) -> str:
     if not plan.target.fma_asm:
         return ""
     return {4: "ps", 8: "pd"}.get(plan.problem.dtype.accumulator.itemsize, "")
+
+
+def evex_tile(plan: Plan) -> bool:
+    """Whether the plan's lanes tile (stepped in assembly) needs more than 16 vector registers, which
+    its target's EVEX encoding gives (Target.evex_tiles). A tile within 16 keeps the "x" constraint:
+    given all 32 ("v"), GCC moved accumulators between registers from one asm statement to the next
+    (29 register moves in r50_3x3_64's forward loop against 11)."""
+    t = plan.tiling
+    return (plan.target.evex_tiles and plan.algorithm == "lanes" and t is not None
+            and t.nv * t.kb + min(t.nv, t.kb) + 1 > 16)
 
 
 def entry_signature(plan: Plan) -> tuple[tuple[str, str], ...]:

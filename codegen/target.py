@@ -86,9 +86,16 @@ class Target:
         return flags
 
     @property
-    def pair_registers(self) -> int:
-        """Vector registers a bf16 pair tile stepped in assembly may use: 32 (EVEX) with bf16_dot."""
-        return 32 if self.bf16_dot and self.fma_asm else self.vector_registers
+    def evex_tiles(self) -> bool:
+        """Whether register tiles stepped in assembly may use all 32 vector registers: AVX2 code built
+        with AVX512-VL (bf16_dot: every CPU with AVX512-BF16 has it), whose EVEX encoding of the same
+        256-bit instructions reaches ymm16-31."""
+        return self.bf16_dot and self.fma_asm
+
+    @property
+    def tile_registers(self) -> int:
+        """Vector registers a lanes register tile stepped in assembly may use: 32 with evex_tiles."""
+        return 32 if self.evex_tiles else self.vector_registers
 
 
 def _cpu_flags() -> set[str]:

@@ -182,8 +182,8 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
     14.4 and 14.9; r50_3x3_256 12.4 against 14.5 and 18.1; deeplab_dil2 34.8 against 45.0 and
     46.0), so tiles count as FMA-bound only from 12 FMAs per 7 loads.
 
-    `pairs` (bf16 on vdpbf16ps, 32 registers): the intensity is not capped, so the tile with the
-    most products per load wins: on Zen 4 (1 thread, ms, bf16 forward) 4 x 6 ran r50_3x3_64 in
+    `pairs` (bf16 on vdpbf16ps), and any assembly tile with 32 registers (EVEX, `Target.evex_tiles`):
+    the intensity is not capped, so the tile with the most products per load wins: on Zen 4 (1 thread, ms, bf16 forward) 4 x 6 ran r50_3x3_64 in
     10.2 against 4 x 3's 10.5, 3 x 8's 11.5 and 2 x 14's 12.1; r50_3x3_256 9.1 against 9.3, 9.6
     and 10.0; unet3d 11.9 against 12.3, 15.9 and 12.9; the weight gradient of r50_3x3_64 10.8
     against 11.2, 11.8 and 13.1."""
@@ -195,7 +195,7 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
                 continue
             ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
             intensity = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD)
-            intensity = intensity if pairs else min(1.0, intensity)
+            intensity = intensity if pairs or (asm and registers > 16) else min(1.0, intensity)
             score = ch_eff * intensity + 1e-3 * nv * pb
             if score > best[2]:
                 best = (nv, pb, score)
@@ -221,7 +221,10 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # so the reduction counts pairs, read from copies that interleave them; the EVEX-encoded
     # instruction lets the tile use all 32 registers
     pairs = p.dtype is DType.BF16 and t.bf16_dot
-    registers = t.pair_registers if pairs else t.vector_registers
+    # the other dtypes keep AVX2's 16: with 32 (4 x 6 for f32) the forward and data gradient ran
+    # within -3%..+3% of 4 x 3 on Zen 4 (kernel alone, 2 threads, r50_3x3_64/256/512, unet3d,
+    # deeplab_dil2), where the weight gradient gains (_lanes_wgrad)
+    registers = t.tile_registers if pairs else t.vector_registers
     nv, pb, score = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs)
     # Items of a few tiles. When all the weights fit half the L2, consecutive items take the
     # channel blocks of one run of pixels (whose input stays cached); otherwise they take all the
@@ -322,7 +325,10 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     rows = g.cin_g * taps
     pairs = p.dtype is DType.BF16 and t.bf16_dot    # (see _lanes: pairs, and 32 registers for their tile)
-    nv, pb, score = lanes_tile(g.cout_g, lanes, t.pair_registers if pairs else t.vector_registers, asm=t.fma_asm,
+    # every dtype's assembly tile takes all 32 registers where it may (Target.evex_tiles): f32 4 x 6
+    # against AVX2's 4 x 3 on Zen 4, kernel alone, 2 threads, ms: r50_3x3_64 11.91 / 12.81,
+    # r50_3x3_512 10.41 / 10.65, r50_3x3_256 8.91 / 9.04, unet3d 10.93 / 11.12
+    nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm,
                                pairs=pairs)
     # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
@@ -338,8 +344,11 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
+    registers = nv * pb + min(nv, pb) + 1
+    evex = (f", {registers} of 32 registers: AVX512-VL's EVEX encoding of the AVX2 instructions reaches "
+            f"ymm16-31" if t.evex_tiles and registers > 16 else "")
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
-                                 f"tap) rows ({score:.2f} useful); {rb} of the {rows} rows per work item, {items} "
+                                 f"tap) rows ({score:.2f} useful{evex}); {rb} of the {rows} rows per work item, {items} "
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output packed pixel-major once "
                                  f"per call; input "
