@@ -39,12 +39,13 @@ class Peaks:
     memory: float       # HBM, TB/s
     source: str
     matrix32: float = 0.0   # true f32 on matrix cores (AMD's v_mfma_f32_*; none on NVIDIA)
+    matrix64: float = 0.0   # f64 on tensor cores (NVIDIA's DMMA)
 
 
 PEAKS = {
-    "sm_80": Peaks(312, 156, 19.5, 9.7, 2.039, "NVIDIA A100 datasheet (SXM, 80 GB)"),
-    "sm_90": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)"),
-    "sm_90a": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)"),
+    "sm_80": Peaks(312, 156, 19.5, 9.7, 2.039, "NVIDIA A100 datasheet (SXM, 80 GB)", matrix64=19.5),
+    "sm_90": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)", matrix64=67),
+    "sm_90a": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)", matrix64=67),
     "gfx90a": Peaks(191.5, 47.85, 23.95, 23.95, 1.638, "AMD Instinct MI250X datasheet, one of its two dies", 47.85),
     "gfx940": Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet", 122.6),
 }
@@ -146,7 +147,7 @@ def occupancy_line(arch: GpuArch, kernel: KernelResources, threads: int, dynamic
 
 def roofline(arch: GpuArch, flops: int, bytes_moved: int, units: str) -> str:
     """The bound of a problem with `flops` and `bytes_moved` on `arch` when its kernel uses `units`
-    ("matrix16", "tf32", "matrix32", "f32" or "f64")."""
+    ("matrix16", "tf32", "matrix32", "matrix64", "f32" or "f64")."""
     peaks = PEAKS.get(arch.arch)
     if peaks is None:
         return f"no datasheet figures for {arch.arch} here (codegen/gpu_resources.py lists sm_80, sm_90, gfx90a, gfx940)"
@@ -156,7 +157,8 @@ def roofline(arch: GpuArch, flops: int, bytes_moved: int, units: str) -> str:
     intensity = flops / bytes_moved if bytes_moved else float("inf")
     ridge = peak / peaks.memory
     bound = "compute" if compute >= memory else "memory"
-    words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "matrix32": "f32 matrix", "f32": "f32 FMA",
+    words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "matrix32": "f32 matrix",
+             "matrix64": "f64 tensor", "f32": "f32 FMA",
              "f64": "f64 FMA"}[units]
     return (f"{bound}-bound: {intensity:.1f} FLOP/B against a ridge of {ridge:.0f} FLOP/B ({words} {peak:g} TFLOP/s, "
             f"memory {peaks.memory:g} TB/s; {peaks.source}); at best {max(compute, memory) * 1e6:.1f} us "
@@ -181,6 +183,8 @@ def units_of(plan) -> str:
         return "matrix32"
     if plan.algorithm == "igemm" and plan.problem.dtype.itemsize == 2:
         return "matrix16"
+    if plan.algorithm == "igemm" and plan.problem.dtype.value == "f64" and plan.target.kind.value == "cuda":
+        return "matrix64"
     return "f64" if plan.problem.dtype.value == "f64" else "f32"
 
 

@@ -135,13 +135,13 @@ class IgemmTiles:
 
 
 def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
-                 fma: bool = False) -> IgemmTiles:
+                 fma: bool = False, dmma: bool = False) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`, for
-    operands of `itemsize` bytes in shared memory, multiplied on matrix instructions or (`fma`) by
-    each thread's register tile of fused multiply-adds."""
+    operands of `itemsize` bytes in shared memory, multiplied on matrix instructions, (`fma`) by
+    each thread's register tile of fused multiply-adds, or (`dmma`) on the f64 tensor cores."""
     from math import prod
 
-    side = _fma_side if fma else _side
+    side = _fma_side if fma or dmma else _side
 
     vector = vector_of(itemsize)   # elements of one 16-byte copy
 
@@ -180,7 +180,10 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
                 f"({32 // (lanes // 8)} rows x 4 columns, strided over the quarter so a {unit[:-1]}'s shared-memory "
                 f"reads do not conflict), {itemsize}-byte operands, fused multiply-adds in "
                 f"{'f64' if itemsize == 8 else 'f32'}; tiles 64 a side to keep those registers"
-                if fma else "on the matrix instructions")
+                if fma else
+                "on the f64 tensor cores (mma.sync m8n8k4 .f64, two per 16 x 8 x 4 step), f64 accumulation; tiles 64 a "
+                "side: a warp's 32 x 32 quarter is 32 f64 accumulators (64 registers) a thread"
+                if dmma else "on the matrix instructions")
     reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like; "
                f"{multiply}): "
                f"forward {fwd.describe(target.kind is TargetKind.CUDA)}; data gradient "

@@ -73,7 +73,8 @@ SHOWN += [
                         "bwd_weight", "--bias", "--dtype", "f16"]),
 ]
 # the algorithm each shown file must have: depthwise problems the depthwise kernels, few-channel weight
-# gradients the stem kernel, the others igemm (bf16/f16 on tensor cores / matrix cores, f32/f64 on FMAs)
+# gradients the stem kernel, the others igemm (bf16/f16 on tensor cores / matrix cores, f32 on FMAs or HIP's
+# matrix cores, f64 on CUDA's DMMA or HIP's FMAs)
 ALGORITHM = {name: "depthwise" if name.startswith("dw_") else "stem" if name.startswith("stem_") else "igemm"
              for name, flags in SHOWN}
 LOW_PRECISION = {name for name, flags in SHOWN if ALGORITHM[name] == "igemm"
@@ -229,6 +230,9 @@ def test_explain_f32_and_f64_take_igemm(dtype, target):
     assert "algorithm:   igemm (candidates: igemm, direct)" in out, out
     if (dtype, target) == ("f32", "hip-gfx90a"):   # true f32 on v_mfma_f32_16x16x4f32
         assert "f32 on the matrix cores (the target's matrix instruction)" in out and "f32 matrix" in out, out
+        return
+    if (dtype, target) == ("f64", "cuda-sm_90"):   # f64 on DMMA
+        assert "f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA)" in out and "f64 tensor" in out, out
         return
     units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
     assert f"{dtype} on the {units}" in out, out

@@ -1,6 +1,7 @@
 """The implicit-GEMM GPU kernel's f32 and f64 paths (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2):
-f64 problems, and CUDA f32 ones without tf32, multiplied on the vector units by each thread's
-register tile of fused multiply-adds (`on_fma`), accumulated in the dtype; HIP's f32 on
+HIP's f64 and CUDA's f32 without tf32 multiplied on the vector units by each thread's register tile
+of fused multiply-adds (`on_fma`), accumulated in the dtype; CUDA's f64 on the f64 tensor cores
+(`on_dmma`: two mma.sync m8n8k4 .f64 per 16 x 8 x 4 step, f64 accumulation); HIP's f32 on
 v_mfma_f32_16x16x4f32 (true f32 operands, f32 accumulation).
 
 - The `algorithm` pass gives them igemm (the direct kernel stays a candidate), and explain says how.
@@ -9,8 +10,8 @@ v_mfma_f32_16x16x4f32 (true f32 operands, f32 accumulation).
   phases, 1-D/3-D, groups, channels-last, 16-byte copies) and its random ones, under forward,
   reversed and shuffled thread and block orders; the weight gradient's split-K sum is bitwise the
   same in any order.
-- They build with nvcc for sm_80 and sm_90 with spills as errors, with FFMA/DFMA and no HMMA in
-  their machine code, and with hipcc for gfx90a and gfx940 without scratch: f64 with v_fma(c)_f64
+- They build with nvcc for sm_80 and sm_90 with spills as errors, f32 with FFMA and no HMMA in
+  their machine code, f64 with DMMA (sm_80 spells it DMMA.884, sm_90 DMMA.8x8x4) and no DFMA or HMMA, and with hipcc for gfx90a and gfx940 without scratch: f64 with v_fma(c)_f64
   and no MFMA, f32 with v_mfma_f32_16x16x4(_)f32.
 """
 
@@ -25,7 +26,7 @@ import pytest
 import torch
 
 from convgen.building import sim_build
-from convgen.codegen.gpu_igemm import igemm_context, on_fma, render_igemm
+from convgen.codegen.gpu_igemm import igemm_context, on_dmma, on_fma, render_igemm
 from convgen.codegen.gpu_resources import explain_lines
 from convgen.codegen.ir import DType
 from convgen.codegen.pipeline import lower
@@ -67,20 +68,26 @@ def test_f64_and_f32_without_tf32_take_igemm_and_explain_says_how():
     for target in ("cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"):
         for problem in (base, dataclasses.replace(base, dtype=DType.F64)):
             mfma = target.startswith("hip") and problem.dtype is DType.F32
-            assert on_fma(problem, parse_target(target)) == (not mfma)
+            dmma = target.startswith("cuda") and problem.dtype is DType.F64
+            assert on_fma(problem, parse_target(target)) == (not mfma and not dmma)
+            assert on_dmma(problem, parse_target(target)) == dmma
             plan = lower(problem, parse_target(target))
             assert plan.algorithm == "igemm" and "direct" in plan.candidates
             words = " ".join(why for _, why in plan.reasons)
             if mfma:
                 assert "f32 on the matrix cores (the target's matrix instruction)" in words, words
                 assert "f32 matrix" in " ".join(explain_lines(plan, None, "no compiler"))   # the roofline's units
+            elif dmma:
+                assert "f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA), f64 accumulation" in words, words
+                assert "f64 tensor" in " ".join(explain_lines(plan, None, "no compiler"))   # the roofline's units
             else:
                 units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
                 assert f"{problem.dtype.value} on the {units}" in words and "results in registers" in words, words
             context = igemm_context(problem, parse_target(target), "p")
-            assert context.fma == (not mfma) and context.acc == ("double" if problem.dtype is DType.F64 else "float")
-            if not mfma:
-                assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)   # 64 a side (gpu_tiles._fma_side)
+            assert context.fma == (not mfma and not dmma) and context.dmma == dmma
+            assert context.acc == ("double" if problem.dtype is DType.F64 else "float")
+            if not mfma:   # 64 a side (gpu_tiles._fma_side): 32 f64 or f32 results a lane
+                assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)
             limit = parse_target(target).gpu.shared_bytes_per_block   # HIP: 64 KiB of LDS, f64 steps 16 deep
             assert all(t.shared_bytes <= limit for _, t in context.tiles), (target, problem.dtype, context.tiles)
             assert context.block_k == (16 if problem.dtype is DType.F64 else 32)
@@ -122,7 +129,7 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, dtyp
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_kernels_build_with_nvcc_without_spills_on_fused_multiply_adds(tmp_path, arch):
+def test_the_kernels_build_with_nvcc_without_spills_f32_on_ffma_f64_on_dmma(tmp_path, arch):
     src = tmp_path / f"fma_{arch}.cu"
     src.write_text(_source("cuda", arch))
     cubin = tmp_path / "fma.cubin"
@@ -141,8 +148,8 @@ def test_the_kernels_build_with_nvcc_without_spills_on_fused_multiply_adds(tmp_p
         prefix = _prefix("cuda", n, d, lay)
         for symbol in ("3fwd", "8bwd_data", "18bwd_weight_partial"):
             (body,) = [f for f in functions if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
-            assert re.search(r"\bDFMA\b" if d == "f64" else r"\bFFMA\b", body), (prefix, symbol)
-            assert not re.search(r"\bHMMA\b", body), (prefix, symbol)
+            assert re.search(r"\bDMMA\.(884|8x8x4)\b" if d == "f64" else r"\bFFMA\b", body), (prefix, symbol)
+            assert not re.search(r"\bHMMA\b|\bDFMA\b" if d == "f64" else r"\bHMMA\b", body), (prefix, symbol)
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")

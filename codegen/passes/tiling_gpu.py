@@ -90,7 +90,7 @@ def _igemm(plan: Plan) -> Plan:
     gemm = {KOp.FWD: tiles.dgrad if transposed else tiles.fwd, KOp.DGRAD: tiles.fwd if transposed else tiles.dgrad,
             KOp.WGRAD: tiles.wgrad, KOp.BIAS: None}[plan.kop]
     forward_rows = (plan.kop is KOp.FWD) != transposed
-    what = ("one channel's bias-gradient sum per thread" if gemm is None else
+    what = ("one channel's bias-gradient sum (strided threads, a shuffle tree, the warps' sums in order)" if gemm is None else
             f"{gemm.m} (image, output pixel) rows x {gemm.n} filters of one group" if forward_rows and plan.kop is not KOp.WGRAD
             else f"{gemm.m} (image, input position) rows of one stride phase x {gemm.n} channels of one group"
             if plan.kop is not KOp.WGRAD else

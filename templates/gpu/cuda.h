@@ -80,14 +80,16 @@ template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) {
 // find their accumulators' places with convgen_mma_acc_row/_col. Both shapes have a 16 x 8 f32
 // accumulator and 4 A registers and 2 B registers per lane; the depth is convgen_mma_k<T>::value
 // (16 for bf16/f16, 8 for tf32). The layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16"
-// and "... for mma.m16n8k8" (.tf32).
+// and "... for mma.m16n8k8" (.tf32). f64 (further down) makes the same 16 x 8 shape, 4 deep, of two
+// mma.m8n8k4 .f64 one above the other, with a double accumulator.
 #define CONVGEN_MMA_M 16
 #define CONVGEN_MMA_N 8
 #define CONVGEN_MMA_K 16   // the 16-bit shape's depth; kernels ask convgen_mma_k<T>::value
 template <class T> struct convgen_mma_k { static constexpr int value = 16; };
 template <class T> struct convgen_mma_a { unsigned r[4]; };   // bf16/f16: a0..a7, two per register, low half first; tf32: a0..a3
 template <class T> struct convgen_mma_b { unsigned r[2]; };   // bf16/f16: b0..b3; tf32: b0, b1
-struct convgen_mma_acc { float c[4]; };                        // c0..c3
+template <class A> struct convgen_mma_accum { A c[4]; };        // c0..c3 (f64 on DMMA: double)
+typedef convgen_mma_accum<float> convgen_mma_acc;
 // Where accumulator element e (0..3) of `lane` sits in the 16 x 8 result (both shapes).
 __device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
 __device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
@@ -206,5 +208,39 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
                  "{%0, %1, %2, %3};\n"
                  : "+f"(d.c[0]), "+f"(d.c[1]), "+f"(d.c[2]), "+f"(d.c[3])
                  : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
+#endif
+
+// --- f64: mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 (DMMA, sm_80+), two per 16 x 8 x 4 step ---
+// PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64": A (8 x 4, row) one double per lane at row
+// lane/4, column lane%4; B (4 x 8, col) one at row lane%4, column lane/4; C, D (8 x 8) two at row
+// lane/4, columns 2(lane%4) + {0, 1}. The upper 8 x 8 instruction takes rows 0-7 of the 16-row
+// fragment and accumulators c0, c1, the lower one rows 8-15 and c2, c3: convgen_mma_acc_row/_col
+// hold as they are. Operands are doubles in shared memory; the epilogues' conversions are the identity.
+template <> struct convgen_mma_k<double> { static constexpr int value = 4; };
+template <> struct convgen_mma_a<double> { double r[2]; };   // rows lane/4 and lane/4 + 8, column lane%4
+template <> struct convgen_mma_b<double> { double r[1]; };   // column lane/4, row lane%4
+__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<double>& a, const double* tile, int ld, int lane) {
+    const double* top = tile + (lane >> 2) * ld + (lane & 3);
+    a.r[0] = top[0];
+    a.r[1] = top[8 * ld];
+}
+__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<double>& b, const double* tile, int ld, int lane) {
+    b.r[0] = tile[(lane >> 2) * ld + (lane & 3)];
+}
+#if defined(CONVGEN_SIM)
+inline void convgen_sim_mma(const char* site, convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
+                            const convgen_mma_b<double>& b) {
+    ::convgen_sim::matrix_instruction64(site, &a.r[0], b.r, &d.c[0]);
+    ::convgen_sim::matrix_instruction64(site, &a.r[1], b.r, &d.c[2]);
+}
+#else
+// d += a b on the f64 tensor cores.
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
+                                                 const convgen_mma_b<double>& b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                 : "+d"(d.c[0]), "+d"(d.c[1]) : "d"(a.r[0]), "d"(b.r[0]));
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                 : "+d"(d.c[2]), "+d"(d.c[3]) : "d"(a.r[1]), "d"(b.r[0]));
 }
 #endif

@@ -81,7 +81,8 @@ template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) { re
 template <class T> struct convgen_mma_k { static constexpr int value = CONVGEN_MMA_K; };
 template <class T> struct convgen_mma_a { unsigned short h[4]; };   // bf16/f16; f32 below
 template <class T> struct convgen_mma_b { unsigned short h[4]; };
-struct convgen_mma_acc { float c[4]; };
+template <class A> struct convgen_mma_accum { A c[4]; };
+typedef convgen_mma_accum<float> convgen_mma_acc;
 // Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result.
 __device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return 4 * (lane / 16) + e; }
 __device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return lane % 16; }

@@ -268,5 +268,54 @@ inline void matrix_instruction_f32(const char* site, void (*emulate)(void* const
                reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
 }
 
+// One lane's operands of an f64 matrix instruction: one A and one B double, two accumulators.
+struct MatrixLane64 {
+    const double* a;
+    const double* b;
+    double* d;
+};
+// PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64 floating point type", with groupID = lane >> 2
+// and threadID_in_group = lane % 4:
+//   A (8x4, row): a0 at row groupID, col threadID_in_group.
+//   B (4x8, col): b0 at row threadID_in_group, col groupID.
+//   C, D (8x8): c0, c1 at row groupID, col threadID_in_group * 2 + i.
+// D = A B + C in f64, a fused multiply-add per step in k order from C (the device's internal order
+// is not documented: results may differ in the last bits of a sum, never in which element goes where).
+inline void emulate_dmma_m8n8k4(void* const* lanes) {
+    double a[8][4], b[4][8], d[8][8];
+    unsigned char seen_a[8][4] = {}, seen_b[4][8] = {}, seen_d[8][8] = {};
+    for (int lane = 0; lane < 32; ++lane) {
+        const MatrixLane64& l = *static_cast<const MatrixLane64*>(lanes[lane]);
+        int group = lane >> 2, in_group = lane & 3;
+        a[group][in_group] = l.a[0];
+        seen_a[group][in_group]++;
+        b[in_group][group] = l.b[0];
+        seen_b[in_group][group]++;
+        for (int i = 0; i < 2; ++i) {
+            d[group][in_group * 2 + i] = l.d[i];
+            seen_d[group][in_group * 2 + i]++;
+        }
+    }
+    for (int i = 0; i < 8; ++i)
+        for (int k = 0; k < 4; ++k)
+            if (seen_a[i][k] != 1 || seen_b[k][i] != 1) layout_bug("mma.m8n8k4.f64");
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j) {
+            if (seen_d[i][j] != 1) layout_bug("mma.m8n8k4.f64");
+            for (int k = 0; k < 4; ++k) d[i][j] = std::fma(a[i][k], b[k][j], d[i][j]);
+        }
+    for (int lane = 0; lane < 32; ++lane) {
+        const MatrixLane64& l = *static_cast<const MatrixLane64*>(lanes[lane]);
+        for (int i = 0; i < 2; ++i) l.d[i] = d[lane >> 2][(lane & 3) * 2 + i];
+    }
+}
+
+// The calling lane's part of an f64 mma.m8n8k4: `a`, `b` one double each, `d` two accumulators.
+inline void matrix_instruction64(const char* site, const double* a, const double* b, double* d) {
+    MatrixLane64 lane{a, b, d};
+    collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
+               reinterpret_cast<long long>(&emulate_dmma_m8n8k4), CONVGEN_SIM_WARP);
+}
+
 }  // namespace convgen_sim
 #pragma GCC visibility pop
