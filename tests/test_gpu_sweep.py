@@ -23,8 +23,9 @@ How it fits CI's 2 cores (measured on one, see the figures in the issue-17 repor
 - a failed batch is compiled again file by file, to name the failing kernels with a repro command.
 - the units: every GEMM kernel of every implicit-GEMM file holds, in the sm_80/sm_90 machine code
   (read with nvdisasm, when it is installed), its dtype's instructions: HMMA.16816.F32 for
-  bf16/f16, HMMA.1688.F32.TF32 for f32 as tf32, and FFMA (f32) or DFMA (f64) and no HMMA on the
-  FMA path.
+  bf16/f16, HMMA.1688.F32.TF32 for f32 as tf32, DMMA (sm_80: DMMA.884, sm_90: DMMA.8x8x4) and no
+  DFMA for f64, and FFMA and no HMMA for f32 on the FMA path; and in the gfx90a assembly (hipcc `-save-temps=obj` beside each batch's object) its
+  MFMA: v_mfma_f32_16x16x16 bf16/f16, v_mfma_f32_16x16x4 f32, and v_fma(c)_f64 and no MFMA for f64.
 """
 
 from __future__ import annotations
@@ -141,13 +142,15 @@ def _umbrella(keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _command(target: str, src: str, out: str, exe: str) -> list[str]:
-    """runtime/building/gpu_build.py's command for `target` (its flags: spills are errors for nvcc)."""
+def _command(target: str, src: str, out: str, exe: str, temps: bool = False) -> list[str]:
+    """runtime/building/gpu_build.py's command for `target` (its flags: spills are errors for nvcc);
+    `temps`: hipcc also leaves the device assembly (*-gfx90a.s) beside `out`."""
     class Source:   # what gpu_build.command reads of a KernelSource
         pass
     source = Source()
     source.target = parse_target(target)
-    return gpu_build.command(source, src, out, exe)
+    argv = gpu_build.command(source, src, out, exe)
+    return argv[:1] + ["-save-temps=obj"] + argv[1:] if temps and target.startswith("hip") else argv
 
 
 def _shell(target: str, argv: list[str]) -> str:
@@ -189,29 +192,53 @@ def _without_hmma(cubin: Path, texts: list[str], nvdisasm: str) -> list[str]:
     """The implicit-GEMM matrix kernels (forward, data gradient, weight-gradient partials) of the
     files `texts` whose machine code in `cubin` has no HMMA instruction, by name (or a file whose
     matrix kernel is not found)."""
-    prefixes = [re.search(r'extern "C" int cg_(\w+)\(', t).group(1) for t in texts
-                if re.search(r"// kernel:  (fwd|dgrad|wgrad), algorithm igemm\n", t)]   # not a bias gradient alone
+    prefixes = _gemm_prefixes(texts)
     if not prefixes:
         return []
     sass = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
-    functions = re.split(r"\n\s*\.text\.", sass)
+    return _without_units(re.split(r"\n\s*\.text\.", sass), prefixes, UNITS, cubin.name)
+
+
+def _gemm_prefixes(texts: list[str]) -> list[str]:
+    """The entry prefixes of the implicit-GEMM files among `texts` that have matrix kernels (forward,
+    data gradient, weight gradient: not a bias gradient alone)."""
+    return [re.search(r'extern "C" int cg_(\w+)\(', t).group(1) for t in texts
+            if re.search(r"// kernel:  (fwd|dgrad|wgrad), algorithm igemm\n", t)]
+
+
+def _without_units(functions: list[str], prefixes: list[str], units: dict, where: str) -> list[str]:
+    """Of the GEMM kernels of `prefixes` among the disassembled `functions` (each opening with its
+    mangled name), those without their dtype's instruction in `units` or with its unwanted one."""
     missing = []
     for prefix in prefixes:
         name = f"cgk_{prefix}"
         gemms = [f for f in functions if re.match(rf"_ZN{len(name)}{name}(3fwd|8bwd_data|18bwd_weight_partial)E", f)]
         if not gemms:
-            missing.append(f"{cubin.name}: {name}: no matrix kernel found")
+            missing.append(f"{where}: {name}: no matrix kernel found")
         dtype = re.search(r"_(bf16|f16|f32_tf32|f32|f64)(?:_|$)", prefix).group(1)
-        wanted, unwanted = UNITS[dtype]
-        missing += [f"{cubin.name}: {f.split(':', 1)[0]} (wants {wanted})" for f in gemms
+        wanted, unwanted = units[dtype]
+        missing += [f"{where}: {f.split(':', 1)[0]} (wants {wanted})" for f in gemms
                     if not re.search(wanted, f) or (unwanted and re.search(unwanted, f))]
     return missing
 
 
+def _without_mfma(obj: Path, texts: list[str]) -> list[str]:
+    """Like _without_hmma, for a gfx90a batch: its assembly, left by -save-temps=obj beside `obj`."""
+    prefixes = _gemm_prefixes(texts)
+    if not prefixes:
+        return []
+    assembly = next(obj.parent.glob(f"{obj.stem}-hip-amdgcn-amd-amdhsa-gfx90a.s"), None)
+    if assembly is None:
+        return [f"{obj}: no gfx90a assembly beside it"]
+    return _without_units(re.split(r"\n(?=_ZN\w+:)", assembly.read_text()), prefixes, HIP_UNITS, obj.name)
+
+
 # each dtype's instruction in an igemm GEMM kernel, and what must not be there (the FMA path)
+HIP_UNITS = {"bf16": (r"v_mfma_f32_16x16x16_?bf16", None), "f16": (r"v_mfma_f32_16x16x16_?f16", None),
+             "f32": (r"v_mfma_f32_16x16x4_?f32", None), "f64": (r"v_fmac?_f64", r"v_mfma")}
 UNITS = {"bf16": (r"HMMA\.16816\.F32", None), "f16": (r"HMMA\.16816\.F32", None),
          "f32_tf32": (r"HMMA\.1688\.F32\.TF32", None), "f32": (r"\bFFMA\b", r"\bHMMA\b"),
-         "f64": (r"\bDFMA\b", r"\bHMMA\b")}
+         "f64": (r"\bDMMA\.(884|8x8x4)\b", r"\bHMMA\b|\bDFMA\b")}
 
 
 def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(session_cache_dir):
@@ -243,7 +270,7 @@ def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(sess
             out = src[:-3] + ".o"
             outputs[root / out] = (name, keys)
             ninja += [f"build {out}: compile {src} | " + " ".join(f"{name}/k_{key[:24]}.cu" for key in keys),
-                      f"  cmd = {_shell(name, _command(name, src, out, exe))}",
+                      f"  cmd = {_shell(name, _command(name, src, out, exe, temps=True))}",
                       f"  desc = {name} {src} ({len(keys)} kernel files)"]
     write_if_changed(root / "build.ninja", "\n".join(ninja) + "\n")
     done = subprocess.run([find_ninja(), "-C", str(root), "-k", "0", "-j", str(knobs.build_jobs())],
@@ -264,24 +291,27 @@ def test_every_default_kernel_of_the_cases_builds_with_the_vendor_compilers(sess
         # a batch that fails where none of its files does alone: report the batch itself
         failures += alone or [f"{out}: {(log.strip() or done.stdout.strip())[-3000:]}"]
     nvdisasm = _nvdisasm() if compilers[TargetKind.CUDA] else None
-    without_hmma = []
+    without_units = []
     if nvdisasm:
         with concurrent.futures.ThreadPoolExecutor(knobs.build_jobs()) as pool:
             for missing in pool.map(lambda item: _without_hmma(item[0], [kernels[item[1][0]][k][1] for k in item[1][1]],
                                                                nvdisasm),
                                     [(out, job) for out, job in outputs.items()
                                      if job[0].startswith("cuda") and out.is_file()]):
-                without_hmma += missing
+                without_units += missing
+    for out, (name, keys) in outputs.items():
+        if name.startswith("hip") and out.is_file():
+            without_units += _without_mfma(out, [kernels[name][k][1] for k in keys])
     checked = time.monotonic()
     built = {name: len(kernels[name]) for name in TARGETS if compilers[parse_target(name).kind]}
     summary = (f"GPU kernel sweep: {sum(files.values())} kernel files, distinct per target {built}, "
                f"{len(outputs)} compiler invocations; generated in {generated - started:.0f} s, "
-               f"compiled in {compiled - generated:.0f} s with {knobs.build_jobs()} jobs; HMMA "
+               f"compiled in {compiled - generated:.0f} s with {knobs.build_jobs()} jobs; MFMA and HMMA "
                + (f"checked in {checked - compiled:.0f} s" if nvdisasm else "not checked (no nvdisasm)"))
     (root / "summary.txt").write_text(summary + "\n")
     print(summary)
     assert not failures, f"{len(failures)} kernel file(s) failed:\n" + "\n".join(failures[:10])
-    assert not without_hmma, "GEMM kernels without their dtype's instructions:\n" + "\n".join(without_hmma[:20])
+    assert not without_units, "GEMM kernels without their dtype's instructions:\n" + "\n".join(without_units[:20])
     missing = [tool for kind, tool in (("cuda", "nvcc"), ("hip", "hipcc")) if not compilers[TargetKind(kind)]]
     if not nvdisasm and compilers[TargetKind.CUDA]:
         missing.append("nvdisasm (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`: HMMA not checked)")
