@@ -225,6 +225,10 @@ def _expanding_channels_last(plan: Plan) -> bool:
 # input, gemm or lanes won (64->256 at 56 9.6 against 9.2, 512->128 at 28 9.0 against 6.5,
 # 96->24 at 56 1.4 against 1.1); in channels last lanes won (32->64 at 112 11.5 against 7.0).
 DOTS_WGRAD_MAX_IN = 48
+# On AVX512-BF16 hosts (Target.evex_tiles; Zen 4, f32 NCHW, 2 threads, kernel alone, ms, pointwise /
+# lanes) the expansion r50_1x1_64_256 goes to pointwise too: 5.73 / 6.65 and 5.48 / 6.50 (128->512
+# at 28x28 stays lanes, 5.38 / 5.18; a strided 64->128 0.71 / 0.67); a third run 5.66 / 7.10.
+DOTS_WGRAD_EVEX_MAX_IN = 64   # with unit strides and at least EXPAND_RATIO times as many output channels
 
 
 def _dots_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
@@ -232,7 +236,9 @@ def _dots_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     g = plan.geometry
     if any(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")):
         return choice, why
-    if g.cin_g <= DOTS_WGRAD_MAX_IN and g.cout_g >= g.cin_g:
+    wide = (plan.target.evex_tiles and plan.problem.dtype is DType.F32 and g.stride == (1, 1, 1)
+            and g.cin_g <= DOTS_WGRAD_EVEX_MAX_IN and g.cout_g >= EXPAND_RATIO * g.cin_g)
+    if (g.cin_g <= DOTS_WGRAD_MAX_IN and g.cout_g >= g.cin_g) or wide:
         return "pointwise", (f"dot products over pixels, a chunk of both operands copied at a time; "
                              f"{g.cin_g} input channels, {g.cout_g} output channels")
     return choice, why
