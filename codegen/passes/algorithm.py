@@ -187,12 +187,27 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         # / pointwise: r50_1x1_2048_512 forward 5.7 / 8.3, data gradient 4.9 / 8.4; r50_1x1_64_256
         # data gradient 7.8 / 9.8, forward 9.9 / 9.2)
         return choice, f"{why}; not pointwise: bf16 in pairs on vdpbf16ps"
+    if choice == "lanes" and _widening_channels_last_dgrad(plan):
+        return choice, (f"{why}; not pointwise: a channels-last 1x1 data gradient to {g.cin_g} channels from "
+                        f"{g.cout_g} (measured on Zen 4)")
     if choice == "lanes" and _expanding_channels_last(plan):
         return choice, (f"{why}; not pointwise: a channels-last 1x1 forward to {g.cout_g} channels from "
                         f"{g.cin_g}, whose output stores dominate")
     if reduced >= POINTWISE_MIN_REDUCED:
         return "pointwise", f"{WHY['pointwise']}; {reduced} channels reduced"
     return choice, why
+
+
+# The data gradient of a channels-last 1x1 that narrows (to a quarter: the input gradient has 4x the
+# channels it reduces over) stays with lanes on AVX512-BF16 hosts: Zen 4, f32, 2 threads, kernel
+# alone, ms, lanes / pointwise, two runs: r50_1x1_2048_512 4.44 / 5.40 and 4.78 / 5.46,
+# r50_1x1_1024_256 4.69 / 4.81 and 4.78 / 4.94, r50_1x1_512_128 5.09 / 5.54 and 5.11 / 5.54
+# (r50_1x1_64_256's, which widens, stays pointwise: 6.30 against 9.24).
+def _widening_channels_last_dgrad(plan: Plan) -> bool:
+    g = plan.geometry
+    return (plan.target.evex_tiles and plan.kop is KOp.DGRAD and g.stride == (1, 1, 1)
+            and any(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind == "X")
+            and g.cin_g >= EXPAND_RATIO * g.cout_g)
 
 
 # A 1x1 forward that widens few channels to many writes far more than it reads; in channels last the
