@@ -16,7 +16,7 @@ import jinja2
 
 from .errors import ConvgenError
 from .ir import DType, Layout
-from .plan import Geometry, KOp, Plan, Tiling
+from .plan import Geometry, KOp, Plan, Tiling, asm_tile_registers
 from .source import KernelSource
 from .target import TargetKind
 from .version import generator_version
@@ -131,7 +131,7 @@ def evex_tile(plan: Plan) -> bool:
     (29 register moves in r50_3x3_64's forward loop against 11)."""
     t = plan.tiling
     return (plan.target.evex_tiles and plan.algorithm == "lanes" and t is not None
-            and t.nv * t.kb + min(t.nv, t.kb) + 1 > 16)
+            and asm_tile_registers(t.nv, t.kb) > 16)
 
 
 def entry_signature(plan: Plan) -> tuple[tuple[str, str], ...]:

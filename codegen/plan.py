@@ -65,6 +65,13 @@ class Operand:
     optional: bool = False   # may be passed as a null pointer (bias)
 
 
+def asm_tile_registers(nv: int, pb: int) -> int:
+    """Vector registers a CPU register tile of NV x PB accumulators stepped in assembly holds
+    (templates/cpu/fma_tile.j2): the accumulators, the smaller side held, and one register that
+    streams the other side."""
+    return nv * pb + min(nv, pb) + 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiling:
     vector_lanes: int        # SIMD lanes of the accumulator type on the target

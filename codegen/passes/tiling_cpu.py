@@ -22,7 +22,7 @@ import math
 
 from ..ir import DType, Layout
 from ..pipeline import Pass
-from ..plan import KOp, Plan, Tiling
+from ..plan import KOp, Plan, Tiling, asm_tile_registers
 from ..target import TargetKind
 
 
@@ -190,7 +190,7 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for pb in range(1, 15):
-            used = nv * pb + min(nv, pb) + 1 if asm else nv * pb + nv + 1 + LANES_SPARE_REGISTERS
+            used = asm_tile_registers(nv, pb) if asm else nv * pb + nv + 1 + LANES_SPARE_REGISTERS
             if used > registers:
                 continue
             ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
@@ -344,7 +344,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
-    registers = nv * pb + min(nv, pb) + 1
+    registers = asm_tile_registers(nv, pb)
     evex = (f", {registers} of 32 registers: AVX512-VL's EVEX encoding of the AVX2 instructions reaches "
             f"ymm16-31" if t.evex_tiles and registers > 16 else "")
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
