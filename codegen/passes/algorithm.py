@@ -291,15 +291,15 @@ GEMM_WGRAD_MIN_STRIDED_TAPS = 16
 # i.e. AVX512-BF16 hosts), the boundaries move. Zen 4, f32 NCHW, 2 threads, kernel alone, ms, gemm
 # against lanes: overlapping strided windows over images of GEMM_WGRAD_MIN_PLANE output pixels or
 # more go to lanes (r18_3x3_64_s2 6.00 / 5.02, c3d_s2 13.2 / 10.6 and 10.7 / 9.4, r50_stem 9.59 /
-# 7.91 and 8.00 / 7.79, c3d_stem within 2%, a transposed 3x3 stride 2 5.79 / 5.01, r50_3x3_128_s2 11.2 / 10.7 and 14.9 / 14.5), and so
-# do dilated ones (deeplab_dil2 25.7 / 24.7, 27.6 / 26.4); non-overlapping strided windows (kernel
-# no larger than the stride) stay with gemm (cnx_down_2x2 10.9 / 12.1, unet_up_2x2 24.0 / 26.0), as
-# do strided windows of GEMM_WGRAD_MIN_STRIDED_TAPS taps or more over smaller images (dcgan_tconv
-# 2.93 / 3.11, 3.52 / 3.75), and fewer than GEMM_WGRAD_EVEX_FEW_ROWS (input channel, tap) rows
-# (a transposed 64 -> 3 4x4 stride 2 at 64x64, 48 rows: 2.83 / 4.48); and images of fewer than
-# GEMM_WGRAD_EVEX_MAX_PLANE output pixels go to gemm (r50_3x3_512, 7x7: 9.5 / 10.2 and
-# 11.0 / 11.6; r18_3x3_512_n1, one 7x7 image: 1.54 / 2.48; at 14x14 r50_3x3_256 stays lanes, 10.2 /
-# 9.9 and 9.7 / 9.6).
+# 7.91 and 8.00 / 7.79, c3d_stem within 2%, a transposed 3x3 stride 2 5.79 / 5.01, r50_3x3_128_s2
+# 11.2 / 10.7 and 14.9 / 14.5), and so do dilated ones (deeplab_dil2 25.7 / 24.7, 27.6 / 26.4);
+# non-overlapping strided windows (kernel no larger than the stride) stay with gemm (cnx_down_2x2
+# 10.9 / 12.1, unet_up_2x2 24.0 / 26.0), as do strided windows of GEMM_WGRAD_MIN_STRIDED_TAPS taps
+# or more over smaller images (dcgan_tconv 2.93 / 3.11, 3.52 / 3.75), and fewer than
+# GEMM_WGRAD_EVEX_FEW_ROWS (input channel, tap) rows (a transposed 64 -> 3 4x4 stride 2 at 64x64, 48
+# rows: 2.83 / 4.48); and images of fewer than GEMM_WGRAD_EVEX_MAX_PLANE output pixels go to gemm
+# (r50_3x3_512, 7x7: 9.5 / 10.2 and 11.0 / 11.6; r18_3x3_512_n1, one 7x7 image: 1.54 / 2.48; at
+# 14x14 r50_3x3_256 stays lanes, 10.2 / 9.9 and 9.7 / 9.6).
 GEMM_WGRAD_EVEX_MAX_PLANE = 64
 GEMM_WGRAD_EVEX_FEW_ROWS = 64
 
@@ -326,12 +326,11 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return choice, f"{why}; bf16 in pairs on vdpbf16ps, where lanes beats gemm's im2col but for wide 1x1"
     if plan.problem.rank == 1:
         return "gemm", f"{WHY['gemm']}; 1-D"
-    if rows < GEMM_WGRAD_MAX_FEW_ROWS:
+    evex = plan.target.evex_tiles and plan.problem.dtype is DType.F32   # the Zen 4 boundaries below
+    if rows < (GEMM_WGRAD_EVEX_FEW_ROWS if evex else GEMM_WGRAD_MAX_FEW_ROWS):
         return "gemm", f"{WHY['gemm']}; only {rows} (input channel, tap) rows"
-    if plan.target.evex_tiles and plan.problem.dtype is DType.F32:
+    if evex:
         plane = math.prod(g.y_size)
-        if rows < GEMM_WGRAD_EVEX_FEW_ROWS:
-            return "gemm", f"{WHY['gemm']}; only {rows} (input channel, tap) rows"
         if plane < GEMM_WGRAD_EVEX_MAX_PLANE:
             return "gemm", f"{WHY['gemm']}; {plane} output pixels per image (lanes' tile in 32 registers, measured on Zen 4)"
         if any(s > 1 for s in g.stride) and all(k <= s for k, s in zip(g.kernel, g.stride)):
