@@ -98,8 +98,6 @@ class Tiling:
                              # lane and step (vdpbf16ps), from copies that interleave the pairs
     stream_bytes: int = 0    # lanes forward: outputs of at least this many bytes per call are written with
                              # non-temporal stores, past the caches (0: never)
-    plane_stores: bool = False   # lanes: a channel-plane output stored a channel at a time (each channel's
-                                 # pixels of the run in order), not a pixel's channels at a time
 
 
 @dataclasses.dataclass(frozen=True)

@@ -253,10 +253,9 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     read = "X" if fwd else "Y"
     in_place = (read,) if not border and unit else ()
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0
-    plane = math.prod(g.y_size if fwd else g.x_size) * p.dtype.itemsize
-    plane_stores = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS and plane % PLANE_SET_BYTES == 0
+    planes = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    pairs=pairs, stream_bytes=stream, plane_stores=plane_stores, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, stream_bytes=stream, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
@@ -270,8 +269,8 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
                                  f"half the L2); {'input' if fwd else 'grad_output'} "
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
-                                 + (f"stored a channel at a time (channel planes of {plane} B put a pixel's "
-                                    f"channels in one or two L1 sets); " if plane_stores else "")
+                                 + (f"{'output' if fwd else 'input-gradient'} channel planes stored {lanes} pixels x {lanes} channels at a "
+                                    f"time, transposed in registers; " if planes else "")
                                  + (f"outputs of {stream >> 20} MB or more per call written with non-temporal "
                                     f"stores (they cannot stay in the L2, and a cached store first reads each "
                                     f"line); " if stream else "") +
@@ -291,15 +290,15 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
 # 9.2), so they keep cached stores too.
 STREAM_L2S = 4   # outputs of at least this many L2s per call
 
-# Channel-plane (contiguous) outputs are stored a pixel's channels at a time, one word in each of
-# NVV planes; when the plane's size is a multiple of 2 KB those words fall into one or two of the
-# L1's 64 sets (a set every 64 B, repeating every 4 KB) and evict each other. Then each channel's
-# pixels are stored in order instead. Measured on Zen 4 (NCHW, 2 threads, kernel alone, ms, a
-# pixel's channels / a channel's pixels): wavenet_1d (16 KB planes) forward f32 23.1 / 19.6, bf16
-# 14.6 / 12.2, data gradient f32 22.9 / 19.4, bf16 14.5 / 13.4; unet3d (64 KB) forward f32 9.9 /
-# 9.2, bf16 6.4 / 6.1, data gradient f32 10.2 / 9.4, bf16 5.9 / 5.4; but r50_3x3_64 (12.25 KB
-# planes: 16 sets) 9.4 / 9.9, so only planes of whole 2 KB take it.
-PLANE_SET_BYTES = 2048
+# Channel-plane (contiguous) outputs of the lanes forward and data gradient: the tile holds a
+# pixel's channels in a vector, a plane wants a channel's pixels together. V pixels that are
+# neighbours in the plane are stored at once for each vector of channels, their V vectors transposed
+# in registers (templates/cpu/lanes_body.j2); pixel by pixel each value was a scalar store to a line
+# of another plane, and with planes of a multiple of 2 KB a pixel's channels fell into one or two
+# L1 sets. Measured on Zen 4 (NCHW, 2 threads, kernel alone, ms, the former stores / transposed):
+# bf16 forward unet3d 5.96 / 4.81, wavenet_1d (lanes) 12.03 / 9.14, r50_1x1_64_256 4.56 / 4.16;
+# data gradient unet3d 5.76 / 5.14, wavenet_1d 12.19 / 9.46; f32 wavenet_1d (lanes) forward 19.1
+# / 17.6, data gradient 19.2 / 17.6; the f32 3x3 ResNet layers within noise (r50_3x3_64 9.35 / 9.28).
 
 
 def _stream_bytes(plan: Plan, nvv: int) -> int:

@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; tile scores blocked 0.78, lanes 1.01); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 4 vectors of 8 input channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 9 channels whose weights stay in L1, channel block outermost (the weights, 589824 B per group, do not fit half the L2); grad_output copied once, zero-padded; parallel over (group, input-channel block, stride phase, run of pixels)
+//   [tiling] register tile 4 vectors of 8 input channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 9 channels whose weights stay in L1, channel block outermost (the weights, 589824 B per group, do not fit half the L2); grad_output copied once, zero-padded; input-gradient channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, input-channel block, stride phase, run of pixels)
 // Data gradient with input channels in the vector lanes, by stride decomposition (no zero
 // insertion). The input-gradient pixels split into SD x SH x SW parts by their phase i mod S;
 // within one part the same taps reach every pixel, from grad_output at a fixed offset. A register
@@ -93,6 +93,28 @@ static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
   const vec a = vload(p), b = vload(p + V);
   even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
   odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+}
+// r[i][l] <- r[l][i]: V vectors of V lanes transposed, in log2(V) rounds of two-vector shuffles
+// (round s swaps bit s of the row with bit s of the lane).
+static inline void vtranspose(vec* r) {
+  for (int i = 0; i < V; ++i) {
+    if (i & 1) continue;
+    const vec a = r[i], b = r[i + 1];
+    r[i] = __builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14);
+    r[i + 1] = __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15);
+  }
+  for (int i = 0; i < V; ++i) {
+    if (i & 2) continue;
+    const vec a = r[i], b = r[i + 2];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+    r[i + 2] = __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int i = 0; i < V; ++i) {
+    if (i & 4) continue;
+    const vec a = r[i], b = r[i + 4];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11);
+    r[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  }
 }
 // Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
 // one vector of V doubles is kept on the stack; V >= 2 on every target).
@@ -345,8 +367,11 @@ extern "C" int cg_conv2d_bwdd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restr
             const ACC* wc = wk + c * TAPS * NVV;
             const int64_t rc = c * RB_SC;
             if constexpr (PARTS == 1) {   // every tap, at offsets known at compile time
+              #pragma GCC unroll 32
               for (int64_t kd = 0; kd < KD; ++kd)
+                #pragma GCC unroll 32
                 for (int64_t kh = 0; kh < KH; ++kh)
+                  #pragma GCC unroll 32
                   for (int64_t kw = 0; kw < KW; ++kw)
               {
                 const int64_t tap_ = (kd * KH + kh) * KW + kw, off_ = rc + tap_off(kd, kh, kw);
@@ -507,7 +532,46 @@ extern "C" int cg_conv2d_bwdd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restr
           tt[11] += acc3_2;
         }
       }
-      // store the valid channels of the valid pixels
+      if constexpr (OUT_SC != 1) {
+        // Channel planes: for each vector of V channels, V pixels at a time where they are
+        // neighbours in the plane, their vectors transposed (each channel's V pixels) and stored
+        // whole; pixel by pixel, every value would be a scalar store to a line of another plane
+        // (and with planes of a multiple of 2 KB, a pixel's channels fall into one or two L1 sets
+        // and evict each other's lines before they are whole).
+        const int64_t np = qend - qbeg;
+        int64_t wa[QB];
+        for (int64_t i = 0; i < np; ++i) {
+          const int64_t q = qbeg + i;
+          wa[i] = write_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        }
+        for (int64_t v = 0; v < NV; ++v) {
+          const int64_t o0 = oblk * NVV + v * V;
+          if (o0 >= OC) break;
+          const int64_t no = OC - o0 < V ? OC - o0 : V;
+          T* dst = out + o0 * OUT_SC;
+          auto scatter = [&](int64_t i, vec x) {   // pixel i's no channels, one value per plane
+            T vals[V];
+            vstore_t(vals, x);
+            for (int64_t l = 0; l < no; ++l) dst[l * OUT_SC + wa[i]] = vals[l];
+          };
+          int64_t i = 0;
+          for (; i + V <= np; i += V) {
+            vec r[V];
+            for (int64_t k = 0; k < V; ++k) r[k] = tot[((i + k) / PB * NV + v) * PB + (i + k) % PB];
+            bool run = true;
+            for (int64_t k = 1; k < V; ++k) run = run && wa[i + k] == wa[i] + k;
+            if (!run) {
+              for (int64_t k = 0; k < V; ++k) scatter(i + k, r[k]);
+              continue;
+            }
+            vtranspose(r);
+            for (int64_t l = 0; l < no; ++l) vstore_t(dst + l * OUT_SC + wa[i], r[l]);
+          }
+          for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
+        }
+        continue;
+      }
+      // channels innermost: the valid channels of each valid pixel, a vector at a time
       for (int64_t i = 0; i < qend - qbeg; ++i) {
         const int64_t q = qbeg + i;
         T* dst = out + write_at(part, q / part_pixels(part), g, q % part_pixels(part));

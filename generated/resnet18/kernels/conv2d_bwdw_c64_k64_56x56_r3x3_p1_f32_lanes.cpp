@@ -97,6 +97,28 @@ static inline void vsplit2(const ACC* p, vec& even, vec& odd) {
   even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
   odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
 }
+// r[i][l] <- r[l][i]: V vectors of V lanes transposed, in log2(V) rounds of two-vector shuffles
+// (round s swaps bit s of the row with bit s of the lane).
+static inline void vtranspose(vec* r) {
+  for (int i = 0; i < V; ++i) {
+    if (i & 1) continue;
+    const vec a = r[i], b = r[i + 1];
+    r[i] = __builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14);
+    r[i + 1] = __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15);
+  }
+  for (int i = 0; i < V; ++i) {
+    if (i & 2) continue;
+    const vec a = r[i], b = r[i + 2];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+    r[i + 2] = __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int i = 0; i < V; ++i) {
+    if (i & 4) continue;
+    const vec a = r[i], b = r[i + 4];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11);
+    r[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
 // Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
 // one vector of V doubles is kept on the stack; V >= 2 on every target).
 typedef double dhalf __attribute__((vector_size(V / 2 * sizeof(double))));
