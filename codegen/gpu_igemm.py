@@ -6,13 +6,17 @@ or transposed) of every dtype, rendered for CUDA or HIP from `templates/gpu/igem
   (cvt.rna.tf32.f32) as fragments are loaded from shared memory and multiplied by `mma.sync`
   m16n8k8 .tf32 (cuda.h), f32 accumulation.
 - On HIP, f32 on `v_mfma_f32_16x16x4f32` (true f32 operands, k-step 4, hip.h), f32 accumulation.
-- On CUDA (sm_80+), f64 on the f64 tensor cores (`on_dmma`): two `mma.sync` m8n8k4 .f64 make the
-  16 x 8 x 4 step of the other dtypes' fragments (cuda.h), f64 accumulation, tiles 64 a side.
-- f64 on HIP, and on CUDA f32 without tf32: the FMA path (`on_fma`). The same blocks, stages and warp quarters, 64 a side; each thread keeps
-  a tile of its warp's quarter in registers (8 x 4 results on 32-wide warps, 4 x 4 on 64-wide
-  waves, rows and columns strided so that a warp's shared-memory reads fall in different banks)
-  and multiplies with fused multiply-adds accumulated in the dtype (f64 in f64, whose partials and
-  workspace are f64 too); f64 steps 16 deep so that two stages fit HIP's 64 KiB of LDS.
+- f64 on matrix instructions (`on_f64_matrix`), f64 accumulation, tiles 64 a side: on CUDA (sm_80+)
+  the f64 tensor cores, two `mma.sync` m8n8k4 .f64 making the 16 x 8 x 4 step of the other dtypes'
+  fragments (cuda.h); on HIP (gfx90a, gfx940) `v_mfma_f64_16x16x4f64`, whose A and B fragments are
+  the f32 16x16x4 shape's and whose accumulators take every fourth row (hip.h).
+- On CUDA f32 without tf32: the FMA path (`on_fma`). The same blocks, stages and warp quarters, 64 a
+  side; each thread keeps a tile of its warp's quarter in registers (8 x 4 results on 32-wide
+  warps, rows and columns strided so that a warp's shared-memory reads fall in different banks)
+  and multiplies with fused multiply-adds accumulated in f32. (The template's FMA path also takes
+  f64 and 64-wide waves, 4 x 4 results a lane, which no default plan asks for now.)
+- f64 (on either path) accumulates, and keeps its weight-gradient partials and workspace, in f64,
+  and steps 16 deep so that two stages fit HIP's 64 KiB of LDS.
 
 Every pass is one GEMM per group, its operands gathered from the tensors while they are loaded
 into shared memory (padding, stride and dilation are predicates, so channel counts need not be
@@ -74,17 +78,18 @@ BITS = {DType.BF16: "unsigned short", DType.F16: "unsigned short", DType.F32: "u
 ACCUMULATORS = {DType.F32: "float", DType.F64: "double"}
 
 
-def on_dmma(problem: ConvProblem, target: Target) -> bool:
-    """Whether the kernel multiplies f64 on the f64 tensor cores: `mma.sync` m8n8k4 .f64 (DMMA), which
-    every CUDA arch convgen targets has (sm_80 and later)."""
-    return problem.dtype is DType.F64 and target.kind is TargetKind.CUDA
+def on_f64_matrix(problem: ConvProblem, target: Target) -> bool:
+    """Whether the kernel multiplies f64 on matrix instructions, which every GPU arch convgen targets
+    has: the f64 tensor cores' `mma.sync` m8n8k4 .f64 (DMMA) on CUDA (sm_80 and later), the matrix
+    cores' `v_mfma_f64_16x16x4f64` on HIP (gfx90a, gfx940)."""
+    return problem.dtype is DType.F64 and target.kind in (TargetKind.CUDA, TargetKind.HIP)
 
 
 def on_fma(problem: ConvProblem, target: Target) -> bool:
     """Whether the kernel multiplies on the vector units (CUDA cores, AMD's SIMDs) with fused
-    multiply-adds instead of matrix instructions: f64 on HIP (CUDA's takes DMMA), and on CUDA f32
-    without tf32 (HIP's f32 takes v_mfma_f32_16x16x4f32)."""
-    return (problem.dtype is DType.F64 and not on_dmma(problem, target)) or (
+    multiply-adds instead of matrix instructions: on CUDA f32 without tf32 (HIP's f32 takes
+    v_mfma_f32_16x16x4f32; f64 takes matrix instructions on both, `on_f64_matrix`)."""
+    return (problem.dtype is DType.F64 and not on_f64_matrix(problem, target)) or (
         problem.dtype is DType.F32 and not problem.tf32 and target.kind is TargetKind.CUDA)
 MAX_SPLIT = 64
 ENTRIES = ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias", "bwd_bias")
@@ -128,7 +133,7 @@ class IgemmContext:
     scalar: str
     bits: str              # the operands' type in shared memory (BITS; the scalar itself on the FMA path)
     fma: bool              # multiplied on the vector units, a register tile of FMAs per thread (on_fma)
-    dmma: bool             # f64 on the f64 tensor cores, mma.sync m8n8k4 (on_dmma)
+    f64_matrix: bool       # f64 on matrix instructions: DMMA on CUDA, v_mfma_f64_16x16x4f64 on HIP (on_f64_matrix)
     acc: str               # what products accumulate in: float, or double for f64
     vector: int            # elements of one 16-byte copy
     lds: int               # a shared row's elements (BLOCK_K + one vector of padding)
@@ -216,7 +221,7 @@ def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
     return choose_tiles(normal, operand_strides(x_layout, normal.channels, normal.in_size),
                         operand_strides(y_layout, normal.filters, normal.out_size),
                         operand_strides(w_layout, normal.channels // g, normal.kernel), target,
-                        problem.dtype.itemsize, on_fma(problem, target), on_dmma(problem, target))
+                        problem.dtype.itemsize, on_fma(problem, target), on_f64_matrix(problem, target))
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
@@ -319,12 +324,12 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     normal = Normal.of(problem)
     x_layout, w_layout, y_layout = normal.layouts
     tiles = tiles_of(problem, target)
-    fma, dmma = on_fma(problem, target), on_dmma(problem, target)
+    fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
         target=target.name(), vendor=target.kind.value, wrappers=vendor_wrappers(target.kind.value), prefix=prefix,
-        scalar=SCALARS[problem.dtype], bits=SCALARS[problem.dtype] if fma or dmma else BITS[problem.dtype], fma=fma,
-        dmma=dmma,
+        scalar=SCALARS[problem.dtype], bits=SCALARS[problem.dtype] if fma or f64_matrix else BITS[problem.dtype], fma=fma,
+        f64_matrix=f64_matrix,
         acc=ACCUMULATORS.get(problem.dtype, "float"), vector=vector_of(problem.dtype.itemsize),
         lds=lds_of(problem.dtype.itemsize), tf32=problem.tf32, transposed=problem.transposed, channels=normal.channels,
         filters=normal.filters, groups=normal.groups, in_size=normal.in_size, out_size=normal.out_size,

@@ -39,15 +39,16 @@ class Peaks:
     memory: float       # HBM, TB/s
     source: str
     matrix32: float = 0.0   # true f32 on matrix cores (AMD's v_mfma_f32_*; none on NVIDIA)
-    matrix64: float = 0.0   # f64 on tensor cores (NVIDIA's DMMA)
+    matrix64: float = 0.0   # f64 on tensor (matrix) cores: NVIDIA's DMMA, AMD's v_mfma_f64_*
 
 
 PEAKS = {
     "sm_80": Peaks(312, 156, 19.5, 9.7, 2.039, "NVIDIA A100 datasheet (SXM, 80 GB)", matrix64=19.5),
     "sm_90": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)", matrix64=67),
     "sm_90a": Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)", matrix64=67),
-    "gfx90a": Peaks(191.5, 47.85, 23.95, 23.95, 1.638, "AMD Instinct MI250X datasheet, one of its two dies", 47.85),
-    "gfx940": Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet", 122.6),
+    "gfx90a": Peaks(191.5, 47.85, 23.95, 23.95, 1.638, "AMD Instinct MI250X datasheet, one of its two dies", 47.85,
+                    matrix64=47.85),
+    "gfx940": Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet", 122.6, matrix64=122.6),
 }
 
 
@@ -158,7 +159,7 @@ def roofline(arch: GpuArch, flops: int, bytes_moved: int, units: str) -> str:
     ridge = peak / peaks.memory
     bound = "compute" if compute >= memory else "memory"
     words = {"matrix16": "bf16/f16 matrix", "tf32": "tf32 matrix", "matrix32": "f32 matrix",
-             "matrix64": "f64 tensor", "f32": "f32 FMA",
+             "matrix64": "f64 matrix", "f32": "f32 FMA",
              "f64": "f64 FMA"}[units]
     return (f"{bound}-bound: {intensity:.1f} FLOP/B against a ridge of {ridge:.0f} FLOP/B ({words} {peak:g} TFLOP/s, "
             f"memory {peaks.memory:g} TB/s; {peaks.source}); at best {max(compute, memory) * 1e6:.1f} us "
@@ -183,7 +184,7 @@ def units_of(plan) -> str:
         return "matrix32"
     if plan.algorithm == "igemm" and plan.problem.dtype.itemsize == 2:
         return "matrix16"
-    if plan.algorithm == "igemm" and plan.problem.dtype.value == "f64" and plan.target.kind.value == "cuda":
+    if plan.algorithm == "igemm" and plan.problem.dtype.value == "f64":
         return "matrix64"
     return "f64" if plan.problem.dtype.value == "f64" else "f32"
 

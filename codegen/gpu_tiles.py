@@ -135,13 +135,13 @@ class IgemmTiles:
 
 
 def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
-                 fma: bool = False, dmma: bool = False) -> IgemmTiles:
+                 fma: bool = False, f64_matrix: bool = False) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`, for
     operands of `itemsize` bytes in shared memory, multiplied on matrix instructions, (`fma`) by
-    each thread's register tile of fused multiply-adds, or (`dmma`) on the f64 tensor cores."""
+    each thread's register tile of fused multiply-adds, or (`f64_matrix`) f64 on matrix instructions."""
     from math import prod
 
-    side = _fma_side if fma or dmma else _side
+    side = _fma_side if fma or f64_matrix else _side
 
     vector = vector_of(itemsize)   # elements of one 16-byte copy
 
@@ -181,9 +181,12 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
                 f"reads do not conflict), {itemsize}-byte operands, fused multiply-adds in "
                 f"{'f64' if itemsize == 8 else 'f32'}; tiles 64 a side to keep those registers"
                 if fma else
-                "on the f64 tensor cores (mma.sync m8n8k4 .f64, two per 16 x 8 x 4 step), f64 accumulation; tiles 64 a "
-                "side: a warp's 32 x 32 quarter is 32 f64 accumulators (64 registers) a thread"
-                if dmma else "on the matrix instructions")
+                ("on the f64 tensor cores (mma.sync m8n8k4 .f64, two per 16 x 8 x 4 step), f64 accumulation; tiles 64 a "
+                 "side: a warp's 32 x 32 quarter is 32 f64 accumulators (64 registers) a thread"
+                 if target.kind is TargetKind.CUDA else
+                 "on the matrix cores (v_mfma_f64_16x16x4f64, one 16 x 16 x 4 block each), f64 accumulation; tiles 64 "
+                 "a side: a wave's 32 x 32 quarter is 16 f64 accumulators (32 registers) a lane")
+                if f64_matrix else "on the matrix instructions")
     reasons = (f"block tiles (4 {unit} each, a 128 side where the GEMM has 128 along it, CUTLASS/CK-like; "
                f"{multiply}): "
                f"forward {fwd.describe(target.kind is TargetKind.CUDA)}; data gradient "

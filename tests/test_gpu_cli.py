@@ -74,7 +74,7 @@ SHOWN += [
 ]
 # the algorithm each shown file must have: depthwise problems the depthwise kernels, few-channel weight
 # gradients the stem kernel, the others igemm (bf16/f16 on tensor cores / matrix cores, f32 on FMAs or HIP's
-# matrix cores, f64 on CUDA's DMMA or HIP's FMAs)
+# matrix cores, f64 on CUDA's DMMA or HIP's v_mfma_f64)
 ALGORITHM = {name: "depthwise" if name.startswith("dw_") else "stem" if name.startswith("stem_") else "igemm"
              for name, flags in SHOWN}
 LOW_PRECISION = {name for name, flags in SHOWN if ALGORITHM[name] == "igemm"
@@ -232,7 +232,10 @@ def test_explain_f32_and_f64_take_igemm(dtype, target):
         assert "f32 on the matrix cores (the target's matrix instruction)" in out and "f32 matrix" in out, out
         return
     if (dtype, target) == ("f64", "cuda-sm_90"):   # f64 on DMMA
-        assert "f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA)" in out and "f64 tensor" in out, out
+        assert "f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA)" in out and "f64 matrix" in out, out
+        return
+    if (dtype, target) == ("f64", "hip-gfx90a"):   # f64 on v_mfma_f64_16x16x4f64
+        assert "f64 on the matrix cores (v_mfma_f64_16x16x4f64)" in out and "f64 matrix 47.85" in out, out
         return
     units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
     assert f"{dtype} on the {units}" in out, out

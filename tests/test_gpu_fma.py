@@ -1,8 +1,9 @@
 """The implicit-GEMM GPU kernel's f32 and f64 paths (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2):
-HIP's f64 and CUDA's f32 without tf32 multiplied on the vector units by each thread's register tile
-of fused multiply-adds (`on_fma`), accumulated in the dtype; CUDA's f64 on the f64 tensor cores
-(`on_dmma`: two mma.sync m8n8k4 .f64 per 16 x 8 x 4 step, f64 accumulation); HIP's f32 on
-v_mfma_f32_16x16x4f32 (true f32 operands, f32 accumulation).
+CUDA's f32 without tf32 multiplied on the vector units by each thread's register tile of fused
+multiply-adds (`on_fma`), accumulated in f32; f64 on matrix instructions (`on_f64_matrix`, f64
+accumulation): CUDA's f64 tensor cores (two mma.sync m8n8k4 .f64 per 16 x 8 x 4 step), HIP's
+v_mfma_f64_16x16x4f64 (accumulators every fourth row); HIP's f32 on v_mfma_f32_16x16x4f32 (true
+f32 operands, f32 accumulation).
 
 - The `algorithm` pass gives them igemm (the direct kernel stays a candidate), and explain says how.
 - The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64, every pass
@@ -11,8 +12,9 @@ v_mfma_f32_16x16x4f32 (true f32 operands, f32 accumulation).
   reversed and shuffled thread and block orders; the weight gradient's split-K sum is bitwise the
   same in any order.
 - They build with nvcc for sm_80 and sm_90 with spills as errors, f32 with FFMA and no HMMA in
-  their machine code, f64 with DMMA (sm_80 spells it DMMA.884, sm_90 DMMA.8x8x4) and no DFMA or HMMA, and with hipcc for gfx90a and gfx940 without scratch: f64 with v_fma(c)_f64
-  and no MFMA, f32 with v_mfma_f32_16x16x4(_)f32.
+  their machine code, f64 with DMMA (sm_80 spells it DMMA.884, sm_90 DMMA.8x8x4) and no DFMA or
+  HMMA, and with hipcc for gfx90a and gfx940 without scratch: f64 with v_mfma_f64_16x16x4(_)f64 and
+  no v_fma(c)_f64, f32 with v_mfma_f32_16x16x4(_)f32.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 import torch
 
 from convgen.building import sim_build
-from convgen.codegen.gpu_igemm import igemm_context, on_dmma, on_fma, render_igemm
+from convgen.codegen.gpu_igemm import igemm_context, on_f64_matrix, on_fma, render_igemm
 from convgen.codegen.gpu_resources import explain_lines
 from convgen.codegen.ir import DType
 from convgen.codegen.pipeline import lower
@@ -68,23 +70,25 @@ def test_f64_and_f32_without_tf32_take_igemm_and_explain_says_how():
     for target in ("cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"):
         for problem in (base, dataclasses.replace(base, dtype=DType.F64)):
             mfma = target.startswith("hip") and problem.dtype is DType.F32
-            dmma = target.startswith("cuda") and problem.dtype is DType.F64
-            assert on_fma(problem, parse_target(target)) == (not mfma and not dmma)
-            assert on_dmma(problem, parse_target(target)) == dmma
+            f64 = problem.dtype is DType.F64   # on matrix instructions on every target
+            assert on_fma(problem, parse_target(target)) == (not mfma and not f64)
+            assert on_f64_matrix(problem, parse_target(target)) == f64
             plan = lower(problem, parse_target(target))
             assert plan.algorithm == "igemm" and "direct" in plan.candidates
             words = " ".join(why for _, why in plan.reasons)
             if mfma:
                 assert "f32 on the matrix cores (the target's matrix instruction)" in words, words
                 assert "f32 matrix" in " ".join(explain_lines(plan, None, "no compiler"))   # the roofline's units
-            elif dmma:
-                assert "f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA), f64 accumulation" in words, words
-                assert "f64 tensor" in " ".join(explain_lines(plan, None, "no compiler"))   # the roofline's units
+            elif f64:
+                assert ("f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA), f64 accumulation"
+                        if target.startswith("cuda") else
+                        "f64 on the matrix cores (v_mfma_f64_16x16x4f64), f64 accumulation") in words, words
+                assert "f64 matrix" in " ".join(explain_lines(plan, None, "no compiler"))   # the roofline's units
             else:
                 units = "CUDA cores" if target.startswith("cuda") else "SIMDs"
                 assert f"{problem.dtype.value} on the {units}" in words and "results in registers" in words, words
             context = igemm_context(problem, parse_target(target), "p")
-            assert context.fma == (not mfma and not dmma) and context.dmma == dmma
+            assert context.fma == (not mfma and not f64) and context.f64_matrix == f64
             assert context.acc == ("double" if problem.dtype is DType.F64 else "float")
             if not mfma:   # 64 a side (gpu_tiles._fma_side): 32 f64 or f32 results a lane
                 assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)
@@ -153,13 +157,14 @@ def test_the_kernels_build_with_nvcc_without_spills_f32_on_ffma_f64_on_dmma(tmp_
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
-def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch_f32_on_mfma(tmp_path):
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_without_scratch_on_mfma(tmp_path):
     for arch, functions in hipcc_functions(tmp_path, _source("hip", "gfx90a"), "fma_hip").items():   # no scratch
         for n, d, lay in PARAMS:
             prefix = _prefix("hip", n, d, lay)
             for symbol in ("3fwd", "8bwd_data", "18bwd_weight_partial"):
                 (body,) = [f for f in functions if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E\w*:", f)]
-                if d == "f64":   # gfx90a/gfx940 spell it v_fmac_f64 / v_fma_f64
-                    assert re.search(r"\bv_fmac?_f64", body) and not re.search(r"\bv_mfma", body), (arch, prefix, symbol)
+                if d == "f64":   # gfx90a spells it v_mfma_f64_16x16x4f64, gfx940 v_mfma_f64_16x16x4_f64
+                    assert re.search(r"\bv_mfma_f64_16x16x4_?f64\b", body), (arch, prefix, symbol)
+                    assert not re.search(r"\bv_fmac?_f64|\bv_mfma_f32", body), (arch, prefix, symbol)
                 else:   # gfx90a spells it v_mfma_f32_16x16x4f32, gfx940 v_mfma_f32_16x16x4_f32
                     assert re.search(r"\bv_mfma_f32_16x16x4_?f32\b", body), (arch, prefix, symbol)

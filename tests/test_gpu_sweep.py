@@ -25,7 +25,7 @@ How it fits CI's 2 cores (measured on one, see the figures in the issue-17 repor
   (read with nvdisasm, when it is installed), its dtype's instructions: HMMA.16816.F32 for
   bf16/f16, HMMA.1688.F32.TF32 for f32 as tf32, DMMA (sm_80: DMMA.884, sm_90: DMMA.8x8x4) and no
   DFMA for f64, and FFMA and no HMMA for f32 on the FMA path; and in the gfx90a assembly (hipcc `-save-temps=obj` beside each batch's object) its
-  MFMA: v_mfma_f32_16x16x16 bf16/f16, v_mfma_f32_16x16x4 f32, and v_fma(c)_f64 and no MFMA for f64.
+  MFMA: v_mfma_f32_16x16x16 bf16/f16, v_mfma_f32_16x16x4 f32, and v_mfma_f64_16x16x4 and no v_fma(c)_f64 for f64.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def _without_mfma(obj: Path, texts: list[str]) -> list[str]:
 
 # each dtype's instruction in an igemm GEMM kernel, and what must not be there (the FMA path)
 HIP_UNITS = {"bf16": (r"v_mfma_f32_16x16x16_?bf16", None), "f16": (r"v_mfma_f32_16x16x16_?f16", None),
-             "f32": (r"v_mfma_f32_16x16x4_?f32", None), "f64": (r"v_fmac?_f64", r"v_mfma")}
+             "f32": (r"v_mfma_f32_16x16x4_?f32", None), "f64": (r"v_mfma_f64_16x16x4_?f64", r"v_fmac?_f64")}
 UNITS = {"bf16": (r"HMMA\.16816\.F32", None), "f16": (r"HMMA\.16816\.F32", None),
          "f32_tf32": (r"HMMA\.1688\.F32\.TF32", None), "f32": (r"\bFFMA\b", r"\bHMMA\b"),
          "f64": (r"\bDMMA\.(884|8x8x4)\b", r"\bHMMA\b|\bDFMA\b")}

@@ -5,9 +5,9 @@ plan (None: it does; else why not) and why it is chosen. The first that takes th
 default; every one that takes it is a candidate. The direct kernel (codegen/gpu_direct.py) takes
 every problem, so it is always last and always a candidate; igemm (codegen/gpu_igemm.py) takes
 every dtype: bf16/f16 on the matrix instructions, on CUDA f32 problems whose `tf32` is set too (torch
-allows tf32: the runtime sets it from torch.backends.cudnn.allow_tf32 for GPU targets), CUDA f64 on
-the f64 tensor cores (DMMA), HIP f64 and CUDA f32 without tf32 on the vector units (a register tile
-of FMAs per thread); before it, depthwise problems
+allows tf32: the runtime sets it from torch.backends.cudnn.allow_tf32 for GPU targets), f64 on
+matrix instructions (CUDA's f64 tensor cores, DMMA; HIP's v_mfma_f64_16x16x4f64), CUDA f32 without
+tf32 on the vector units (a register tile of FMAs per thread); before it, depthwise problems
 (every dtype, codegen/gpu_depthwise.py) and few-channel weight gradients (codegen/gpu_stem.py). A new GPU algorithm is a rule here
 and an entry in codegen/emit_gpu.py's ALGORITHMS table (its template and context function).
 """
@@ -86,7 +86,8 @@ TF32_WHY = ("; f32 as tf32 because torch allows it (torch.backends.cudnn.allow_t
             "fragments load, mma.sync m16n8k8 .tf32 with f32 accumulation, 4-byte shared elements, k-step 8; "
             "set allow_tf32 False for f32 on the CUDA cores")
 MATRIX_WHY = "; {dtype} on the {units} (the target's matrix instruction), f32 accumulation"
-DMMA_WHY = "; f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA), f64 accumulation"
+F64_MATRIX_WHY = {"cuda": "; f64 on the f64 tensor cores (mma.sync m8n8k4 .f64, DMMA), f64 accumulation",
+                  "hip": "; f64 on the matrix cores (v_mfma_f64_16x16x4f64), f64 accumulation"}
 FMA_WHY = ("; {dtype} on the {units} (no {dtype} matrix instruction in convgen yet): each thread keeps a tile of "
            "results in registers, fused multiply-adds accumulated in {dtype}")
 
@@ -102,10 +103,11 @@ def run_gpu(plan: Plan) -> Plan:
     rule = next(rule for rule, why_not in taken if why_not is None)
     choice, why = rule.algorithm, rule.why
     if choice == "igemm":
-        from ..gpu_igemm import on_dmma, on_fma
+        from ..gpu_igemm import on_f64_matrix, on_fma
 
         cuda = plan.target.kind.value == "cuda"
-        why += TF32_WHY if plan.problem.tf32 else DMMA_WHY if on_dmma(plan.problem, plan.target) else \
+        why += TF32_WHY if plan.problem.tf32 else F64_MATRIX_WHY[plan.target.kind.value] \
+            if on_f64_matrix(plan.problem, plan.target) else \
             FMA_WHY.format(dtype=plan.problem.dtype.value, units="CUDA cores" if cuda else "SIMDs") \
             if on_fma(plan.problem, plan.target) else \
             MATRIX_WHY.format(dtype=plan.problem.dtype.value, units="tensor cores" if cuda else "matrix cores")

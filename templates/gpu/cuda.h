@@ -90,9 +90,10 @@ template <class T> struct convgen_mma_a { unsigned r[4]; };   // bf16/f16: a0..a
 template <class T> struct convgen_mma_b { unsigned r[2]; };   // bf16/f16: b0..b3; tf32: b0, b1
 template <class A> struct convgen_mma_accum { A c[4]; };        // c0..c3 (f64 on DMMA: double)
 typedef convgen_mma_accum<float> convgen_mma_acc;
-// Where accumulator element e (0..3) of `lane` sits in the 16 x 8 result (both shapes).
-__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
-__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
+// Where accumulator element e (0..3) of `lane` sits in the 16 x 8 result (every shape here, the
+// accumulator's type A the same way; hip.h's f64 differs).
+template <class A = float> __device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
+template <class A = float> __device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
 #if defined(CONVGEN_SIM)
 #include "sim/mma.h"
 #define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)
@@ -231,8 +232,8 @@ __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<double>& b, con
 #if defined(CONVGEN_SIM)
 inline void convgen_sim_mma(const char* site, convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
                             const convgen_mma_b<double>& b) {
-    ::convgen_sim::matrix_instruction64(site, &a.r[0], b.r, &d.c[0]);
-    ::convgen_sim::matrix_instruction64(site, &a.r[1], b.r, &d.c[2]);
+    ::convgen_sim::matrix_instruction64(site, &::convgen_sim::emulate_dmma_m8n8k4, &a.r[0], b.r, &d.c[0]);
+    ::convgen_sim::matrix_instruction64(site, &::convgen_sim::emulate_dmma_m8n8k4, &a.r[1], b.r, &d.c[2]);
 }
 #else
 // d += a b on the f64 tensor cores.

@@ -71,10 +71,11 @@ template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned 
 template <class T> __device__ __forceinline__ T convgen_shfl_xor(T v, int lanes) { return __shfl_xor(v, lanes); }
 template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) { return __shfl(v, lane); }
 
-// --- the matrix instructions' shared names: v_mfma_f32_16x16x{16,4} (gfx90a, gfx940) --------------
-// The same names as cuda.h's (kernels read alike). Both shapes have a 16 x 16 f32 accumulator,
-// 4 elements per lane: D[4(l / 16) + j][l % 16], j < 4, in lane l; the depth is
-// convgen_mma_k<T>::value (16 for bf16/f16, 4 for f32).
+// --- the matrix instructions' shared names: v_mfma_{f32,f64}_16x16x{16,4} (gfx90a, gfx940) --------
+// The same names as cuda.h's (kernels read alike). Every shape has a 16 x 16 accumulator, 4
+// elements per lane: D[4(l / 16) + j][l % 16], j < 4, in lane l for the f32 accumulators,
+// D[4j + l / 16][l % 16] for f64's; the depth is convgen_mma_k<T>::value (16 for bf16/f16, 4 for
+// f32 and f64).
 #define CONVGEN_MMA_M 16
 #define CONVGEN_MMA_N 16
 #define CONVGEN_MMA_K 16
@@ -83,9 +84,10 @@ template <class T> struct convgen_mma_a { unsigned short h[4]; };   // bf16/f16;
 template <class T> struct convgen_mma_b { unsigned short h[4]; };
 template <class A> struct convgen_mma_accum { A c[4]; };
 typedef convgen_mma_accum<float> convgen_mma_acc;
-// Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result.
-__device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return 4 * (lane / 16) + e; }
-__device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return lane % 16; }
+// Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result, for accumulators of type A.
+template <class A = float> __device__ __forceinline__ int convgen_mma_acc_row(int lane, int e) { return 4 * (lane / 16) + e; }
+template <> __device__ __forceinline__ int convgen_mma_acc_row<double>(int lane, int e) { return 4 * e + lane / 16; }
+template <class A = float> __device__ __forceinline__ int convgen_mma_acc_col(int lane, int e) { return lane % 16; }
 #if defined(CONVGEN_SIM)
 #include "sim/mma.h"
 #define convgen_mma_sync(d, a, b) convgen_sim_mma(CONVGEN_SIM_SITE, d, a, b)   // each dtype's overload below
@@ -187,6 +189,35 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
                                                  const convgen_mma_b<float>& b) {
     convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
     vd = __builtin_amdgcn_mfma_f32_16x16x4f32(__uint_as_float(a.r[0]), __uint_as_float(b.r[0]), vd, 0, 0, 0);
+    for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
+}
+#endif
+
+// --- f64: v_mfma_f64_16x16x4f64 (gfx90a; gfx940 spells it v_mfma_f64_16x16x4_f64) ---------------
+// Doubles in shared memory, f64 accumulation. Lane l holds A[l % 16][l / 16] and B[l / 16][l % 16]
+// (one double each), as the f32 16x16x4 shape does, but its four accumulators are D[4j + l / 16][l % 16]:
+// each group of 16 lanes takes every fourth row (AMD's "AMD matrix cores" lab notes, the
+// v_mfma_f64_16x16x4f64 example; convgen_mma_acc_row<double> above).
+template <> struct convgen_mma_k<double> { static constexpr int value = 4; };
+template <> struct convgen_mma_a<double> { double r[1]; };
+template <> struct convgen_mma_b<double> { double r[1]; };
+__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<double>& a, const double* tile, int ld, int lane) {
+    a.r[0] = tile[(lane % 16) * ld + lane / 16];
+}
+__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<double>& b, const double* tile, int ld, int lane) {
+    b.r[0] = tile[(lane % 16) * ld + lane / 16];
+}
+#if defined(CONVGEN_SIM)
+inline void convgen_sim_mma(const char* site, convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
+                            const convgen_mma_b<double>& b) {
+    ::convgen_sim::matrix_instruction64(site, &::convgen_sim::emulate_mfma_16x16x4_f64, a.r, b.r, d.c);
+}
+#else
+typedef double convgen_v4f64 __attribute__((ext_vector_type(4)));
+__device__ __forceinline__ void convgen_mma_sync(convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
+                                                 const convgen_mma_b<double>& b) {
+    convgen_v4f64 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
+    vd = __builtin_amdgcn_mfma_f64_16x16x4f64(a.r[0], b.r[0], vd, 0, 0, 0);
     for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
 }
 #endif

@@ -310,11 +310,47 @@ inline void emulate_dmma_m8n8k4(void* const* lanes) {
     }
 }
 
-// The calling lane's part of an f64 mma.m8n8k4: `a`, `b` one double each, `d` two accumulators.
-inline void matrix_instruction64(const char* site, const double* a, const double* b, double* d) {
+// AMD's v_mfma_f64_16x16x4f64 (one 16x16x4 block of doubles), wave 64: lane l holds A[l % 16][l / 16]
+// and B[l / 16][l % 16] as the f32 16x16x4 shape does, and D[4j + l / 16][l % 16], j < 4: each group
+// of 16 lanes takes every fourth row (AMD's "AMD matrix cores" lab notes, its v_mfma_f64_16x16x4f64
+// example, unlike the f32 shapes' four consecutive rows). D = A B + C in f64, a fused multiply-add
+// per step in k order from C (the device's internal order is not documented).
+inline void emulate_mfma_16x16x4_f64(void* const* lanes) {
+    double a[16][4], b[4][16], d[16][16];
+    unsigned char seen_a[16][4] = {}, seen_b[4][16] = {}, seen_d[16][16] = {};
+    for (int lane = 0; lane < 64; ++lane) {
+        const MatrixLane64& l = *static_cast<const MatrixLane64*>(lanes[lane]);
+        int across = lane % 16, k = lane / 16;
+        a[across][k] = l.a[0];
+        seen_a[across][k]++;
+        b[k][across] = l.b[0];
+        seen_b[k][across]++;
+        for (int j = 0; j < 4; ++j) {
+            d[4 * j + k][across] = l.d[j];
+            seen_d[4 * j + k][across]++;
+        }
+    }
+    for (int i = 0; i < 16; ++i)
+        for (int k = 0; k < 4; ++k)
+            if (seen_a[i][k] != 1 || seen_b[k][i] != 1) layout_bug("v_mfma_f64_16x16x4f64");
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+            if (seen_d[i][j] != 1) layout_bug("v_mfma_f64_16x16x4f64");
+            for (int k = 0; k < 4; ++k) d[i][j] = std::fma(a[i][k], b[k][j], d[i][j]);
+        }
+    for (int lane = 0; lane < 64; ++lane) {
+        const MatrixLane64& l = *static_cast<const MatrixLane64*>(lanes[lane]);
+        for (int j = 0; j < 4; ++j) l.d[j] = d[4 * j + lane / 16][lane % 16];
+    }
+}
+
+// The calling lane's part of an f64 matrix instruction (`emulate`: mma.m8n8k4 or v_mfma_f64_16x16x4):
+// `a`, `b` one double each, `d` its accumulators.
+inline void matrix_instruction64(const char* site, void (*emulate)(void* const*), const double* a, const double* b,
+                                 double* d) {
     MatrixLane64 lane{a, b, d};
     collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
-               reinterpret_cast<long long>(&emulate_dmma_m8n8k4), CONVGEN_SIM_WARP);
+               reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
 }
 
 }  // namespace convgen_sim
