@@ -10,8 +10,11 @@ Each of the kernel's GEMMs (forward, data gradient, weight gradient) gets its ow
   (channel, tap) columns otherwise), 64 where it is shorter, so a small GEMM does not compute
   mostly padding. (256-wide tiles would need 8 warps per block: not yet.)
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
-  while the tensor cores work on the current one; up to 4 stages (CUTLASS's sm_80 instances use
-  3-5) while two blocks still fit an SM's shared memory, fewer when the reduction has fewer steps.
+  while the tensor cores work on the current one; up to 6 stages (CUTLASS's sm_80 instances use
+  3-6, the deeper ones on the smaller tiles) while two blocks still fit an SM's shared memory, fewer
+  when the reduction has fewer steps: sm_80's 128x128 bf16 tiles take 4 (20 KiB a stage), sm_90's
+  5, 64-wide ones 6; tf32's 128x128 tiles 2 on sm_80, 3 on sm_90. Not yet timed on a device: with
+  4 warps a block and two blocks an SM, the copies in flight are what hides global memory.
   On HIP (gfx90a, gfx940) copies are staged through registers into two LDS buffers.
 - Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements, 4 f32 ones for tf32)
   when that many consecutive reduction indices are consecutive, 16-byte aligned elements in memory: channels-last
@@ -38,7 +41,7 @@ from .target import Target, TargetKind
 BLOCK_K = 32          # two 16-deep (bf16/f16) or four 8-deep (tf32) matrix instructions per reduction step
 LDS = BLOCK_K + 8     # shared rows of 16-bit elements padded by 16 bytes: fragment loads spread over banks
 VECTOR = 8            # 16-bit elements of one 16-byte copy
-MAX_STAGES = 4
+MAX_STAGES = 6
 
 
 def vector_of(itemsize: int) -> int:
