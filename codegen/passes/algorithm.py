@@ -244,6 +244,15 @@ DOTS_WGRAD_MAX_IN = 48
 # lanes) the expansion r50_1x1_64_256 goes to pointwise too: 5.73 / 6.65 and 5.48 / 6.50 (128->512
 # at 28x28 stays lanes, 5.38 / 5.18; a strided 64->128 0.71 / 0.67); a third run 5.66 / 7.10.
 DOTS_WGRAD_EVEX_MAX_IN = 64   # with unit strides and at least EXPAND_RATIO times as many output channels
+# bf16 where the target multiplies it on vdpbf16ps (Target.bf16_dot): the pointwise weight gradient
+# copies its chunks as they are and takes pairs of pixels per lane and step, twice the products of
+# its f32 path per instruction, and wins wherever an image has DOTS_WGRAD_PAIRS_MIN_PLANE output
+# pixels or more. Zen 4, NCHW bf16, 2 threads, kernel alone, ms, pointwise / the former default:
+# r50_1x1_64_256 2.79 / 4.80 (gemm), r50_1x1_256_64 2.87 / 3.54, r50_1x1_128_512 2.68 / 3.49,
+# r50_1x1_512_128 2.76 / 2.79, mb_pw_144_24 0.64 / 1.78 (lanes), c1d_256_k1 (512 pixels) 3.79 /
+# 4.17, r18_ds_1x1_s2 0.48 / 0.61; smaller images keep gemm (14x14: r50_1x1_1024_256 2.97 / 2.46,
+# r50_1x1_256_1024 2.89 / 3.02; 7x7: r50_1x1_2048_512 4.23 / 2.69, mb_pw_960_160 0.63 / 0.54).
+DOTS_WGRAD_PAIRS_MIN_PLANE = 512
 
 
 def _dots_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
@@ -256,6 +265,10 @@ def _dots_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     if (g.cin_g <= DOTS_WGRAD_MAX_IN and g.cout_g >= g.cin_g) or wide:
         return "pointwise", (f"dot products over pixels, a chunk of both operands copied at a time; "
                              f"{g.cin_g} input channels, {g.cout_g} output channels")
+    plane = g.y_size[0] * g.y_size[1] * g.y_size[2]
+    if plan.problem.dtype is DType.BF16 and plan.target.bf16_dot and plane >= DOTS_WGRAD_PAIRS_MIN_PLANE:
+        return "pointwise", (f"dot products over pixels, bf16 in pairs of pixels on vdpbf16ps; {plane} output "
+                             f"pixels per image")
     return choice, why
 
 

@@ -146,14 +146,21 @@ def _pointwise_wgrad(plan: Plan, lanes: int) -> Plan:
         if best is None or cost < best[0]:
             best = (cost, kc, cc)
     _, kc, cc = best or (0, kr, cr)
-    pc = max(lanes, min(DOTS_MAX_CHUNK, (t.l2_bytes // 4) // ((kc + cc) * acc_bytes)) // lanes * lanes)
+    # bf16 on vdpbf16ps: each lane takes a pair of pixels per step, the chunks copied as they are
+    # (two bf16 to a 32-bit word), so a chunk is a whole number of word vectors
+    bf16_pairs = p.dtype is DType.BF16 and t.bf16_dot
+    step = 2 * lanes if bf16_pairs else lanes
+    pc = max(step, min(DOTS_MAX_CHUNK, (t.l2_bytes // 4) // ((kc + cc) * acc_bytes)) // step * step)
     items = g.groups * math.ceil(rows / kc) * math.ceil(cols / cc)
     splits = _splits(items, g.groups * rows * cols * acc_bytes)
-    tiling = Tiling(vector_lanes=lanes, kb=kr, nv=cr, ksb=kc, cols=cc, pc=pc, splits=splits,
+    tiling = Tiling(vector_lanes=lanes, kb=kr, nv=cr, ksb=kc, cols=cc, pc=pc, splits=splits, pairs=bf16_pairs,
                     threads_hint="parallel over (group, out-channel block, in-channel block, part of the "
                                  "reduction); each item owns its sums and reduces in a fixed order, so results do "
                                  "not depend on the thread count")
     return plan.decide("tiling", f"register tile {kr} grad_output rows x {cr} input rows of {lanes} pixels "
                                  f"({score:.2f} useful); per item {kc} x {cc} rows, {items} items x {splits} parts "
                                  f"of the reduction, both operands copied in chunks of {pc} pixels (a quarter of "
-                                 f"the L2); {tiling.threads_hint}", tiling=tiling)
+                                 f"the L2); "
+                                 + ("bf16 copied as it is and multiplied in pairs of pixels on vdpbf16ps (two "
+                                    "products per f32 lane and step, f32 sums); " if bf16_pairs else "")
+                                 + tiling.threads_hint, tiling=tiling)
