@@ -6,6 +6,8 @@ v_mfma_f64_16x16x4f64 (accumulators every fourth row); HIP's f32 on v_mfma_f32_1
 f32 operands, f32 accumulation).
 
 - The `algorithm` pass gives them igemm (the direct kernel stays a candidate), and explain says how.
+- The FMA path's f64 and 64-wide-wave branches, which no default plan takes any more, run with the
+  path forced (FORCED_F64_FMA) in the simulator and in the nvcc/hipcc builds.
 - The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64, every pass
   and the fused bias gradient, over the cases of test_gpu_igemm.py (ragged channels, stride
   phases, 1-D/3-D, groups, channels-last, 16-byte copies) and its random ones, under forward,
@@ -53,10 +55,25 @@ def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
     return f"fma_{vendor}_{name}_{dtype}_{layout}"
 
 
+# f64 takes matrix instructions on both vendors by default; the template's FMA path still takes f64
+# (and 64-wide waves, a 4 x 4 tile a lane): rendered here with the path forced, so it stays tested.
+FORCED_F64_FMA = [("c2", "nchw"), ("ragged", "nchw"), ("split", "nchw"), ("s_3d", "cl"), ("vec_cl", "cl")]
+
+
+def _forced_fma_source(vendor: str, name: str, layout: str, target) -> str:
+    from convgen.codegen.emit import environment
+
+    context = igemm_context(_problem(BY_NAME[name], DType.F64, layout), target, _prefix(vendor, name, "f64fma", layout))
+    assert context.f64_matrix and not context.fma
+    forced = dataclasses.replace(context, fma=True, f64_matrix=False)
+    return environment().get_template("gpu/igemm.cu.j2").render(c=forced)
+
+
 def _source(vendor: str, arch: str | None = None) -> str:
     target = parse_target(f"{vendor}-{arch}" if arch else vendor)
-    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay))
-                   for n, d, lay in PARAMS)
+    return ("".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay))
+                    for n, d, lay in PARAMS)
+            + "".join(_forced_fma_source(vendor, n, lay, target) for n, lay in FORCED_F64_FMA))
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +126,13 @@ def test_f64_and_f32_without_tf32_take_igemm_and_explain_says_how():
 def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
     check_every_pass(libs[vendor], _prefix(vendor, name, dtype, layout), BY_NAME[name], DTYPES[dtype], layout,
                      ORDERS[(len(name) + len(dtype) + (vendor == "hip")) % 3], f"fma-{vendor}-{name}-{dtype}-{layout}")
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+@pytest.mark.parametrize("name,layout", FORCED_F64_FMA)
+def test_f64_on_the_forced_fma_path_matches_aten(libs, vendor, name, layout):
+    check_every_pass(libs[vendor], _prefix(vendor, name, "f64fma", layout), BY_NAME[name], DTYPES["f64"], layout,
+                     ORDERS[(len(name) + (vendor == "hip")) % 3], f"fma-forced-{vendor}-{name}-f64-{layout}")
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
