@@ -246,11 +246,12 @@ constexpr int64_t TPP = uniform_taps();
 
 // Weights repacked once per call to [g][channel block][k][tap][NVV] in ACC, zero-padded (with
 // pairs: [g][channel block][pair of k][tap][NVV], the pair's two output channels in one word).
-static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
-  #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t gb = 0; gb < G * OBLK; ++gb) {
+// Channel-major items: each thread packs the block it is at, when it gets there (see lanes_fwd).
+constexpr bool LAZY_WEIGHTS = CHANNEL_MAJOR;
+// One block gb = (g, channel block) of them, to dst.
+static void pack_block(const T* __restrict w, ACC* __restrict dst, int64_t gb) {
+  {
     const int64_t g = gb / OBLK, c0 = (gb % OBLK) * NVV;
-    ACC* dst = wp + gb * RC * TAPS * NVV;
     for (int64_t ko = 0; ko < RC; ++ko)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < NVV; ++j) {
@@ -259,6 +260,10 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
                               : (ACC)0;
         }
   }
+}
+static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
+  #pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t gb = 0; gb < G * OBLK; ++gb) pack_block(w, wp + gb * RC * TAPS * NVV, gb);
 }
 
 // The zero-padded grad_output of every image and channel (or pair of channels),
@@ -302,16 +307,17 @@ static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t 
 
 extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict gy, const T* __restrict w, const T* __restrict bias,
                             T* __restrict gx, int64_t n, int nthreads) {
-  ACC* wp = (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * RC * TAPS * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* wp = LAZY_WEIGHTS ? nullptr
+                         : (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * RC * TAPS * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* bp = (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * NVV) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* yp = IN_PLACE ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
-  if (!wp || !bp || (!IN_PLACE && !yp)) {
+  if ((!LAZY_WEIGHTS && !wp) || !bp || (!IN_PLACE && !yp)) {
     std::free(wp);
     std::free(bp);
     std::free(yp);
     return 1;
   }
-  repack_weights(w, wp, nthreads);
+  if (!LAZY_WEIGHTS) repack_weights(w, wp, nthreads);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t c = 0; c < OBLK * NVV; ++c)
       bp[g * OBLK * NVV + c] = bias && c < CIN_G ? to_acc(bias[g * CIN_G + c]) : (ACC)0;
@@ -328,10 +334,12 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
   {
     vec* tot = (vec*)scratch(TILES * NV * PB * V);               // the run's sums so far, [tile][NV][PB]
     int64_t* ro = (int64_t*)std::malloc(sizeof(int64_t) * (QB + 2 * TAPS));   // pixel windows, then (tap, offset) pairs
-    if (!tot || !ro) failed = 1;
+    ACC* wblk = LAZY_WEIGHTS ? scratch(RC * TAPS * NVV) : nullptr;   // this thread's packed block (LAZY_WEIGHTS)
+    int64_t packed = -1;                                            // which one it holds
+    if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      if (!tot || !ro) continue;
+      if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) continue;
       const int64_t oblk = CHANNEL_MAJOR ? (item / (PARTS * qblocks)) % OBLK : item % OBLK;
       const int64_t rest = CHANNEL_MAJOR ? item % (PARTS * qblocks) : (item / OBLK) % (PARTS * qblocks);
       const int64_t part = rest / qblocks, qb = rest % qblocks;
@@ -347,7 +355,16 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
         const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
         ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part));
       }
-      const ACC* wk = wp + (g * OBLK + oblk) * RC * TAPS * NVV;
+      const ACC* wk;
+      if constexpr (LAZY_WEIGHTS) {
+        if (g * OBLK + oblk != packed) {
+          packed = g * OBLK + oblk;
+          pack_block(w, wblk, packed);
+        }
+        wk = wblk;
+      } else {
+        wk = wp + (g * OBLK + oblk) * RC * TAPS * NVV;
+      }
       // The reduction in chunks of CC channels, whose weights stay in L1 while every tile of the
       // run takes its partial sum; each partial sum is added to the tile's total in order.
       for (int64_t t = 0; t < tiles; ++t)
@@ -588,6 +605,7 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
     }
     std::free(tot);
     std::free(ro);
+    std::free(wblk);
   }
   std::free(wp);
   std::free(bp);

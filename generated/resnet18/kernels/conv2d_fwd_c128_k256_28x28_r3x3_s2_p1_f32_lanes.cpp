@@ -146,6 +146,10 @@ constexpr int64_t OBLK = (OC + NVV - 1) / NVV;                            // cha
 constexpr int64_t TAPS = KD * KH * KW, PARTS = 1, TPP = TAPS, PLANE = YD * YH * YW;
 constexpr int64_t QB = 48;                                    // pixels per work item
 constexpr bool CHANNEL_MAJOR = true;   // items: channel block outermost
+// Channel-major items take one channel block's weights for a long run of items: each thread packs
+// the block it is at into its own buffer (in its L2) when it gets there, instead of the whole
+// weight being packed up front into memory and read back.
+constexpr bool LAZY_WEIGHTS = CHANNEL_MAJOR;
 // Input channels (or pairs) per chunk of the reduction: their weights fill a part of the L1, and the partial
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
 constexpr int64_t CC = 8;
@@ -250,11 +254,10 @@ static inline ACC weight_word(const T* __restrict w, int64_t g, int64_t ko, int6
 // channel's (channel, tap) words are then adjacent.
 constexpr bool W_CH_INNER = W_SC == 1 && W_SW > 1;
 constexpr int64_t WCB = 64 / (int64_t)sizeof(T);
-static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
-  #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t gb = 0; gb < G * OBLK; ++gb) {
+// One block gb = (g, channel block) of them, to dst.
+static void pack_block(const T* __restrict w, ACC* __restrict dst, int64_t gb) {
+  {
     const int64_t g = gb / OBLK, k0 = (gb % OBLK) * NVV;
-    ACC* dst = wp + gb * RC * TAPS * NVV;
     if constexpr (W_CH_INNER) {
       for (int64_t c0 = 0; c0 < RC; c0 += WCB)
         for (int64_t t = 0; t < TAPS; ++t)
@@ -268,20 +271,25 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
     }
   }
 }
+static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
+  #pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t gb = 0; gb < G * OBLK; ++gb) pack_block(w, wp + gb * RC * TAPS * NVV, gb);
+}
 
 
 extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_lanes(const T* __restrict x, const T* __restrict w, const T* __restrict bias,
                             T* __restrict y, int64_t n, int nthreads) {
-  ACC* wp = (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * RC * TAPS * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* wp = LAZY_WEIGHTS ? nullptr
+                         : (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * RC * TAPS * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* bp = (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * NVV) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* xp = IN_PLACE ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
-  if (!wp || !bp || (!IN_PLACE && !xp)) {
+  if ((!LAZY_WEIGHTS && !wp) || !bp || (!IN_PLACE && !xp)) {
     std::free(wp);
     std::free(bp);
     std::free(xp);
     return 1;
   }
-  repack_weights(w, wp, nthreads);
+  if (!LAZY_WEIGHTS) repack_weights(w, wp, nthreads);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t k = 0; k < OBLK * NVV; ++k)
       bp[g * OBLK * NVV + k] = bias && k < COUT_G ? to_acc(bias[g * COUT_G + k]) : (ACC)0;
@@ -298,10 +306,12 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_lanes(const T* __res
   {
     vec* tot = (vec*)scratch(TILES * NV * PB * V);               // the run's sums so far, [tile][NV][PB]
     int64_t* ro = (int64_t*)std::malloc(sizeof(int64_t) * (QB + 2 * TAPS));   // pixel windows, then (tap, offset) pairs
-    if (!tot || !ro) failed = 1;
+    ACC* wblk = LAZY_WEIGHTS ? scratch(RC * TAPS * NVV) : nullptr;   // this thread's packed block (LAZY_WEIGHTS)
+    int64_t packed = -1;                                            // which one it holds
+    if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      if (!tot || !ro) continue;
+      if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) continue;
       const int64_t oblk = CHANNEL_MAJOR ? (item / (PARTS * qblocks)) % OBLK : item % OBLK;
       const int64_t rest = CHANNEL_MAJOR ? item % (PARTS * qblocks) : (item / OBLK) % (PARTS * qblocks);
       const int64_t part = rest / qblocks, qb = rest % qblocks;
@@ -317,7 +327,16 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_lanes(const T* __res
         const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
         ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part));
       }
-      const ACC* wk = wp + (g * OBLK + oblk) * RC * TAPS * NVV;
+      const ACC* wk;
+      if constexpr (LAZY_WEIGHTS) {
+        if (g * OBLK + oblk != packed) {
+          packed = g * OBLK + oblk;
+          pack_block(w, wblk, packed);
+        }
+        wk = wblk;
+      } else {
+        wk = wp + (g * OBLK + oblk) * RC * TAPS * NVV;
+      }
       // The reduction in chunks of CC channels, whose weights stay in L1 while every tile of the
       // run takes its partial sum; each partial sum is added to the tile's total in order.
       for (int64_t t = 0; t < tiles; ++t)
@@ -558,6 +577,7 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_lanes(const T* __res
     }
     std::free(tot);
     std::free(ro);
+    std::free(wblk);
   }
   std::free(wp);
   std::free(bp);
