@@ -250,16 +250,14 @@ constexpr int64_t TPP = uniform_taps();
 constexpr bool LAZY_WEIGHTS = CHANNEL_MAJOR;
 // One block gb = (g, channel block) of them, to dst.
 static void pack_block(const T* __restrict w, ACC* __restrict dst, int64_t gb) {
-  {
-    const int64_t g = gb / OBLK, c0 = (gb % OBLK) * NVV;
-    for (int64_t ko = 0; ko < RC; ++ko)
-      for (int64_t t = 0; t < TAPS; ++t)
-        for (int64_t j = 0; j < NVV; ++j) {
-          const int64_t ci = c0 + j;
-          *dst++ = ci < CIN_G ? to_acc(w[(g * COUT_G + ko) * W_SN + ci * W_SC + tap_offset(t, W_SD, W_SH, W_SW)])
-                              : (ACC)0;
-        }
-  }
+  const int64_t g = gb / OBLK, c0 = (gb % OBLK) * NVV;
+  for (int64_t ko = 0; ko < RC; ++ko)
+    for (int64_t t = 0; t < TAPS; ++t)
+      for (int64_t j = 0; j < NVV; ++j) {
+        const int64_t ci = c0 + j;
+        *dst++ = ci < CIN_G ? to_acc(w[(g * COUT_G + ko) * W_SN + ci * W_SC + tap_offset(t, W_SD, W_SH, W_SW)])
+                            : (ACC)0;
+      }
 }
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)

@@ -256,19 +256,17 @@ constexpr bool W_CH_INNER = W_SC == 1 && W_SW > 1;
 constexpr int64_t WCB = 64 / (int64_t)sizeof(T);
 // One block gb = (g, channel block) of them, to dst.
 static void pack_block(const T* __restrict w, ACC* __restrict dst, int64_t gb) {
-  {
-    const int64_t g = gb / OBLK, k0 = (gb % OBLK) * NVV;
-    if constexpr (W_CH_INNER) {
-      for (int64_t c0 = 0; c0 < RC; c0 += WCB)
-        for (int64_t t = 0; t < TAPS; ++t)
-          for (int64_t j = 0; j < NVV; ++j)
-            for (int64_t ci = c0; ci < RC && ci < c0 + WCB; ++ci)
-              dst[(ci * TAPS + t) * NVV + j] = weight_word(w, g, k0 + j, ci, t);
-    } else {
-      for (int64_t ci = 0; ci < RC; ++ci)
-        for (int64_t t = 0; t < TAPS; ++t)
-          for (int64_t j = 0; j < NVV; ++j) *dst++ = weight_word(w, g, k0 + j, ci, t);
-    }
+  const int64_t g = gb / OBLK, k0 = (gb % OBLK) * NVV;
+  if constexpr (W_CH_INNER) {
+    for (int64_t c0 = 0; c0 < RC; c0 += WCB)
+      for (int64_t t = 0; t < TAPS; ++t)
+        for (int64_t j = 0; j < NVV; ++j)
+          for (int64_t ci = c0; ci < RC && ci < c0 + WCB; ++ci)
+            dst[(ci * TAPS + t) * NVV + j] = weight_word(w, g, k0 + j, ci, t);
+  } else {
+    for (int64_t ci = 0; ci < RC; ++ci)
+      for (int64_t t = 0; t < TAPS; ++t)
+        for (int64_t j = 0; j < NVV; ++j) *dst++ = weight_word(w, g, k0 + j, ci, t);
   }
 }
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
