@@ -47,6 +47,9 @@ grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): afte
 block's warps take bias channels of its group in turn and sum them over the split's share of the
 batch x pixels (threads strided, a shuffle tree) into f32 (f64: f64) partials after the weight's in the
 workspace, and the second kernel adds those in split order too and rounds once (see bias_reason).
+When the layout pass stages operands channels-last (codegen/gpu_staging.py), the entries whose GEMM
+reads them (`<prefix>_fwd`, `<prefix>_bwd_data`) take a workspace too, after the pointers, sized by
+`<prefix>_<entry>_workspace_bytes(batch)`: they launch the transpose kernel into it, then the GEMM on it.
 Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32 (f64 for
 f64). The direct kernel (codegen/gpu_direct.py) stays a candidate for every problem. Tensors may be contiguous or channels-last (each of input, weight
 and output by its own layout: every access goes through its strides). A transposed problem runs
@@ -152,6 +155,11 @@ class IgemmContext:
     x_strides: tuple[int, ...]
     y_strides: tuple[int, ...]
     w_strides: tuple[int, ...]
+    staged: tuple[str, ...]     # operands ("X", "W", "Y") the forward / data gradient read from a channels-last
+                                # copy in the entry's workspace (the layout pass, codegen/gpu_staging.py)
+    read_strides: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]   # (x, y, w) as those GEMMs read them
+    staged_entries: tuple[str, ...]   # the entries that convert (and so take a workspace)
+    raw: str                    # an unsigned type of the element's size: what the conversion moves
     block_k: int
     tiles: tuple[tuple[str, GemmTile], ...]   # ("FWD" | "DGRAD" | "WGRAD", its tile)
     phases: tuple[Phase, ...]
@@ -211,17 +219,33 @@ class Normal:
         return tuple(Phase((d, h, w)) for d in per_axis[0] for h in per_axis[1] for w in per_axis[2])
 
 
-def tiles_of(problem: ConvProblem, target: Target) -> IgemmTiles:
-    """The three GEMMs' tiles, stages and operand access (codegen/gpu_tiles.py) for `problem`."""
-    from .emit import operand_strides
+def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The operands read from a channels-last copy: `staged` as the plan's layout pass decided, or
+    (None) codegen/gpu_staging.py's decision for `problem` on `target`."""
+    if staged is None:
+        from .gpu_staging import staging
 
-    normal = Normal.of(problem)
-    x_layout, w_layout, y_layout = normal.layouts
+        return staging(problem, target).kinds
+    return tuple(staged)
+
+
+def kernel_strides(normal: "Normal", staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(x, y, w) element strides the kernel reads: the caller's layouts, channels-last for `staged` kinds."""
+    from .emit import operand_strides   # the CPU kernels' strides per layout; emit imports this module's peers lazily
+
+    lay = {k: Layout.CHANNELS_LAST if k in staged else v for k, v in zip("XWY", normal.layouts)}
     g = normal.groups or 1
-    return choose_tiles(normal, operand_strides(x_layout, normal.channels, normal.in_size),
-                        operand_strides(y_layout, normal.filters, normal.out_size),
-                        operand_strides(w_layout, normal.channels // g, normal.kernel), target,
-                        problem.dtype.itemsize, on_fma(problem, target), on_f64_matrix(problem, target))
+    return (operand_strides(lay["X"], normal.channels, normal.in_size),
+            operand_strides(lay["Y"], normal.filters, normal.out_size),
+            operand_strides(lay["W"], normal.channels // g, normal.kernel))
+
+
+def tiles_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> IgemmTiles:
+    """The three GEMMs' tiles, stages and operand access (codegen/gpu_tiles.py) for `problem`, its
+    `staged` operands (staged_of) read channels-last."""
+    normal = Normal.of(problem)
+    return choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, on_fma(problem, target),
+                        on_f64_matrix(problem, target), staged=kernel_strides(normal, staged_of(problem, target, staged)))
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
@@ -271,12 +295,12 @@ def _partials(problem: ConvProblem) -> str:
     return "f64" if problem.dtype is DType.F64 else "f32"
 
 
-def reasons(problem: ConvProblem, target: Target) -> tuple[str, ...]:
+def reasons(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The block tile, the data gradient's stride phases and the weight gradient's split, in words."""
     normal = Normal.of(problem)
     phases = normal.phases()
     with_taps = [p for p in phases if all(a.taps for a in p.axes)]
-    tiles = tiles_of(problem, target)
+    tiles = tiles_of(problem, target, staged)
     return (*tiles.reasons,
             f"data gradient: {len(phases)} stride phases ({len(with_taps)} with taps, the rest written as zeros): "
             + " ".join(p.name() for p in phases),
@@ -301,12 +325,23 @@ def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
             "bwd_weight_bias": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
 
 
+def _staged_entries(problem: ConvProblem, staged: tuple[str, ...], entries: tuple[str, ...]) -> tuple[str, ...]:
+    """The entries among `entries` whose GEMM reads a staged operand: X and W are the forward
+    GEMM's (the fwd entry, a transposed problem's bwd_data), Y the data gradient's (bwd_data, a
+    transposed problem's fwd)."""
+    gemm = {"fwd": "DGRAD" if problem.transposed else "FWD", "bwd_data": "FWD" if problem.transposed else "DGRAD"}
+    reads = {"FWD": ("X", "W"), "DGRAD": ("Y",)}
+    return tuple(e for e in entries if e in gemm and any(k in staged for k in reads[gemm[e]]))
+
+
 def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads: int | None = None,
-                  entries: tuple[str, ...] = ENTRIES) -> IgemmContext:
+                  entries: tuple[str, ...] = ENTRIES, staged: tuple[str, ...] | None = None) -> IgemmContext:
     """The template context for `problem` on GPU `target`; entries `prefix`_<entry> for each of
     `entries` (a subset of ENTRIES; bwd_weight with its _workspace_bytes), only the kernels they
-    launch rendered. `threads`, if given, must be the kernel's 4 warps (waves). ConvSpecError for
-    what this kernel does not take."""
+    launch rendered. `threads`, if given, must be the kernel's 4 warps (waves). `staged`: the
+    operands read channels-last from the workspace (the plan's layout decision; None: the same rule,
+    codegen/gpu_staging.py); the entries that convert take a workspace (`<prefix>_<entry>_workspace_bytes`).
+    ConvSpecError for what this kernel does not take."""
     why_not = refusal(problem, target)
     if why_not:
         raise ConvSpecError(why_not)
@@ -319,11 +354,13 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     if threads is not None and threads != 4 * warp:
         raise ConvSpecError(f"threads={threads}: the implicit-GEMM kernel's block is 4 warps of {warp} "
                             f"({4 * warp} threads) on {target.name()}")
-    from .emit import operand_strides   # the CPU kernels' strides per layout; emit imports this module's peers lazily
-
     normal = Normal.of(problem)
-    x_layout, w_layout, y_layout = normal.layouts
-    tiles = tiles_of(problem, target)
+    staged = staged_of(problem, target, staged)
+    unknown = [k for k in staged if k not in ("X", "W", "Y")]
+    if unknown:
+        raise ConvSpecError(f"staged {list(staged)}: expected operand kinds among X, W, Y")
+    x_strides, y_strides, w_strides = kernel_strides(normal, ())
+    tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     return IgemmContext(
         version=generator_version(), problem_name=problem.name(), problem_key=problem.kernel_key(),
@@ -335,12 +372,12 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         filters=normal.filters, groups=normal.groups, in_size=normal.in_size, out_size=normal.out_size,
         kernel=normal.kernel, stride=normal.stride, pad=normal.pad, dilation=normal.dilation,
         layouts=tuple(layout.value for layout in normal.layouts),
-        x_strides=operand_strides(x_layout, normal.channels, normal.in_size),
-        y_strides=operand_strides(y_layout, normal.filters, normal.out_size),
-        w_strides=operand_strides(w_layout, normal.channels // normal.groups if normal.groups else 0, normal.kernel),
+        x_strides=x_strides, y_strides=y_strides, w_strides=w_strides, staged=staged,
+        read_strides=kernel_strides(normal, staged), staged_entries=_staged_entries(problem, staged, entries),
+        raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],
         block_k=block_k_of(problem.dtype.itemsize), tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), split=_split(normal, target, tiles.wgrad)[0],
-        why=reasons(problem, target), entries=tuple(entries),
+        why=reasons(problem, target, staged), entries=tuple(entries),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 

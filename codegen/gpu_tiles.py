@@ -18,7 +18,7 @@ Each of the kernel's GEMMs (forward, data gradient, weight gradient) gets its ow
   On HIP (gfx90a, gfx940) copies are staged through registers into two LDS buffers.
 - Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements, 4 f32 ones for tf32)
   when that many consecutive reduction indices are consecutive, 16-byte aligned elements in memory: channels-last
-  activations with channel counts (per group and in all) multiple of the vector and the reduction
+  activations (the caller's, or the copies the layout pass stages: `staged`, codegen/gpu_staging.py) with channel counts (per group and in all) multiple of the vector and the reduction
   ordered tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel,
   tap) reduction of a multiple of it; a contiguous grad_output along its pixels (weight gradient,
   output pixels a multiple of it). The launch entry also checks the pointers' 16-byte alignment at run
@@ -138,11 +138,17 @@ class IgemmTiles:
 
 
 def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
-                 fma: bool = False, f64_matrix: bool = False) -> IgemmTiles:
+                 fma: bool = False, f64_matrix: bool = False, staged=None) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`, for
     operands of `itemsize` bytes in shared memory, multiplied on matrix instructions, (`fma`) by
-    each thread's register tile of fused multiply-adds, or (`f64_matrix`) f64 on matrix instructions."""
+    each thread's register tile of fused multiply-adds, or (`f64_matrix`) f64 on matrix instructions.
+    `staged`: the (x, y, w) strides the forward and data gradient read when the layout pass stages
+    operands channels-last (codegen/gpu_staging.py); the weight gradient reads the caller's."""
     from math import prod
+
+    wg_y_strides = y_strides
+    if staged is not None:
+        x_strides, y_strides, w_strides = staged
 
     side = _fma_side if fma or f64_matrix else _side
 
@@ -168,7 +174,7 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
     dm, dn = _fitted(target, side(positions), side(cg), itemsize)
     dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase), itemsize)[0], dg_tap, dg_tap, False, itemsize)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
-    wg_a = _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
+    wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
     wm, wn = _fitted(target, side(kg), side(cg * taps), itemsize)
     wgrad = GemmTile(wm, wn, _stages(target, wm, wn, steps(ov), itemsize)[0], False, wg_a, False, itemsize)
 

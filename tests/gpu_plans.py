@@ -19,15 +19,17 @@ def algorithm_of(problem: ConvProblem, vendor: str) -> str:
 def launches_of(problem: ConvProblem, vendor: str) -> int:
     """Launches of one non-empty problem's plan entry: direct launches one kernel per pass; igemm and
     depthwise one per stride phase for a data gradient; igemm, depthwise and stem two (partials,
-    ordered sum) for a weight gradient, its bias gradient fused into them (no launch of its own)."""
+    ordered sum) for a weight gradient, its bias gradient fused into them (no launch of its own);
+    and one before them per operand the layout pass converts to channels-last (igemm's staging)."""
     plan = lower(problem, parse_target(vendor))
     if plan.algorithm == "empty":
         return 0
+    conversions = len(plan.conversions)
     if plan.kop is KOp.DGRAD:   # igemm and depthwise: a launch per stride phase
-        return len(Normal.of(problem).phases()) if plan.algorithm in ("igemm", "depthwise") else 1
+        return conversions + (len(Normal.of(problem).phases()) if plan.algorithm in ("igemm", "depthwise") else 1)
     if plan.kop is KOp.WGRAD:   # igemm, depthwise, stem: split-K partials, then their ordered sum
         return 1 if plan.algorithm == "direct" else 2
-    return 1
+    return conversions + 1
 
 
 def call_launches(ops, case, vendor: str, masks) -> tuple[int, set[str]]:

@@ -63,20 +63,28 @@ CASES = [
     ("vec_nchw", (2, 8, 8, 8), 16, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1),       # fwd B (C*taps % 8 == 0), wgrad A (16 pixels)
     ("vec_groups", (2, 32, 5, 5), 16, (3, 3), (1, 1), ((1, 1), (2, 0)), (1, 1), 2),    # grouped, asymmetric padding, tap-major
     ("vec_xcl", (1, 16, 7, 7), 8, (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 2), 1),        # input channels-last only: B gathered
+    # staged channels-last (nchw_staged): 3-D with stride and dilation, a 1x1 whose tiles span images
+    ("vec_3d", (2, 8, 3, 5, 4), 16, (3, 2, 3), (1, 2, 1), ((1, 1), (0, 0), (1, 1)), (1, 1, 2), 1),
+    ("vec_1x1", (3, 16, 5, 7), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
 ]
 BY_NAME = {c[0]: c for c in CASES}
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
 F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 # layouts of (input, weight, output): "nchw" all contiguous, "cl" all channels-last, "x_cl" the input only
+# ("nchw_staged": NCHW tensors with every GEMM's operand that can be staged channels-last staged --
+# the forward's input and weight and the data gradient's grad_output, codegen/gpu_staging.py -- where
+# the layout pass would stage only the ones its problem's own GEMM reads, when they pay)
 LAYOUTS = {"nchw": (Layout.CONTIGUOUS,) * 3, "cl": (Layout.CHANNELS_LAST,) * 3,
-           "x_cl": (Layout.CHANNELS_LAST, Layout.CONTIGUOUS, Layout.CONTIGUOUS)}
+           "x_cl": (Layout.CHANNELS_LAST, Layout.CONTIGUOUS, Layout.CONTIGUOUS), "nchw_staged": (Layout.CONTIGUOUS,) * 3}
 CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
                        "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl"}
 F16_CASES |= {"vec_nchw"}
 NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
+STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16"}
 PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES
-           if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT]
-          + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()])
+           if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT | {"vec_3d", "vec_1x1"}]
+          + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()]
+          + [(name, d, "nchw_staged") for name, d in STAGED_CASES.items()])
 ORDERS = ("forward", "reverse", "shuffle")
 
 
@@ -119,6 +127,11 @@ def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
     return f"{vendor}_{name}_{dtype}_{layout}"
 
 
+def _staged(layout: str) -> tuple[str, ...] | None:
+    """The operands a layout key stages: all three for nchw_staged, else the layout pass's rule (None)."""
+    return ("X", "W", "Y") if layout == "nchw_staged" else None
+
+
 def _memory(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """`t` with its elements in `layout`'s memory order (same logical values)."""
     return t.contiguous(memory_format=channels_last_format(t.dim())) if layout is Layout.CHANNELS_LAST else t
@@ -126,7 +139,8 @@ def _memory(t: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 def _source(vendor: str, arch: str | None = None) -> str:
     target = parse_target(f"{vendor}-{arch}" if arch else vendor)
-    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay))
+    return "".join(render_igemm(_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay),
+                                staged=_staged(lay))
                    for n, d, lay in PARAMS)
 
 
@@ -208,8 +222,12 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
         return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // 4,), float("nan"), dtype=torch.float32)
 
     plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
-    lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), n, None, order=order, seed=seed)
-    lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), n, None, order=order, seed=seed)
+    # the entries that stage operands channels-last take a workspace too (poisoned: what the GEMM
+    # reads there is what the conversion wrote)
+    staged = {entry: (workspace(entry),) if hasattr(lib.lib, f"{prefix}_{entry}_workspace_bytes") else ()
+              for entry in ("fwd", "bwd_data")}   # the tensors, alive through the calls
+    lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), *map(p, staged["fwd"]), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), *map(p, staged["bwd_data"]), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(plain), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_bias", p(dy), p(db), n, None, order=order, seed=seed)
     launches = lib.launches()
@@ -296,8 +314,13 @@ def test_the_vector_cases_take_the_16_byte_copies():
     than pipeline stages (so the ring of stages wraps), tap-major reductions for channels-last."""
     for vendor in sim_build.WARP:
         target = parse_target(vendor)
-        tiles = {name: dict(igemm_context(_problem(BY_NAME[name], DType.BF16, layout), target, "p").tiles)
+        tiles = {name: dict(igemm_context(_problem(BY_NAME[name], DType.BF16, layout), target, "p", staged=()).tiles)
                  for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
+        # staged channels-last (codegen/gpu_staging.py): the forward and data gradient copy 16 bytes,
+        # tap-major, from the NCHW tensors' converted copies; the weight gradient keeps grad_output's pixels
+        staged = dict(igemm_context(_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)
+        assert staged["FWD"].vector_a and staged["FWD"].vector_b and staged["FWD"].tap_major
+        assert staged["DGRAD"].vector_a and staged["DGRAD"].tap_major and staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"]
         assert tiles["vec_cl"]["FWD"].vector_a and tiles["vec_cl"]["FWD"].vector_b and tiles["vec_cl"]["FWD"].tap_major
         assert tiles["vec_cl"]["DGRAD"].vector_a and tiles["vec_cl"]["DGRAD"].tap_major
         assert tiles["vec_nchw"]["FWD"].vector_b and not tiles["vec_nchw"]["FWD"].vector_a
@@ -384,7 +407,7 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
     target = parse_target(f"cuda-{arch}")
     kernel_of = {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}
     for n, d, lay in PARAMS:
-        tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), target, "p").tiles)
+        tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), target, "p", staged=_staged(lay)).tiles)
         prefix = _prefix("cuda", n, d, lay)
         for gemm, symbol in kernel_of.items():
             (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
@@ -418,7 +441,7 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
             assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
         # 16-byte staged copies: dwordx4 global loads and b128 LDS stores (not flat accesses)
         for n, d, lay in PARAMS:
-            tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p").tiles)
+            tiles = dict(igemm_context(_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p", staged=_staged(lay)).tiles)
             prefix = _prefix("hip", n, d, lay)
             for gemm, symbol in {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}.items():
                 (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
@@ -442,7 +465,8 @@ from convgen.codegen.target import parse_target
 from reference import generator_for, randn
 for vendor in sim_build.WARP:
     target = parse_target(vendor)
-    source = "".join(render_igemm(T._problem(T.BY_NAME[n], T.DTYPES[d][0], lay), target, T._prefix(vendor, n, d, lay))
+    source = "".join(render_igemm(T._problem(T.BY_NAME[n], T.DTYPES[d][0], lay), target, T._prefix(vendor, n, d, lay),
+                                  staged=T._staged(lay))
                      for n, d, lay in T.SANITIZED)
     lib = sim.build(source, Path(sys.argv[1]), "asan_" + vendor, vendor, sanitize=True)
     for n, d, lay in T.SANITIZED:
@@ -456,7 +480,8 @@ print("all ran")
 """
 # the edges: ragged channels in channels-last, taps-free phases, several tiles along M and N
 SANITIZED = [("ragged", "bf16", "cl"), ("s3d1", "bf16", "nchw"), ("tiles", "bf16", "x_cl"),
-             ("vec_cl", "bf16", "cl"), ("vec_nchw", "bf16", "nchw")]   # and the 16-byte copies' paths
+             ("vec_cl", "bf16", "cl"), ("vec_nchw", "bf16", "nchw"),   # and the 16-byte copies' paths
+             ("vec_3d", "bf16", "nchw_staged")]   # and the channels-last conversions
 
 
 def _sanitizer_runtimes() -> list[str] | None:

@@ -3,7 +3,10 @@
 The direct kernels address every operand through compile-time strides, so they read and write
 either layout in place; converting a tensor costs a full pass over it, which these kernels
 never win back. So each operand stays in the layout the caller holds it in, and no conversion
-is added. (Faster variants that want one layout will weigh the conversion here.)
+is added. The GPU implicit-GEMM kernel is the exception: its forward and data gradient copy their
+operands 16 bytes at a time only from channels-last, so this pass weighs converting NCHW operands
+(the cost of the transpose against the gathers it saves, codegen/gpu_staging.py) and records the
+internal layout; the emitter launches the conversion into the entry's workspace.
 """
 
 from __future__ import annotations
@@ -22,6 +25,16 @@ def run(plan: Plan) -> Plan:
             continue
         layouts.setdefault(operand.kind, operand.layout)
     described = ", ".join(f"{kind}={lay.value}" for kind, lay in sorted(layouts.items()))
+    if plan.target.gpu is not None and plan.algorithm == "igemm":
+        from ..gpu_staging import staging
+
+        staged = staging(plan.problem, plan.target)
+        internal = {kind: Layout.CHANNELS_LAST if kind in staged.kinds else lay for kind, lay in layouts.items()}
+        conversions = tuple(f"{kind}: {layouts[kind].value} -> channels_last (a transpose kernel into the workspace)"
+                            for kind in staged.kinds if kind in layouts)
+        return plan.decide("layout", f"the caller holds {described} (the kernel reads any layout through "
+                                     f"compile-time strides); {staged.reason}",
+                           layouts=tuple(sorted(internal.items())), conversions=conversions)
     if plan.target.gpu is not None:
         return plan.decide("layout", f"operands in the caller's layouts ({described}): the GPU kernel addresses "
                                      f"each through its own compile-time strides, so no conversion kernel is launched",

@@ -1,0 +1,162 @@
+"""Channels-last staging for the implicit-GEMM GPU kernel (codegen/gpu_igemm.py): which of the
+GEMM's operands the `layout` pass converts to channels-last before the kernel reads them, and why.
+
+The kernel moves an operand into shared memory by 16-byte copies (cp.async on CUDA, registers on
+HIP) only where consecutive reduction indices are consecutive in memory (codegen/gpu_tiles.py):
+for the forward's input and the data gradient's grad_output that is channels-last with the channel
+counts a multiple of the copy's elements, the reduction ordered (tap, channel); for the forward's
+weight, channels-last too once its reduction is tap-major. In the caller's NCHW the same operand is
+gathered element by element. The layout pass may instead convert it: a transpose kernel (32 x 32
+tiles through shared memory, both sides coalesced) writes an NHWC copy into the entry's workspace
+and the GEMM reads that. Outputs stay in the caller's layout (the epilogue writes through strides);
+the weight gradient is not staged (its grad_output is read along pixels, which NCHW already gives
+16 bytes at a time, and its input is gathered by (channel, tap) columns in either layout).
+
+The cost model, per image (the batch is a run-time argument: every term grows with it, so the
+decision holds for every batch; the weight's conversion is charged in full to one image):
+
+- conversion: 2 x the operand's bytes (read once, written once) at the arch's memory bandwidth;
+- the kernel's time with and without staging: max(multiplies at the units' peak, compulsory bytes at
+  the memory bandwidth, instruction issue), the issue from the operands' element loads at
+  GATHER_INSTRUCTIONS per element gathered or COPY_INSTRUCTIONS per 16-byte copy, issued at one
+  instruction per lane and cycle (the f32 FMA peak / 2: instructions are per thread);
+- stage when the conversion costs less than the time it saves.
+
+GATHER_INSTRUCTIONS and COPY_INSTRUCTIONS come from the sm_90 machine code of this kernel (nvcc 13.0,
+cuobjdump -sass, a 256 -> 256 3x3 bf16 forward): the element-gather loop is about 200 instructions
+for 4 elements (division by constants for pixel, tap and channel, the padding predicates, a 2-byte
+load and a shared store each), the main loop of the 16-byte path ~640 instructions besides its 64
+HMMA and 80 LDS for 8 copies. The same source compiles for AMD; its counts there are assumed alike.
+Peaks are codegen/gpu_resources.py's datasheet figures (archs without figures use sm_80's).
+These are estimates for a decision, not measurements of a device: no GPU has run them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .ir import ConvProblem, Layout, Op
+from .target import Target
+
+GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
+COPY_INSTRUCTIONS = 80     # per 16-byte copy
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """The operands (normal-convolution kinds "X", "W", "Y") the kernel reads from a channels-last
+    copy in its workspace, and the layout pass's reason."""
+
+    kinds: tuple[str, ...]
+    reason: str
+
+
+def gemm_of(problem: ConvProblem) -> str | None:
+    """Which of the kernel's GEMMs serves `problem`: "FWD" (a normal forward, a transposed data
+    gradient), "DGRAD" (a normal data gradient, a transposed forward), or None (weight, bias)."""
+    if problem.op is Op.FWD:
+        return "DGRAD" if problem.transposed else "FWD"
+    if problem.op is Op.BWD_DATA:
+        return "FWD" if problem.transposed else "DGRAD"
+    return None
+
+
+def _peaks(target: Target):
+    from .gpu_resources import PEAKS
+
+    return PEAKS.get(target.isa) or PEAKS["sm_80"]
+
+
+def _units_peak(problem: ConvProblem, target: Target, peaks) -> float:
+    from .gpu_igemm import on_f64_matrix, on_fma
+
+    if on_fma(problem, target):
+        return peaks.f64 if problem.dtype.itemsize == 8 else peaks.f32
+    if on_f64_matrix(problem, target):
+        return peaks.matrix64
+    if problem.dtype.itemsize == 4:
+        return peaks.tf32 if problem.tf32 else peaks.matrix32
+    return peaks.matrix16
+
+
+def _loads(normal, tile, gemm: str) -> tuple[int, int]:
+    """(A elements, B elements) one image's GEMM loads into shared memory: A once per column block,
+    B once per row block (one image's rows, at least one block)."""
+    g = max(normal.groups, 1)
+    cg, kg = normal.channels // g, normal.filters // g
+    taps = math.prod(normal.kernel)
+    if gemm == "FWD":
+        rows, reduction_rows = math.prod(normal.out_size), cg * taps
+        a = rows * reduction_rows * -(-kg // tile.n) * g
+        b = kg * reduction_rows * -(-rows // tile.m) * g
+        return a, b
+    a = b = 0
+    for phase in normal.phases():
+        positions = math.prod(axis.count for axis in phase.axes)
+        reduction = kg * math.prod(axis.taps for axis in phase.axes)
+        a += positions * reduction * -(-cg // tile.n) * g
+        b += cg * reduction * -(-positions // tile.m) * g
+    return a, b
+
+
+def _issue(elements: int, vector: bool, per_copy: int) -> float:
+    """Instructions (per lane) of loading `elements` elements."""
+    return elements * (COPY_INSTRUCTIONS / per_copy if vector else GATHER_INSTRUCTIONS)
+
+
+def staging(problem: ConvProblem, target: Target) -> Staging:
+    """Which operands of `problem`'s implicit GEMM on GPU `target` to stage channels-last (see the module)."""
+    from .gpu_igemm import Normal, kernel_strides, on_f64_matrix, on_fma
+    from .gpu_tiles import choose_tiles, vector_of
+
+    gemm = gemm_of(problem)
+    if gemm is None:
+        return Staging((), "weight and bias gradients read their operands in the caller's layouts (NCHW grad_output "
+                           "is already 16-byte copies along pixels): no conversion")
+    normal = Normal.of(problem)
+    x_layout, w_layout, y_layout = normal.layouts
+    g = max(normal.groups, 1)
+    vector = vector_of(problem.dtype.itemsize)
+    a_kind, a_layout, a_channels = ("X", x_layout, normal.channels) if gemm == "FWD" else ("Y", y_layout, normal.filters)
+    if a_layout is Layout.CHANNELS_LAST and (gemm == "DGRAD" or w_layout is Layout.CHANNELS_LAST):
+        return Staging((), f"operands already channels-last where the {gemm.lower()} GEMM copies 16 bytes: no conversion")
+    if a_channels % vector or (a_channels // g) % vector:
+        return Staging((), f"{a_kind} has {a_channels} channels ({a_channels // g} a group): not whole 16-byte copies of "
+                           f"{vector} elements, so channels-last would not give vector loads; no conversion")
+    kinds = tuple(k for k, lay in ((a_kind, a_layout), ("W", w_layout))
+                  if lay is not Layout.CHANNELS_LAST and (k != "W" or gemm == "FWD"))
+
+    fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
+    peaks = _peaks(target)
+    issue_rate = peaks.f32 * 1e12 / 2   # lane-instructions per second: one FMA (2 flops) per lane and cycle
+    bandwidth = peaks.memory * 1e12
+    flops = problem.flops / max(problem.n, 1)
+    compulsory = problem.bytes_moved / max(problem.n, 1)
+    multiply = flops / (_units_peak(problem, target, peaks) * 1e12)
+    memory = compulsory / bandwidth
+
+    def kernel_time(staged: tuple[str, ...]) -> tuple[float, float]:
+        tiles = choose_tiles(normal, *kernel_strides(normal, staged), target, problem.dtype.itemsize, fma, f64_matrix)
+        tile = tiles.fwd if gemm == "FWD" else tiles.dgrad
+        a, b = _loads(normal, tile, gemm)
+        issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
+        return max(multiply, memory, issue), issue
+
+    before, issue_before = kernel_time(())
+    after, issue_after = kernel_time(kinds)
+    image = {"X": normal.channels * math.prod(normal.in_size), "Y": normal.filters * math.prod(normal.out_size),
+             "W": normal.filters * (normal.channels // g) * math.prod(normal.kernel)}
+    converted = sum(image[k] for k in kinds) * problem.dtype.itemsize
+    conversion = 2 * converted / bandwidth
+    us = lambda seconds: f"{seconds * 1e6:.3g} us"
+    numbers = (f"for one image (the weight's conversion charged in full: larger batches only favour staging): conversion of {'+'.join(kinds)} {us(conversion)} (2 x {converted} B at "
+               f"{peaks.memory:g} TB/s); {gemm.lower()} GEMM {us(before)} in the caller's layouts "
+               f"(operand loads {us(issue_before)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element "
+               f"gathered) against {us(after)} staged (loads {us(issue_after)} at ~{COPY_INSTRUCTIONS} a 16-byte "
+               f"copy), multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, "
+               f"codegen/gpu_staging.py)")
+    if conversion + after < before:
+        return Staging(kinds, f"stage {' and '.join(kinds)} channels-last in the workspace (a transpose kernel before "
+                              f"the GEMM) so that they move by 16-byte copies: {numbers}")
+    return Staging((), f"no conversion: it would not pay for itself: {numbers}")

@@ -1,0 +1,109 @@
+"""The layout pass's channels-last staging for the GPU implicit GEMM (codegen/gpu_staging.py): which
+operands it converts and why, and what the emitted plan entry does with that decision. The staged
+kernels' numbers against ATen are tests/test_gpu_igemm.py's (its nchw_staged cases and the NCHW
+cases the rule stages) and tests/test_gpu_sim.py's (CASES.md through the plan entries)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from convgen.codegen.emit_gpu import emit_gpu, staged_kinds
+from convgen.codegen.gpu_igemm import igemm_context, render_igemm
+from convgen.codegen.gpu_staging import staging
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import parse_target
+
+CL, NCHW = Layout.CHANNELS_LAST, Layout.CONTIGUOUS
+
+
+def _problem(op=Op.FWD, c=256, k=256, size=(14, 14), kernel=(3, 3), stride=(1, 1), dtype=DType.BF16, groups=1,
+             layouts=(NCHW, NCHW, NCHW), transposed=False, n=8) -> ConvProblem:
+    pad = tuple(((r - 1) // 2, (r - 1) // 2) for r in kernel)
+    return ConvProblem(op, n, c, k, size, kernel, stride, pad, (1,) * len(size), groups=groups, dtype=dtype,
+                       transposed=transposed, input_layout=layouts[0], weight_layout=layouts[1],
+                       output_layout=layouts[2]).validate()
+
+
+def _layout_reason(plan) -> str:
+    return [reason for name, reason in plan.reasons if name == "layout"][-1]
+
+
+@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"])
+def test_a_3x3_nchw_forward_and_data_gradient_are_staged_with_their_costs_in_the_reason(target):
+    fwd = lower(_problem(), parse_target(target))
+    assert fwd.algorithm == "igemm" and staged_kinds(fwd) == ("W", "X")
+    assert dict(fwd.layouts) == {"X": CL, "W": CL, "Y": NCHW} and len(fwd.conversions) == 2
+    reason = _layout_reason(fwd)
+    assert re.search(r"conversion of X\+W [\d.]+ us \(2 x \d+ B at [\d.]+ TB/s\)", reason), reason
+    assert "gathered" in reason and "16-byte" in reason
+    dgrad = lower(_problem(op=Op.BWD_DATA), parse_target(target))
+    assert staged_kinds(dgrad) == ("Y",) and dict(dgrad.layouts)["Y"] is CL and dict(dgrad.layouts)["X"] is NCHW
+
+
+def test_weight_and_bias_gradients_read_the_caller_layouts():
+    for op in (Op.BWD_WEIGHT, Op.BWD_BIAS):
+        plan = lower(_problem(op=op), parse_target("cuda-sm_90"))
+        assert plan.conversions == () and staged_kinds(plan) == ()
+    assert staging(_problem(op=Op.BWD_WEIGHT), parse_target("cuda-sm_90")).kinds == ()
+
+
+def test_what_staging_cannot_help_is_not_staged_and_says_why():
+    cuda = parse_target("cuda-sm_90")
+    ragged = staging(_problem(c=12), cuda)   # 12 channels: not whole 16-byte copies of 8 bf16
+    assert ragged.kinds == () and "12 channels" in ragged.reason and "8 elements" in ragged.reason
+    grouped = staging(_problem(c=48, k=48, groups=6), cuda)   # 8 a group: whole copies
+    assert grouped.kinds == ("X", "W")
+    assert staging(_problem(c=48, k=48, groups=4), cuda).kinds == ()   # 12 a group
+    already = staging(_problem(layouts=(CL, CL, NCHW)), cuda)
+    assert already.kinds == () and "already channels-last" in already.reason
+    # an input already channels-last with a contiguous weight: only the weight, so that B copies 16 bytes too
+    assert staging(_problem(layouts=(CL, NCHW, NCHW)), cuda).kinds == ("W",)
+    assert staging(_problem(op=Op.BWD_DATA, layouts=(NCHW, NCHW, CL)), cuda).kinds == ()
+
+
+def test_the_conversion_is_weighed_against_what_it_saves():
+    cuda = parse_target("cuda-sm_90")
+    # a 1x1 from 64 channels reads each input element once per 128 filters: the conversion costs
+    # about what it saves, and the GEMM is bound by memory anyway
+    pointwise = staging(_problem(c=64, k=256, size=(56, 56), kernel=(1, 1)), cuda)
+    assert pointwise.kinds == () and "would not pay for itself" in pointwise.reason
+    # the same layer with nine taps reads every element nine times: staging wins
+    assert staging(_problem(c=64, k=256, size=(56, 56), kernel=(3, 3)), cuda).kinds == ("X", "W")
+    # the decision is the batch's: every cost and saving grows with it (the weight's charged in full)
+    for n in (1, 2, 64, 512):
+        assert staging(_problem(n=n), cuda).kinds == ("X", "W")
+
+
+def test_a_transposed_forward_stages_its_input_as_the_normal_grad_output():
+    plan = lower(_problem(transposed=True), parse_target("cuda-sm_90"))
+    assert plan.kop.value == "dgrad" and staged_kinds(plan) == ("Y",)
+    source = emit_gpu(plan).text
+    assert re.search(r"int cgk_\w+_fwd\(const convgen_bf16\* input,[^)]*float\* workspace, long long batch", source)
+
+
+def test_the_plan_entry_allocates_the_workspace_and_launches_the_conversions():
+    plan = lower(_problem(), parse_target("cuda-sm_90"))
+    source = emit_gpu(plan).text
+    entry = source[source.index("The plan's entry"):]
+    assert "_fwd_workspace_bytes(batch)" in entry and "convgen_malloc_async" in entry and "convgen_free_async" in entry
+    assert "__global__ void CONVGEN_LAUNCH_BOUNDS(THREADS, 1) to_channels_last" in source
+    assert source.count("convert(") == 3   # the helper's definition, X's and W's launch
+    # without staging the entry neither converts nor takes a workspace
+    plain = render_igemm(_problem(), parse_target("cuda-sm_90"), "p", entries=("fwd",), staged=())
+    assert "to_channels_last" not in plain and "p_fwd_workspace_bytes" not in plain
+
+
+def test_staged_kinds_are_checked_and_only_their_entries_take_a_workspace():
+    cuda = parse_target("cuda-sm_90")
+    with pytest.raises(Exception, match=r"staged \['Z'\]"):
+        igemm_context(_problem(), cuda, "p", staged=("Z",))
+    context = igemm_context(_problem(), cuda, "p", staged=("X", "W", "Y"))
+    assert context.staged_entries == ("fwd", "bwd_data")
+    assert igemm_context(_problem(), cuda, "p", staged=("Y",)).staged_entries == ("bwd_data",)
+    # a transposed problem's fwd entry is the normal data gradient (reads Y), its bwd_data the normal forward
+    assert igemm_context(_problem(transposed=True), cuda, "p", staged=("Y",)).staged_entries == ("fwd",)
+    # the weight gradient's tiles read the caller's layouts whatever is staged
+    assert context.tiles[2][1] == igemm_context(_problem(), cuda, "p", staged=()).tiles[2][1]
