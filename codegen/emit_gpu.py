@@ -103,10 +103,9 @@ def gpu_signature(plan: Plan) -> tuple[tuple[str, str], ...]:
 
 
 def staged_kinds(plan: Plan) -> tuple[str, ...]:
-    """The operand kinds the layout pass gave an internal layout other than the caller's: the kernel
-    reads them from a converted copy (igemm's channels-last staging, codegen/gpu_staging.py)."""
-    internal = dict(plan.layouts)
-    return tuple(sorted({op.kind for op in plan.operands if op.kind in internal and internal[op.kind] is not op.layout}))
+    """The operand kinds the plan's kernel reads from a converted copy (the layout pass's decision:
+    igemm's staging, codegen/gpu_staging.py)."""
+    return tuple(sorted(plan.staged))
 
 
 def _header(plan: Plan, algorithm: str) -> str:

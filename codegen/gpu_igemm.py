@@ -155,9 +155,11 @@ class IgemmContext:
     x_strides: tuple[int, ...]
     y_strides: tuple[int, ...]
     w_strides: tuple[int, ...]
-    staged: tuple[str, ...]     # operands ("X", "W", "Y") the forward / data gradient read from a channels-last
-                                # copy in the entry's workspace (the layout pass, codegen/gpu_staging.py)
+    staged: tuple[str, ...]     # operands ("X", "W", "Y") the forward / data gradient read from a copy in the
+                                # entry's workspace (the layout pass, codegen/gpu_staging.py): X, Y channels-last,
+                                # W channels-last for the forward and filters innermost for the data gradient
     read_strides: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]   # (x, y, w) as those GEMMs read them
+    converts: tuple[tuple[str, tuple[str, ...]], ...]   # ("FWD" | "DGRAD", the kinds its launch converts)
     staged_entries: tuple[str, ...]   # the entries that convert (and so take a workspace)
     raw: str                    # an unsigned type of the element's size: what the conversion moves
     block_k: int
@@ -220,7 +222,7 @@ class Normal:
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """The operands read from a channels-last copy: `staged` as the plan's layout pass decided, or
+    """The operands read from a converted copy: `staged` as the plan's layout pass decided, or
     (None) codegen/gpu_staging.py's decision for `problem` on `target`."""
     if staged is None:
         from .gpu_staging import staging
@@ -230,7 +232,8 @@ def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | No
 
 
 def kernel_strides(normal: "Normal", staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(x, y, w) element strides the kernel reads: the caller's layouts, channels-last for `staged` kinds."""
+    """(x, y, w) element strides the forward and data gradient read: the caller's layouts, channels-last
+    for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at)."""
     from .emit import operand_strides   # the CPU kernels' strides per layout; emit imports this module's peers lazily
 
     lay = {k: Layout.CHANNELS_LAST if k in staged else v for k, v in zip("XWY", normal.layouts)}
@@ -242,10 +245,11 @@ def kernel_strides(normal: "Normal", staged: tuple[str, ...]) -> tuple[tuple[int
 
 def tiles_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> IgemmTiles:
     """The three GEMMs' tiles, stages and operand access (codegen/gpu_tiles.py) for `problem`, its
-    `staged` operands (staged_of) read channels-last."""
+    `staged` operands (staged_of) read from their copies."""
     normal = Normal.of(problem)
+    staged = staged_of(problem, target, staged)
     return choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, on_fma(problem, target),
-                        on_f64_matrix(problem, target), staged=kernel_strides(normal, staged_of(problem, target, staged)))
+                        on_f64_matrix(problem, target), staged=kernel_strides(normal, staged), dgrad_b="W" in staged)
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
@@ -325,13 +329,21 @@ def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
             "bwd_weight_bias": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
 
 
-def _staged_entries(problem: ConvProblem, staged: tuple[str, ...], entries: tuple[str, ...]) -> tuple[str, ...]:
-    """The entries among `entries` whose GEMM reads a staged operand: X and W are the forward
-    GEMM's (the fwd entry, a transposed problem's bwd_data), Y the data gradient's (bwd_data, a
-    transposed problem's fwd)."""
+def _converts(normal: Normal, staged: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """What each GEMM's launch converts: the forward its staged X and W that are not channels-last
+    already, the data gradient its staged Y that is not, and its staged W (filters innermost, which
+    no caller layout is)."""
+    cl = {k: lay is Layout.CHANNELS_LAST for k, lay in zip("XWY", normal.layouts)}
+    return {"FWD": tuple(k for k in ("X", "W") if k in staged and not cl[k]),
+            "DGRAD": tuple(k for k in ("Y", "W") if k in staged and (k == "W" or not cl[k]))}
+
+
+def _staged_entries(problem: ConvProblem, converts: dict[str, tuple[str, ...]],
+                    entries: tuple[str, ...]) -> tuple[str, ...]:
+    """The entries among `entries` whose GEMM's launch converts an operand: the fwd entry launches
+    the forward GEMM (a transposed problem's: the data gradient), bwd_data the data gradient."""
     gemm = {"fwd": "DGRAD" if problem.transposed else "FWD", "bwd_data": "FWD" if problem.transposed else "DGRAD"}
-    reads = {"FWD": ("X", "W"), "DGRAD": ("Y",)}
-    return tuple(e for e in entries if e in gemm and any(k in staged for k in reads[gemm[e]]))
+    return tuple(e for e in entries if e in gemm and converts[gemm[e]])
 
 
 def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads: int | None = None,
@@ -360,6 +372,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     if unknown:
         raise ConvSpecError(f"staged {list(staged)}: expected operand kinds among X, W, Y")
     x_strides, y_strides, w_strides = kernel_strides(normal, ())
+    converts = _converts(normal, staged)
     tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     return IgemmContext(
@@ -373,7 +386,8 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         kernel=normal.kernel, stride=normal.stride, pad=normal.pad, dilation=normal.dilation,
         layouts=tuple(layout.value for layout in normal.layouts),
         x_strides=x_strides, y_strides=y_strides, w_strides=w_strides, staged=staged,
-        read_strides=kernel_strides(normal, staged), staged_entries=_staged_entries(problem, staged, entries),
+        read_strides=kernel_strides(normal, staged), converts=tuple(converts.items()),
+        staged_entries=_staged_entries(problem, converts, entries),
         raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],
         block_k=block_k_of(problem.dtype.itemsize), tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), split=_split(normal, target, tiles.wgrad)[0],

@@ -5,10 +5,12 @@ The kernel moves an operand into shared memory by 16-byte copies (cp.async on CU
 HIP) only where consecutive reduction indices are consecutive in memory (codegen/gpu_tiles.py):
 for the forward's input and the data gradient's grad_output that is channels-last with the channel
 counts a multiple of the copy's elements, the reduction ordered (tap, channel); for the forward's
-weight, channels-last too once its reduction is tap-major. In the caller's NCHW the same operand is
-gathered element by element. The layout pass may instead convert it: a transpose kernel (32 x 32
-tiles through shared memory, both sides coalesced) writes an NHWC copy into the entry's workspace
-and the GEMM reads that. Outputs stay in the caller's layout (the epilogue writes through strides);
+weight, channels-last too once its reduction is tap-major; for the data gradient's weight, whose
+reduction runs over (tap, filter), filters innermost -- a layout no caller holds: (group, channel,
+tap, filter), or (group, tap, channel, filter) from a channels-last weight. In the caller's NCHW
+the same operand is gathered element by element. The layout pass may instead convert it: a
+transpose kernel (32 x 32 tiles through shared memory, both sides coalesced) writes the copy into
+the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue writes through strides);
 the weight gradient is not staged (its grad_output is read along pixels, which NCHW already gives
 16 bytes at a time, and its input is gathered by (channel, tap) columns in either layout).
 
@@ -34,6 +36,7 @@ These are estimates for a decision, not measurements of a device: no GPU has run
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 from .ir import ConvProblem, Layout, Op
@@ -119,13 +122,16 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
     g = max(normal.groups, 1)
     vector = vector_of(problem.dtype.itemsize)
     a_kind, a_layout, a_channels = ("X", x_layout, normal.channels) if gemm == "FWD" else ("Y", y_layout, normal.filters)
-    if a_layout is Layout.CHANNELS_LAST and (gemm == "DGRAD" or w_layout is Layout.CHANNELS_LAST):
-        return Staging((), f"operands already channels-last where the {gemm.lower()} GEMM copies 16 bytes: no conversion")
+    if gemm == "FWD" and a_layout is Layout.CHANNELS_LAST and w_layout is Layout.CHANNELS_LAST:
+        return Staging((), "input and weight already channels-last, as the forward GEMM copies them 16 bytes at a "
+                           "time: no conversion")
     if a_channels % vector or (a_channels // g) % vector:
         return Staging((), f"{a_kind} has {a_channels} channels ({a_channels // g} a group): not whole 16-byte copies of "
                            f"{vector} elements, so channels-last would not give vector loads; no conversion")
+    # the data gradient's weight is gathered in either caller layout (its reduction runs over filters):
+    # its copy has filters innermost whatever the caller's layout
     kinds = tuple(k for k, lay in ((a_kind, a_layout), ("W", w_layout))
-                  if lay is not Layout.CHANNELS_LAST and (k != "W" or gemm == "FWD"))
+                  if lay is not Layout.CHANNELS_LAST or (k == "W" and gemm == "DGRAD"))
 
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     peaks = _peaks(target)
@@ -137,26 +143,39 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
     memory = compulsory / bandwidth
 
     def kernel_time(staged: tuple[str, ...]) -> tuple[float, float]:
-        tiles = choose_tiles(normal, *kernel_strides(normal, staged), target, problem.dtype.itemsize, fma, f64_matrix)
+        tiles = choose_tiles(normal, *kernel_strides(normal, staged), target, problem.dtype.itemsize, fma, f64_matrix,
+                             dgrad_b="W" in staged)
         tile = tiles.fwd if gemm == "FWD" else tiles.dgrad
         a, b = _loads(normal, tile, gemm)
         issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
         return max(multiply, memory, issue), issue
 
-    before, issue_before = kernel_time(())
-    after, issue_after = kernel_time(kinds)
     image = {"X": normal.channels * math.prod(normal.in_size), "Y": normal.filters * math.prod(normal.out_size),
              "W": normal.filters * (normal.channels // g) * math.prod(normal.kernel)}
-    converted = sum(image[k] for k in kinds) * problem.dtype.itemsize
-    conversion = 2 * converted / bandwidth
     us = lambda seconds: f"{seconds * 1e6:.3g} us"
-    numbers = (f"for one image (the weight's conversion charged in full: larger batches only favour staging): conversion of {'+'.join(kinds)} {us(conversion)} (2 x {converted} B at "
-               f"{peaks.memory:g} TB/s); {gemm.lower()} GEMM {us(before)} in the caller's layouts "
-               f"(operand loads {us(issue_before)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element "
-               f"gathered) against {us(after)} staged (loads {us(issue_after)} at ~{COPY_INSTRUCTIONS} a 16-byte "
-               f"copy), multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, "
-               f"codegen/gpu_staging.py)")
-    if conversion + after < before:
-        return Staging(kinds, f"stage {' and '.join(kinds)} channels-last in the workspace (a transpose kernel before "
-                              f"the GEMM) so that they move by 16-byte copies: {numbers}")
+
+    def total(staged: tuple[str, ...]) -> tuple[float, str]:
+        """The conversions and the GEMM on them, and the figures in words."""
+        gemm_time, issue = kernel_time(staged)
+        if not staged:
+            return gemm_time, (f"{gemm.lower()} GEMM in the caller's layouts {us(gemm_time)} (operand loads "
+                               f"{us(issue)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element gathered, "
+                               f"~{COPY_INSTRUCTIONS} a 16-byte copy)")
+        converted = sum(image[k] for k in staged) * problem.dtype.itemsize
+        conversion = 2 * converted / bandwidth
+        return conversion + gemm_time, (f"{'+'.join(staged)} staged {us(conversion + gemm_time)} (conversion "
+                                        f"{us(conversion)}: 2 x {converted} B at {peaks.memory:g} TB/s; GEMM "
+                                        f"{us(gemm_time)}, loads {us(issue)})")
+
+    # every subset of what could be staged (an activation alone, the weight alone, both)
+    options = sorted(((total(subset), subset) for r in range(len(kinds) + 1)
+                      for subset in itertools.combinations(kinds, r)), key=lambda option: option[0][0])
+    (best, _), chosen = options[0]
+    numbers = ("for one image (the weight's conversion charged in full: larger batches only favour staging): "
+               + "; ".join(words for (_, words), _ in options)
+               + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu_staging.py)")
+    if chosen:
+        copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last" for k in chosen]
+        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (a transpose kernel each, before the "
+                               f"GEMM) so that they move by 16-byte copies, the fastest option: {numbers}")
     return Staging((), f"no conversion: it would not pay for itself: {numbers}")

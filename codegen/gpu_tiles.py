@@ -138,12 +138,14 @@ class IgemmTiles:
 
 
 def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
-                 fma: bool = False, f64_matrix: bool = False, staged=None) -> IgemmTiles:
+                 fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` (codegen/gpu_igemm.py's Normal) on GPU `target`, for
     operands of `itemsize` bytes in shared memory, multiplied on matrix instructions, (`fma`) by
     each thread's register tile of fused multiply-adds, or (`f64_matrix`) f64 on matrix instructions.
     `staged`: the (x, y, w) strides the forward and data gradient read when the layout pass stages
-    operands channels-last (codegen/gpu_staging.py); the weight gradient reads the caller's."""
+    operands channels-last (codegen/gpu_staging.py); the weight gradient reads the caller's. `dgrad_b`:
+    the data gradient reads a copy of the weight with filters innermost (16-byte copies of B when its
+    reduction is tap-major)."""
     from math import prod
 
     wg_y_strides = y_strides
@@ -172,7 +174,8 @@ def choose_tiles(normal, x_strides, y_strides, w_strides, target: Target, itemsi
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
     dm, dn = _fitted(target, side(positions), side(cg), itemsize)
-    dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase), itemsize)[0], dg_tap, dg_tap, False, itemsize)
+    dgrad = GemmTile(dm, dn, _stages(target, dm, dn, steps(kg * tap_phase), itemsize)[0], dg_tap, dg_tap,
+                     dg_tap and dgrad_b, itemsize)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
     wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
     wm, wn = _fitted(target, side(kg), side(cg * taps), itemsize)

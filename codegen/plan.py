@@ -126,6 +126,7 @@ class Plan:
     candidates: tuple[str, ...] = ()
     layouts: tuple[tuple[str, Layout], ...] = ()   # internal layout per kernel operand kind
     conversions: tuple[str, ...] = ()
+    staged: tuple[str, ...] = ()        # GPU igemm: operand kinds its kernel reads from a converted copy (layout pass)
     group_strategy: str | None = None
     tiling: Tiling | GpuTiling | None = None
     batch_is_runtime: bool = True

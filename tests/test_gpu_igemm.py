@@ -316,11 +316,13 @@ def test_the_vector_cases_take_the_16_byte_copies():
         target = parse_target(vendor)
         tiles = {name: dict(igemm_context(_problem(BY_NAME[name], DType.BF16, layout), target, "p", staged=()).tiles)
                  for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
-        # staged channels-last (codegen/gpu_staging.py): the forward and data gradient copy 16 bytes,
-        # tap-major, from the NCHW tensors' converted copies; the weight gradient keeps grad_output's pixels
+        # staged (codegen/gpu_staging.py): the forward and data gradient copy 16 bytes, tap-major, from
+        # the NCHW tensors' channels-last copies and (data gradient) the weight's filters-innermost one;
+        # the weight gradient keeps grad_output's pixels
         staged = dict(igemm_context(_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)
         assert staged["FWD"].vector_a and staged["FWD"].vector_b and staged["FWD"].tap_major
-        assert staged["DGRAD"].vector_a and staged["DGRAD"].tap_major and staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"]
+        assert staged["DGRAD"].vector_a and staged["DGRAD"].vector_b and staged["DGRAD"].tap_major
+        assert staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"] and not tiles["vec_cl"]["DGRAD"].vector_b
         assert tiles["vec_cl"]["FWD"].vector_a and tiles["vec_cl"]["FWD"].vector_b and tiles["vec_cl"]["FWD"].tap_major
         assert tiles["vec_cl"]["DGRAD"].vector_a and tiles["vec_cl"]["DGRAD"].tap_major
         assert tiles["vec_nchw"]["FWD"].vector_b and not tiles["vec_nchw"]["FWD"].vector_a

@@ -37,10 +37,15 @@ def test_a_3x3_nchw_forward_and_data_gradient_are_staged_with_their_costs_in_the
     assert fwd.algorithm == "igemm" and staged_kinds(fwd) == ("W", "X")
     assert dict(fwd.layouts) == {"X": CL, "W": CL, "Y": NCHW} and len(fwd.conversions) == 2
     reason = _layout_reason(fwd)
-    assert re.search(r"conversion of X\+W [\d.]+ us \(2 x \d+ B at [\d.]+ TB/s\)", reason), reason
-    assert "gathered" in reason and "16-byte" in reason
+    # every option with its figures, the chosen one first
+    assert re.search(r"fastest option: [^;]*: X\+W staged [\d.]+ us \(conversion [\d.]+ us: 2 x \d+ B at [\d.]+ "
+                     r"TB/s; GEMM [\d.]+ us", reason), reason
+    assert "in the caller's layouts" in reason and "X staged" in reason and "W staged" in reason
+    # the data gradient: grad_output channels-last and the weight with filters innermost (its own
+    # layout: the plan keeps the caller's name for it and says so in the conversion)
     dgrad = lower(_problem(op=Op.BWD_DATA), parse_target(target))
-    assert staged_kinds(dgrad) == ("Y",) and dict(dgrad.layouts)["Y"] is CL and dict(dgrad.layouts)["X"] is NCHW
+    assert staged_kinds(dgrad) == ("W", "Y") and dict(dgrad.layouts) == {"X": NCHW, "W": NCHW, "Y": CL}
+    assert any(c.startswith("W: contiguous -> filters innermost") for c in dgrad.conversions)
 
 
 def test_weight_and_bias_gradients_read_the_caller_layouts():
@@ -61,7 +66,10 @@ def test_what_staging_cannot_help_is_not_staged_and_says_why():
     assert already.kinds == () and "already channels-last" in already.reason
     # an input already channels-last with a contiguous weight: only the weight, so that B copies 16 bytes too
     assert staging(_problem(layouts=(CL, NCHW, NCHW)), cuda).kinds == ("W",)
-    assert staging(_problem(op=Op.BWD_DATA, layouts=(NCHW, NCHW, CL)), cuda).kinds == ()
+    # grad_output already channels-last: the data gradient's weight is still gathered in any caller
+    # layout, so it alone is staged (filters innermost), from a channels-last weight too
+    assert staging(_problem(op=Op.BWD_DATA, layouts=(NCHW, NCHW, CL)), cuda).kinds == ("W",)
+    assert staging(_problem(op=Op.BWD_DATA, layouts=(CL, CL, CL)), cuda).kinds == ("W",)
 
 
 def test_the_conversion_is_weighed_against_what_it_saves():
@@ -75,11 +83,15 @@ def test_the_conversion_is_weighed_against_what_it_saves():
     # the decision is the batch's: every cost and saving grows with it (the weight's charged in full)
     for n in (1, 2, 64, 512):
         assert staging(_problem(n=n), cuda).kinds == ("X", "W")
+    # each subset is weighed: an f64 data gradient stages grad_output alone, its weight's copy (4.7 MB
+    # charged to one image) costing more than its gathers
+    f64 = staging(_problem(op=Op.BWD_DATA, dtype=DType.F64), cuda)
+    assert f64.kinds == ("Y",) and "Y+W staged" in f64.reason and "W staged" in f64.reason
 
 
 def test_a_transposed_forward_stages_its_input_as_the_normal_grad_output():
     plan = lower(_problem(transposed=True), parse_target("cuda-sm_90"))
-    assert plan.kop.value == "dgrad" and staged_kinds(plan) == ("Y",)
+    assert plan.kop.value == "dgrad" and staged_kinds(plan) == ("W", "Y")
     source = emit_gpu(plan).text
     assert re.search(r"int cgk_\w+_fwd\(const convgen_bf16\* input,[^)]*float\* workspace, long long batch", source)
 
@@ -102,8 +114,12 @@ def test_staged_kinds_are_checked_and_only_their_entries_take_a_workspace():
         igemm_context(_problem(), cuda, "p", staged=("Z",))
     context = igemm_context(_problem(), cuda, "p", staged=("X", "W", "Y"))
     assert context.staged_entries == ("fwd", "bwd_data")
+    assert dict(context.converts) == {"FWD": ("X", "W"), "DGRAD": ("Y", "W")}
     assert igemm_context(_problem(), cuda, "p", staged=("Y",)).staged_entries == ("bwd_data",)
     # a transposed problem's fwd entry is the normal data gradient (reads Y), its bwd_data the normal forward
     assert igemm_context(_problem(transposed=True), cuda, "p", staged=("Y",)).staged_entries == ("fwd",)
+    # what is channels-last already is not converted again; the data gradient's weight copy always is
+    cl = igemm_context(_problem(layouts=(CL, CL, CL)), cuda, "p", staged=("X", "W", "Y"))
+    assert dict(cl.converts) == {"FWD": (), "DGRAD": ("W",)} and cl.staged_entries == ("bwd_data",)
     # the weight gradient's tiles read the caller's layouts whatever is staged
     assert context.tiles[2][1] == igemm_context(_problem(), cuda, "p", staged=()).tiles[2][1]

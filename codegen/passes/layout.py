@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..ir import Layout
 from ..pipeline import Pass
-from ..plan import Plan
+from ..plan import KOp, Plan
 
 
 def run(plan: Plan) -> Plan:
@@ -29,12 +29,17 @@ def run(plan: Plan) -> Plan:
         from ..gpu_staging import staging
 
         staged = staging(plan.problem, plan.target)
-        internal = {kind: Layout.CHANNELS_LAST if kind in staged.kinds else lay for kind, lay in layouts.items()}
-        conversions = tuple(f"{kind}: {layouts[kind].value} -> channels_last (a transpose kernel into the workspace)"
-                            for kind in staged.kinds if kind in layouts)
+        # the data gradient's weight copy has filters innermost, a layout of its own (its internal
+        # layout stays the caller's name); every other staged operand is channels-last
+        filters_last = plan.kop is KOp.DGRAD
+        internal = {kind: Layout.CHANNELS_LAST if kind in staged.kinds and not (kind == "W" and filters_last) else lay
+                    for kind, lay in layouts.items()}
+        conversions = tuple(f"{kind}: {layouts[kind].value} -> "
+                            f"{'filters innermost' if kind == 'W' and filters_last else 'channels_last'} "
+                            f"(a transpose kernel into the workspace)" for kind in staged.kinds if kind in layouts)
         return plan.decide("layout", f"the caller holds {described} (the kernel reads any layout through "
                                      f"compile-time strides); {staged.reason}",
-                           layouts=tuple(sorted(internal.items())), conversions=conversions)
+                           layouts=tuple(sorted(internal.items())), conversions=conversions, staged=staged.kinds)
     if plan.target.gpu is not None:
         return plan.decide("layout", f"operands in the caller's layouts ({described}): the GPU kernel addresses "
                                      f"each through its own compile-time strides, so no conversion kernel is launched",
