@@ -117,6 +117,33 @@ def _header(plan: Plan, algorithm: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _allocator(entry: str) -> str:
+    """Where the plan's scratch memory comes from: the caller's allocator once it set one through
+    `<entry>_set_allocator` (convgen's runtime sets torch's caching allocator, so that workspaces come
+    out of the memory torch holds and go back to it, stream-ordered), else the vendor's stream-ordered
+    convgen_malloc_async (cudaMallocAsync, hipMallocAsync; malloc in the simulator)."""
+    return ("\n// The plan's scratch memory: the caller's allocator (set by " + entry + "_set_allocator: a null\n"
+            "// result is out of memory), else the vendor's stream-ordered one.\n"
+            "typedef void* (*convgen_alloc_fn)(unsigned long long bytes, void* stream);\n"
+            "typedef void (*convgen_release_fn)(void* p, void* stream);\n"
+            f"static convgen_alloc_fn {entry}_alloc = nullptr;\n"
+            f"static convgen_release_fn {entry}_release = nullptr;\n"
+            f"extern \"C\" void {entry}_set_allocator(void* alloc, void* release) {{\n"
+            f"    {entry}_alloc = reinterpret_cast<convgen_alloc_fn>(alloc);\n"
+            f"    {entry}_release = alloc ? reinterpret_cast<convgen_release_fn>(release) : nullptr;\n"
+            "}\n"
+            f"static int {entry}_workspace(void** p, unsigned long long bytes, void* stream) {{\n"
+            f"    if (!{entry}_alloc) return convgen_malloc_async(p, bytes, (convgen_stream_t)stream);\n"
+            f"    *p = {entry}_alloc(bytes, stream);\n"
+            "    return *p ? 0 : 2;   // cudaErrorMemoryAllocation, hipErrorOutOfMemory\n"
+            "}\n"
+            f"static int {entry}_free(void* p, void* stream) {{\n"
+            f"    if (!{entry}_release) return convgen_free_async(p, (convgen_stream_t)stream);\n"
+            f"    {entry}_release(p, stream);\n"
+            "    return 0;\n"
+            "}\n")
+
+
 def _plan_entry(plan: Plan, prefix: str, entry: str, entries: tuple[str, ...], workspace: tuple[str, ...]) -> str:
     roles = [op.role for op in plan.operands]
     params = ", ".join(f"void* {role}" for role in roles)
@@ -131,14 +158,16 @@ def _plan_entry(plan: Plan, prefix: str, entry: str, entries: tuple[str, ...], w
             f"        unsigned long long bytes = {prefix}_{name}_workspace_bytes(batch);\n"
             "        void* workspace = nullptr;\n"
             "        if (bytes != 0) {\n"
-            "            if (int status = convgen_malloc_async(&workspace, bytes, (convgen_stream_t)stream)) return status;\n"
+            f"            if (int status = {entry}_workspace(&workspace, bytes, stream)) return status;\n"
             "        }\n"
             f"        int status = {prefix}_{name}({args}, static_cast<float*>(workspace), batch, stream);\n"
-            "        int freed = bytes != 0 ? convgen_free_async(workspace, (convgen_stream_t)stream) : 0;\n"
+            f"        int freed = bytes != 0 ? {entry}_free(workspace, stream) : 0;\n"
             "        if (status != 0) return status;\n"
             "        if (freed != 0) return freed;\n"
             "    }")
-    return ("\n// The plan's entry: the caller's pointers by role, the batch size, a stream; 0 when launched.\n"
+    uses_workspace = any(name in workspace for name in entries)
+    return ((_allocator(entry) if uses_workspace else "") +
+            "\n// The plan's entry: the caller's pointers by role, the batch size, a stream; 0 when launched.\n"
             "struct convgen_pointer {  // a pointer by role, for an entry's parameter of any element type\n"
             "    void* p;\n    template <class U> operator U*() const { return static_cast<U*>(p); }\n};\n"
             f"extern \"C\" int {entry}({params}, long long batch, void* stream) {{\n" + "\n".join(calls) +

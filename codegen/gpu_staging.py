@@ -14,15 +14,19 @@ the entry's workspace and the GEMM reads that. Outputs stay in the caller's layo
 the weight gradient is not staged (its grad_output is read along pixels, which NCHW already gives
 16 bytes at a time, and its input is gathered by (channel, tap) columns in either layout).
 
-The cost model, per image (the batch is a run-time argument: every term grows with it, so the
-decision holds for every batch; the weight's conversion is charged in full to one image):
+The cost model, per image of a batch of REFERENCE_BATCH (the batch is a run-time argument and the
+kernel serves every batch, so the decision is made for one typical of training; the weight's
+conversion and the launches' latency are shared by the batch's images):
 
-- conversion: 2 x the operand's bytes (read once, written once) at the arch's memory bandwidth;
+- conversion: 2 x the operand's bytes (read once, written once) at the arch's memory bandwidth,
+  plus LAUNCH_SECONDS for the extra launch (the gap a dependent kernel leaves on a stream);
 - the kernel's time with and without staging: max(multiplies at the units' peak, compulsory bytes at
   the memory bandwidth, instruction issue), the issue from the operands' element loads at
   GATHER_INSTRUCTIONS per element gathered or COPY_INSTRUCTIONS per 16-byte copy, issued at one
   instruction per lane and cycle (the f32 FMA peak / 2: instructions are per thread);
-- stage when the conversion costs less than the time it saves.
+- each subset of the stageable operands (an activation, the weight, both) weighed, the fastest
+  taken; none when the caller's layouts are the fastest. Small problems stage nothing: the launches
+  cost more than the gathers.
 
 GATHER_INSTRUCTIONS and COPY_INSTRUCTIONS come from the sm_90 machine code of this kernel (nvcc 13.0,
 cuobjdump -sass, a 256 -> 256 3x3 bf16 forward): the element-gather loop is about 200 instructions
@@ -44,6 +48,8 @@ from .target import Target
 
 GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
 COPY_INSTRUCTIONS = 80     # per 16-byte copy
+REFERENCE_BATCH = 32       # images the weight's conversion and the launches are shared by
+LAUNCH_SECONDS = 3e-6      # a dependent launch's gap on a stream: a few microseconds on current GPUs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +156,9 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
         issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
         return max(multiply, memory, issue), issue
 
-    image = {"X": normal.channels * math.prod(normal.in_size), "Y": normal.filters * math.prod(normal.out_size),
+    # elements converted for a batch of REFERENCE_BATCH images
+    image = {"X": REFERENCE_BATCH * normal.channels * math.prod(normal.in_size),
+             "Y": REFERENCE_BATCH * normal.filters * math.prod(normal.out_size),
              "W": normal.filters * (normal.channels // g) * math.prod(normal.kernel)}
     us = lambda seconds: f"{seconds * 1e6:.3g} us"
 
@@ -162,16 +170,17 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
                                f"{us(issue)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element gathered, "
                                f"~{COPY_INSTRUCTIONS} a 16-byte copy)")
         converted = sum(image[k] for k in staged) * problem.dtype.itemsize
-        conversion = 2 * converted / bandwidth
+        conversion = (2 * converted / bandwidth + len(staged) * LAUNCH_SECONDS) / REFERENCE_BATCH
         return conversion + gemm_time, (f"{'+'.join(staged)} staged {us(conversion + gemm_time)} (conversion "
-                                        f"{us(conversion)}: 2 x {converted} B at {peaks.memory:g} TB/s; GEMM "
-                                        f"{us(gemm_time)}, loads {us(issue)})")
+                                        f"{us(conversion)}: 2 x {converted} B at {peaks.memory:g} TB/s and "
+                                        f"{len(staged)} launch{'es' if len(staged) > 1 else ''}, over "
+                                        f"{REFERENCE_BATCH} images; GEMM {us(gemm_time)}, loads {us(issue)})")
 
     # every subset of what could be staged (an activation alone, the weight alone, both)
     options = sorted(((total(subset), subset) for r in range(len(kinds) + 1)
                       for subset in itertools.combinations(kinds, r)), key=lambda option: option[0][0])
     (best, _), chosen = options[0]
-    numbers = ("for one image (the weight's conversion charged in full: larger batches only favour staging): "
+    numbers = (f"an image's share of a batch of {REFERENCE_BATCH}: "
                + "; ".join(words for (_, words), _ in options)
                + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu_staging.py)")
     if chosen:

@@ -109,8 +109,10 @@ def test_shown_files_are_self_contained(shown):
             assert "// decisions:" in text and "[tiling]" in text and 'extern "C" int cg_' in text
             assert f"algorithm {ALGORITHM[path.stem.split('_', 1)[1]]}\n" in text, path.name
             if "_bwd_weight(convgen_pointer" in text and "algorithm direct" not in text:
-                # the plan entry allocates the split-K workspace itself
-                assert "convgen_malloc_async(&workspace" in text and "convgen_free_async(workspace" in text
+                # the plan entry allocates the split-K workspace itself: from the allocator the caller
+                # sets (torch's caching allocator on a device), else the vendor's stream-ordered one
+                assert "_workspace(&workspace, bytes, stream)" in text and "_free(workspace, stream)" in text
+                assert "convgen_malloc_async(p, bytes" in text and "convgen_free_async(p" in text
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

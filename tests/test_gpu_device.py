@@ -128,6 +128,13 @@ long long seen_n(void) { return seen_batch; }
 void* seen_s(void) { return seen_stream; }
 int calls_made(void) { return calls; }
 void fail_next(int n) { fail = n; }
+/* the plan entry's allocator hook (codegen/emit_gpu.py): what the runtime sets, called as the entry would */
+static void* (*alloc_fn)(unsigned long long, void*); static void (*release_fn)(void*, void*);
+void entry_set_allocator(void* alloc, void* release) {
+    alloc_fn = (void* (*)(unsigned long long, void*))alloc; release_fn = (void (*)(void*, void*))release;
+}
+void* try_alloc(unsigned long long bytes, void* stream) { return alloc_fn ? alloc_fn(bytes, stream) : (void*)1; }
+void try_release(void* p, void* stream) { if (release_fn) release_fn(p, stream); }
 """
 
 
@@ -151,8 +158,10 @@ def stand_in(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
     kernel = cuda_device.GpuKernel(source, lib)
     recorder = ctypes.CDLL(str(lib))
-    for name in ("seen_pointer", "seen_s"):
+    for name in ("seen_pointer", "seen_s", "try_alloc"):
         getattr(recorder, name).restype = ctypes.c_void_p
+    recorder.try_alloc.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p]
+    recorder.try_release.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     recorder.seen_n.restype = ctypes.c_longlong
     return kernel, recorder, emptied
 
@@ -186,6 +195,27 @@ def test_out_of_memory_for_the_workspace_empties_torchs_cache_and_retries_once(s
     recorder.fail_next(2)
     with pytest.raises(torch.OutOfMemoryError, match="stand_in on cuda:0: out of memory for its workspace"):
         run(_OnDevice(0x1000), _OnDevice(0x2000), _OnDevice(0x3000), None)
+
+
+def test_the_plan_entrys_workspaces_come_from_torchs_caching_allocator(stand_in, monkeypatch):
+    """Loading a GPU kernel hands its plan entry torch's caching allocator (`<entry>_set_allocator`):
+    the entry's allocations reach torch.cuda.caching_allocator_alloc on the entry's stream, its
+    releases caching_allocator_delete; torch's out of memory is a null block (the entry's status 2)."""
+    _, recorder, _ = stand_in
+    calls = []
+
+    def alloc(size, device=None, stream=None):
+        calls.append(("alloc", size, stream))
+        if size > 1 << 40:
+            raise torch.OutOfMemoryError("too much")
+        return 0x7000
+
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", alloc)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda pointer: calls.append(("delete", pointer)))
+    assert recorder.try_alloc(4096, 0x5000) == 0x7000
+    recorder.try_release(0x7000, 0x5000)
+    assert recorder.try_alloc(1 << 41, 0x5000) is None
+    assert calls == [("alloc", 4096, 0x5000), ("delete", 0x7000), ("alloc", 1 << 41, 0x5000)]
 
 
 def test_the_cpu_paths_remembered_calls_never_reach_device_code(monkeypatch):

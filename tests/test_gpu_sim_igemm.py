@@ -16,6 +16,8 @@ with the bias added, with output_padding), thread and block orders forward, reve
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,6 +38,8 @@ OWN = {c.id: c for c in (
     # a transposed stride-3 convolution with output_padding 2: its forward runs igemm's stride phases
     cases.Case("igemm-transposed-s3-op2", (2, 4, 4, 5), 6, (3, 2), stride=3, padding=1, output_padding=2,
                transposed=True),
+    # channel counts in whole 16-byte copies, NCHW (staged channels-last in the allocator test)
+    cases.Case("igemm-staged", (2, 16, 9, 7), 24, (3, 3), stride=(2, 1), padding=1),
 )}
 BY_ID = {**cases.BY_ID, **OWN}
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -85,6 +89,73 @@ def test_low_precision_case_runs_on_igemm(vendor, case_id, dtype, variant, order
     after = convgen.stats()
     assert after["sim_launches"] - before["sim_launches"] == launches
     assert after["builds"] == before["builds"], "the prebuild missed a kernel of this test"
+
+
+def test_workspaces_come_from_the_allocator_the_caller_sets(tmp_path):
+    """A plan entry with a workspace takes it from the allocator given to `<entry>_set_allocator`
+    (the runtime gives torch's caching allocator on a device) and hands it back after the launches
+    on the same stream; a null allocation is the out-of-memory status, with nothing launched."""
+    import ctypes
+
+    from convgen.codegen.emit import emit
+    from convgen.codegen.pipeline import lower
+    from convgen.codegen.target import parse_target
+    from convgen.devices import sim
+    from reference import generator_for, randn
+
+    case = OWN["igemm-staged"]
+    ops = cases.operands(case, torch.bfloat16, "contiguous")
+    problem = call_problems(ops.x, ops.w, None, *case.args())[0]   # the forward
+    # staged whatever the cost model says of so small a problem: the conversions' workspace
+    plan = dataclasses.replace(lower(problem, parse_target("cuda")), staged=("W", "X"))
+    source = emit(plan)
+    library = sim.build(source.text, tmp_path, "allocator", "cuda")
+    entry = library.lib[source.entry]
+    entry.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p]
+    workspace_bytes = library.lib[source.entry.replace("cg_", "cgk_", 1) + "_fwd_workspace_bytes"]
+    workspace_bytes.restype = ctypes.c_ulonglong
+    g = generator_for("allocator")
+    x, w = randn(problem.input_shape, torch.bfloat16, g), randn(problem.weight_shape, torch.bfloat16, g)
+    plain, hooked = torch.full(problem.output_shape, float("nan"), dtype=torch.bfloat16), \
+        torch.full(problem.output_shape, float("nan"), dtype=torch.bfloat16)
+    stream = ctypes.c_void_p(0x5000)
+    assert entry(x.data_ptr(), w.data_ptr(), None, plain.data_ptr(), problem.n, stream) == 0   # the vendor's
+
+    blocks, seen = {}, []
+    alloc_type = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
+    release_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+    fail = []
+
+    @alloc_type
+    def alloc(nbytes, on):
+        seen.append(("alloc", nbytes, on))
+        if fail:
+            return None
+        block = torch.full((nbytes,), 255, dtype=torch.uint8)   # poisoned: the conversion writes what is read
+        blocks[block.data_ptr()] = block
+        return block.data_ptr()
+
+    @release_type
+    def release(pointer, on):
+        seen.append(("release", pointer, on))
+        blocks.pop(pointer)
+
+    setter = library.lib[source.entry + "_set_allocator"]
+    setter.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    setter(ctypes.cast(alloc, ctypes.c_void_p), ctypes.cast(release, ctypes.c_void_p))
+    before = library.launches()
+    assert entry(x.data_ptr(), w.data_ptr(), None, hooked.data_ptr(), problem.n, stream) == 0
+    assert library.launches() - before == 1 + len(plan.staged)   # the conversions, then the GEMM
+    (kind, nbytes, on), (released, pointer, on_release) = seen
+    assert (kind, released, on, on_release) == ("alloc", "release", 0x5000, 0x5000) and not blocks
+    assert nbytes == workspace_bytes(problem.n) > 0
+    assert torch.equal(hooked.view(torch.int16), plain.view(torch.int16))
+    fail.append(1)
+    before = library.launches()
+    assert entry(x.data_ptr(), w.data_ptr(), None, hooked.data_ptr(), problem.n, stream) == 2
+    assert library.launches() == before and seen[-1][0] == "alloc"
+    setter(None, None)   # back to the vendor's
+    assert entry(x.data_ptr(), w.data_ptr(), None, hooked.data_ptr(), problem.n, stream) == 0
 
 
 def test_stride_phases_are_all_launched():

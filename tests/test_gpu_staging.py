@@ -19,9 +19,10 @@ from convgen.codegen.target import parse_target
 CL, NCHW = Layout.CHANNELS_LAST, Layout.CONTIGUOUS
 
 
-def _problem(op=Op.FWD, c=256, k=256, size=(14, 14), kernel=(3, 3), stride=(1, 1), dtype=DType.BF16, groups=1,
+def _problem(op=Op.FWD, c=256, k=256, size=(14, 14), kernel=(3, 3), stride=None, dtype=DType.BF16, groups=1,
              layouts=(NCHW, NCHW, NCHW), transposed=False, n=8) -> ConvProblem:
     pad = tuple(((r - 1) // 2, (r - 1) // 2) for r in kernel)
+    stride = stride or (1,) * len(size)
     return ConvProblem(op, n, c, k, size, kernel, stride, pad, (1,) * len(size), groups=groups, dtype=dtype,
                        transposed=transposed, input_layout=layouts[0], weight_layout=layouts[1],
                        output_layout=layouts[2]).validate()
@@ -38,8 +39,8 @@ def test_a_3x3_nchw_forward_and_data_gradient_are_staged_with_their_costs_in_the
     assert dict(fwd.layouts) == {"X": CL, "W": CL, "Y": NCHW} and len(fwd.conversions) == 2
     reason = _layout_reason(fwd)
     # every option with its figures, the chosen one first
-    assert re.search(r"fastest option: [^;]*: X\+W staged [\d.]+ us \(conversion [\d.]+ us: 2 x \d+ B at [\d.]+ "
-                     r"TB/s; GEMM [\d.]+ us", reason), reason
+    assert re.search(r"fastest option: an image's share of a batch of 32: X\+W staged [\d.]+ us \(conversion "
+                     r"[\d.]+ us: 2 x \d+ B at [\d.]+ TB/s and 2 launches, over 32 images; GEMM [\d.]+ us", reason), reason
     assert "in the caller's layouts" in reason and "X staged" in reason and "W staged" in reason
     # the data gradient: grad_output channels-last and the weight with filters innermost (its own
     # layout: the plan keeps the caller's name for it and says so in the conversion)
@@ -59,9 +60,12 @@ def test_what_staging_cannot_help_is_not_staged_and_says_why():
     cuda = parse_target("cuda-sm_90")
     ragged = staging(_problem(c=12), cuda)   # 12 channels: not whole 16-byte copies of 8 bf16
     assert ragged.kinds == () and "12 channels" in ragged.reason and "8 elements" in ragged.reason
-    grouped = staging(_problem(c=48, k=48, groups=6), cuda)   # 8 a group: whole copies
+    grouped = staging(_problem(c=48, k=48, groups=6, size=(56, 56)), cuda)   # 8 a group: whole copies
     assert grouped.kinds == ("X", "W")
-    assert staging(_problem(c=48, k=48, groups=4), cuda).kinds == ()   # 12 a group
+    assert staging(_problem(c=48, k=48, groups=4, size=(56, 56)), cuda).kinds == ()   # 12 a group
+    # a small problem: the launches' gaps cost more than its gathers
+    small = staging(_problem(c=8, k=8, size=(32, 32)), cuda)
+    assert small.kinds == () and "would not pay for itself" in small.reason and "launch" in small.reason
     already = staging(_problem(layouts=(CL, CL, NCHW)), cuda)
     assert already.kinds == () and "already channels-last" in already.reason
     # an input already channels-last with a contiguous weight: only the weight, so that B copies 16 bytes too
@@ -83,10 +87,11 @@ def test_the_conversion_is_weighed_against_what_it_saves():
     # the decision is the batch's: every cost and saving grows with it (the weight's charged in full)
     for n in (1, 2, 64, 512):
         assert staging(_problem(n=n), cuda).kinds == ("X", "W")
-    # each subset is weighed: an f64 data gradient stages grad_output alone, its weight's copy (4.7 MB
-    # charged to one image) costing more than its gathers
-    f64 = staging(_problem(op=Op.BWD_DATA, dtype=DType.F64), cuda)
-    assert f64.kinds == ("Y",) and "Y+W staged" in f64.reason and "W staged" in f64.reason
+    # each subset is weighed: a 3-D 8 -> 16 forward (CASES.md 20c) stages its input alone, its small
+    # weight's gathers cheaper than one more launch; its data gradient grad_output alone
+    for op, alone, both in ((Op.FWD, ("X",), "X+W staged"), (Op.BWD_DATA, ("Y",), "Y+W staged")):
+        three_d = staging(_problem(op=op, c=8, k=16, size=(6, 10, 10), kernel=(3, 3, 3), n=2), cuda)
+        assert three_d.kinds == alone and both in three_d.reason and "W staged" in three_d.reason
 
 
 def test_a_transposed_forward_stages_its_input_as_the_normal_grad_output():
@@ -99,8 +104,9 @@ def test_a_transposed_forward_stages_its_input_as_the_normal_grad_output():
 def test_the_plan_entry_allocates_the_workspace_and_launches_the_conversions():
     plan = lower(_problem(), parse_target("cuda-sm_90"))
     source = emit_gpu(plan).text
-    entry = source[source.index("The plan's entry"):]
+    entry = source[source.index("The plan's scratch memory"):]
     assert "_fwd_workspace_bytes(batch)" in entry and "convgen_malloc_async" in entry and "convgen_free_async" in entry
+    assert "_set_allocator(void* alloc, void* release)" in entry
     assert "__global__ void CONVGEN_LAUNCH_BOUNDS(THREADS, 1) to_channels_last" in source
     assert source.count("convert(") == 3   # the helper's definition, X's and W's launch
     # without staging the entry neither converts nor takes a workspace
@@ -123,3 +129,34 @@ def test_staged_kinds_are_checked_and_only_their_entries_take_a_workspace():
     assert dict(cl.converts) == {"FWD": (), "DGRAD": ("W",)} and cl.staged_entries == ("bwd_data",)
     # the weight gradient's tiles read the caller's layouts whatever is staged
     assert context.tiles[2][1] == igemm_context(_problem(), cuda, "p", staged=()).tiles[2][1]
+
+
+def test_the_cases_md_matrix_reaches_every_staging_path():
+    """tests/test_gpu_sim.py runs every CASES.md case through the plan entries on both vendors: among
+    them are forwards and data gradients that stage an activation, the weight or both, normal and
+    transposed, so the conversions run there against ATen (this pins that they still do)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_cases as cases
+    from convgen.api.ops import call_problems
+
+    seen = set()
+    for case in cases.CASES:
+        for layout in ("contiguous", "channels_last"):
+            if layout not in cases.variants_of(case):
+                continue
+            ops = cases.operands(case, torch.bfloat16, layout)
+            for p in call_problems(ops.x, ops.w, ops.b, *case.args(), output_mask=(True, True, True),
+                                   grad_output=ops.gy):
+                for vendor in ("cuda", "hip"):
+                    plan = lower(p, parse_target(vendor))
+                    if plan.staged:
+                        seen.add((vendor, plan.kop.value, staged_kinds(plan), p.transposed))
+    for vendor in ("cuda", "hip"):
+        assert {(vendor, "fwd", ("W", "X"), False), (vendor, "dgrad", ("W", "Y"), False),
+                (vendor, "dgrad", ("Y",), True)} <= seen, sorted(seen)
+    assert {("hip", "fwd", ("W",), False), ("hip", "dgrad", ("W",), False), ("hip", "dgrad", ("W", "Y"), True)} <= seen

@@ -11,9 +11,10 @@ library (building/gpu_library.py), or served by an ahead-of-time bundle's fat li
 `extern "C"` plan entry takes the pointers by role, the run-time batch size and a stream, and
 is called on torch's current stream of the tensors' device (`torch.cuda.current_stream()`),
 without synchronising: like any torch CUDA op, the results are ready in stream order. A
-non-zero status is the vendor's error code: out of memory (a split-K workspace comes from the
-plan entry's stream-ordered `convgen_malloc_async`, i.e. cudaMallocAsync / hipMallocAsync on
-that stream) empties torch's caching allocator and retries once, then raises
+non-zero status is the vendor's error code: out of memory (a workspace -- split-K partials, staged
+channels-last copies -- comes from torch's caching allocator, which the kernel's loading hands to
+the plan entry, or from its stream-ordered cudaMallocAsync / hipMallocAsync where the entry has no
+`<entry>_set_allocator`) empties torch's caching allocator and retries once, then raises
 torch.OutOfMemoryError; any other status raises ConvgenError with the code.
 """
 
@@ -76,6 +77,38 @@ def _raw_stream(index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+# Workspaces from torch's caching allocator: the plan entry asks `alloc(bytes, stream)` and gives the
+# block back with `release(pointer, stream)` right after queueing the launches that use it, on the
+# same stream -- as torch's own temporaries, so the block is reused only behind those launches.
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
+_RELEASE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+
+@_ALLOC
+def _torch_alloc(nbytes: int, stream: int | None) -> int | None:
+    try:
+        return torch.cuda.caching_allocator_alloc(nbytes, stream=stream or 0)
+    except Exception:   # torch.OutOfMemoryError and the like: null, the entry's out-of-memory status
+        return None
+
+
+@_RELEASE
+def _torch_release(pointer: int | None, stream: int | None) -> None:
+    if pointer:
+        torch.cuda.caching_allocator_delete(pointer)
+
+
+def use_torch_allocator(library: ctypes.CDLL, entry: str) -> bool:
+    """Point the plan entry's workspaces at torch's caching allocator (`<entry>_set_allocator`,
+    codegen/emit_gpu.py); False for an entry without one (no workspace, or a bundle built before it)."""
+    setter = getattr(library, f"{entry}_set_allocator", None)
+    if setter is None:
+        return False
+    setter.argtypes, setter.restype = [ctypes.c_void_p, ctypes.c_void_p], None
+    setter(ctypes.cast(_torch_alloc, ctypes.c_void_p), ctypes.cast(_torch_release, ctypes.c_void_p))
+    return True
+
+
 class GpuKernel(Kernel):
     """A GPU plan entry loaded with ctypes from a library built for the device's arch (`path`),
     or from an ahead-of-time bundle's fat library (`library`: an already loaded ctypes.CDLL)."""
@@ -84,6 +117,7 @@ class GpuKernel(Kernel):
         self.source = source
         self.path = path
         self._lib, self._fn = load_entry(source, path, "the GPU library", library)
+        use_torch_allocator(self._lib, source.entry)
 
     @property
     def address(self) -> int:
