@@ -1,5 +1,6 @@
-"""Channels-last staging for the implicit-GEMM GPU kernel (codegen/gpu_igemm.py): which of the
-GEMM's operands the `layout` pass converts to channels-last before the kernel reads them, and why.
+"""Staging for the implicit-GEMM GPU kernel (codegen/gpu_igemm.py): which of the GEMM's operands
+the `layout` pass converts before the kernel reads them -- activations to channels-last, the weight
+to channels-last (forward) or filters innermost (data gradient) -- and why.
 
 The kernel moves an operand into shared memory by 16-byte copies (cp.async on CUDA, registers on
 HIP) only where consecutive reduction indices are consecutive in memory (codegen/gpu_tiles.py):
@@ -10,8 +11,8 @@ reduction runs over (tap, filter), filters innermost -- a layout no caller holds
 tap, filter), or (group, tap, channel, filter) from a channels-last weight. In the caller's NCHW
 the same operand is gathered element by element. The layout pass may instead convert it: a
 transpose kernel (32 x 32 tiles through shared memory, both sides coalesced) writes the copy into
-the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue writes through strides);
-the weight gradient is not staged (its grad_output is read along pixels, which NCHW already gives
+the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue
+writes through strides); the weight gradient is not staged (its grad_output is read along pixels, which NCHW already gives
 16 bytes at a time, and its input is gathered by (channel, tap) columns in either layout).
 
 The cost model, per image of a batch of REFERENCE_BATCH (the batch is a run-time argument and the
@@ -179,7 +180,7 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
     # every subset of what could be staged (an activation alone, the weight alone, both)
     options = sorted(((total(subset), subset) for r in range(len(kinds) + 1)
                       for subset in itertools.combinations(kinds, r)), key=lambda option: option[0][0])
-    (best, _), chosen = options[0]
+    chosen = options[0][1]
     numbers = (f"an image's share of a batch of {REFERENCE_BATCH}: "
                + "; ".join(words for (_, words), _ in options)
                + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu_staging.py)")
