@@ -284,7 +284,7 @@ def refusal(problem: ConvProblem, target: Target) -> str | None:
         return ("size: the implicit-GEMM GPU kernel indexes within one image and the weight in 32 bits; "
                 + ", ".join(f"{name} has {count} elements" for name, count in too_big.items())
                 + " (at most 2^31 - 1)")
-    tiles = tiles_of(problem, target)
+    tiles = tiles_of(problem, target, ())   # shared bytes do not depend on what is staged: no cost model here
     limit = (target.gpu or GPU_ARCHS[target.isa]).shared_bytes_per_block
     over = [(name, t.shared_bytes) for name, t in (("forward", tiles.fwd), ("data gradient", tiles.dgrad),
                                                    ("weight gradient", tiles.wgrad)) if t.shared_bytes > limit]

@@ -196,7 +196,7 @@ def kernel_shapes(plan) -> dict[str, tuple[int, int]]:
         return {}
     from .gpu_igemm import tiles_of
 
-    tiles = tiles_of(plan.problem, plan.target)
+    tiles = tiles_of(plan.problem, plan.target, plan.staged)
     return {"fwd": (threads, tiles.fwd.shared_bytes), "bwd_data": (threads, tiles.dgrad.shared_bytes),
             "bwd_weight_partial": (threads, tiles.wgrad.shared_bytes)}
 
