@@ -148,6 +148,17 @@ static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64
     for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l));
   for (; l < cnt; ++l) dst[l] = from_acc(src[l]);
 }
+// The same for values stride elements apart at dst: converted a vector at a time, then placed.
+static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* __restrict src, int64_t cnt) {
+  int64_t l = 0;
+  if constexpr (sizeof(T) != sizeof(ACC))
+    for (; l + V <= cnt; l += V) {
+      T vals[V];
+      vstore_t(vals, vload(src + l));
+      for (int64_t k = 0; k < V; ++k) dst[(l + k) * stride] = vals[k];
+    }
+  for (; l < cnt; ++l) dst[l * stride] = from_acc(src[l]);
+}
 #include <numeric>
 
 constexpr int64_t CB = 5, NV = 2;                 // register tile: CB channels x NV vectors
@@ -288,8 +299,7 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
         if (ci >= CIN_G) break;
         T* gxrow = gxrow0 + ci * X_SC + (SW * (j0 + jj) + I0) * X_SW;
         if constexpr (SW * X_SW == 1) store_run(gxrow, total[q], cnt);
-        else
-          for (int64_t l = 0; l < cnt; ++l) gxrow[l * SW * X_SW] = from_acc(total[q][l]);
+        else store_strided(gxrow, SW * X_SW, total[q], cnt);
       }
     }
   }

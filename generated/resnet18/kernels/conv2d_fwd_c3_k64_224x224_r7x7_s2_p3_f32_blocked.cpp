@@ -147,6 +147,17 @@ static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64
     for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l));
   for (; l < cnt; ++l) dst[l] = from_acc(src[l]);
 }
+// The same for values stride elements apart at dst: converted a vector at a time, then placed.
+static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* __restrict src, int64_t cnt) {
+  int64_t l = 0;
+  if constexpr (sizeof(T) != sizeof(ACC))
+    for (; l + V <= cnt; l += V) {
+      T vals[V];
+      vstore_t(vals, vload(src + l));
+      for (int64_t k = 0; k < V; ++k) dst[(l + k) * stride] = vals[k];
+    }
+  for (; l < cnt; ++l) dst[l * stride] = from_acc(src[l]);
+}
 
 constexpr int64_t KB = 5, NV = 2;                 // register tile: KB channels x NV vectors
 constexpr int64_t KBLK = (COUT_G + KB - 1) / KB;                          // channel blocks per group
@@ -320,8 +331,7 @@ extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __re
               for (int64_t v = 0; v < NV; ++v) vstore(lanes + v * V, total[j][v]);
               const int64_t cnt = ncols - ow0 < OWB ? ncols - ow0 : OWB;
               if constexpr (Y_SW == 1) store_run(yrow, lanes, cnt);
-              else
-                for (int64_t l = 0; l < cnt; ++l) yrow[l * Y_SW] = from_acc(lanes[l]);
+              else store_strided(yrow, Y_SW, lanes, cnt);
             }
           }
         }

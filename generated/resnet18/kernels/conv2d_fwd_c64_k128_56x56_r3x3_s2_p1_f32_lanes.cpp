@@ -146,6 +146,17 @@ static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64
     for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l));
   for (; l < cnt; ++l) dst[l] = from_acc(src[l]);
 }
+// The same for values stride elements apart at dst: converted a vector at a time, then placed.
+static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* __restrict src, int64_t cnt) {
+  int64_t l = 0;
+  if constexpr (sizeof(T) != sizeof(ACC))
+    for (; l + V <= cnt; l += V) {
+      T vals[V];
+      vstore_t(vals, vload(src + l));
+      for (int64_t k = 0; k < V; ++k) dst[(l + k) * stride] = vals[k];
+    }
+  for (; l < cnt; ++l) dst[l * stride] = from_acc(src[l]);
+}
 
 constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // output channels per tile
