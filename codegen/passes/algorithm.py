@@ -114,10 +114,14 @@ def _grouplanes_fits(plan: Plan) -> bool:
     2 threads, kernel alone, ms, grouplanes / blocked, one run each): rnx_grouped (32 groups of 4 at
     56x56) forward 4.09 / 8.33 (lanes 13.1), data gradient 13.8 / 20.0 (bf16 11.2 / 17.2), at
     stride 2 5.8 / 8.5; 64 groups of 2, forward 6.8 / 17.2; 32 groups of 8 at 28x28, forward 9.4 /
-    11.0, data gradient 8.0 / 8.6. The weight gradient stays on lanes."""
+    11.0, data gradient 8.0 / 8.6. Their weight gradient spreads each group's grad_output channels
+    across its lanes instead (once per pixel, for every tap): grouplanes / lanes, same conditions,
+    rnx_grouped 2.46 / 11.73 and 3.09 / 14.54 (bf16 3.47 / 8.88), rnx_g32_256 (32 groups of 8 at
+    28x28) 3.53 / 4.31 and 3.97 / 4.35, regnet_g8 (8 groups of 8 at 56x56) 2.12 / 3.87 and
+    2.57 / 5.01 (bf16 2.69 / 2.58)."""
     g = plan.geometry
     lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
-    small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0 and plan.kop is not KOp.WGRAD
+    small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0
     return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and
             all(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
 

@@ -412,14 +412,17 @@ def _grouplanes(plan: Plan, lanes: int) -> Plan:
     g, t = plan.geometry, plan.target
     vectors = math.ceil(g.groups / lanes)
     if plan.kop is KOp.WGRAD:
-        splits = MIN_ITEMS
+        splits, m = MIN_ITEMS, g.cin_g
+        per = (f"{g.kernel[2]} vectors of partial sums (one per kernel column)" if m == 1 else
+               f"{m} x {g.kernel[2]} vectors of partial sums (one per group channel of grad_output, spread across "
+               f"the group's lanes once per pixel, and kernel column)")
         tiling = Tiling(vector_lanes=lanes, splits=splits,
                         threads_hint=f"parallel over {splits} fixed parts of the output rows; each part keeps its "
                                      f"own sums, added in order at the end, so results do not depend on the thread "
                                      f"count")
-        return plan.decide("tiling", f"{vectors} vectors of {lanes} channels; per output row, channel vector and "
-                                     f"input row, {g.kernel[2]} vectors of partial sums (one per kernel column) in "
-                                     f"registers, added to the part's sums in double; {tiling.threads_hint}",
+        return plan.decide("tiling", f"{math.ceil(g.groups * m / lanes)} vectors of {lanes} channels; per output "
+                                     f"row, channel vector and input row, {per} in registers, added to the part's "
+                                     f"sums in double; {tiling.threads_hint}",
                            tiling=tiling)
     nb, pb = grouplanes_tile(vectors, t.vector_registers)
     rows = math.prod(g.y_size[:2]) if plan.kop is KOp.FWD else math.prod(g.x_size[:2])
