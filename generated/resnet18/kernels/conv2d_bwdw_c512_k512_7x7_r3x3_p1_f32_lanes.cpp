@@ -150,8 +150,13 @@ static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64
     for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l));
   for (; l < cnt; ++l) dst[l] = from_acc(src[l]);
 }
-// The same for values stride elements apart at dst: converted a vector at a time, then placed.
+// The same for values stride elements apart at dst (store_run's when the stride is 1): converted a
+// vector at a time, then placed.
 static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* __restrict src, int64_t cnt) {
+  if (stride == 1) {
+    store_run(dst, src, cnt);
+    return;
+  }
   int64_t l = 0;
   if constexpr (sizeof(T) != sizeof(ACC))
     for (; l + V <= cnt; l += V) {

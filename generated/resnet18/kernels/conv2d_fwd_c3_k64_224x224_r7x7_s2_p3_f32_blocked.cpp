@@ -147,8 +147,13 @@ static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64
     for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l));
   for (; l < cnt; ++l) dst[l] = from_acc(src[l]);
 }
-// The same for values stride elements apart at dst: converted a vector at a time, then placed.
+// The same for values stride elements apart at dst (store_run's when the stride is 1): converted a
+// vector at a time, then placed.
 static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* __restrict src, int64_t cnt) {
+  if (stride == 1) {
+    store_run(dst, src, cnt);
+    return;
+  }
   int64_t l = 0;
   if constexpr (sizeof(T) != sizeof(ACC))
     for (; l + V <= cnt; l += V) {
@@ -330,8 +335,7 @@ extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __re
               ACC lanes[NV * V];
               for (int64_t v = 0; v < NV; ++v) vstore(lanes + v * V, total[j][v]);
               const int64_t cnt = ncols - ow0 < OWB ? ncols - ow0 : OWB;
-              if constexpr (Y_SW == 1) store_run(yrow, lanes, cnt);
-              else store_strided(yrow, Y_SW, lanes, cnt);
+              store_strided(yrow, Y_SW, lanes, cnt);
             }
           }
         }
