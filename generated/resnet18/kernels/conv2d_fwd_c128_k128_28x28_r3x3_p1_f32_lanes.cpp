@@ -53,6 +53,11 @@ constexpr int64_t X_SN = 100352, X_SC = 784, X_SD = 784, X_SH = 28, X_SW = 1;
 constexpr int64_t Y_SN = 100352, Y_SC = 784, Y_SD = 784, Y_SH = 28, Y_SW = 1;
 constexpr int64_t W_SN = 1152, W_SC = 9, W_SD = 9, W_SH = 3, W_SW = 1;
 
+// Whether an operand with these strides holds its (channel, tap) words at channel * taps + tap, for
+// n channels: each channel's taps, and then the channels, one run (contiguous weights).
+static constexpr bool taps_in_runs(int64_t n, int64_t sc, int64_t sd, int64_t sh, int64_t sw) {
+  return (n == 1 || sc == KD * KH * KW) && (KW == 1 || sw == 1) && (KH == 1 || sh == KW) && (KD == 1 || sd == KH * KW);
+}
 // The offset of tap t of the flattened KD x KH x KW window, given the strides of its three axes.
 static inline int64_t tap_offset(int64_t t, int64_t sd, int64_t sh, int64_t sw) {
   return t / (KH * KW) * sd + t / KW % KH * sh + t % KW * sw;
@@ -78,6 +83,18 @@ constexpr int V = 8;   // lanes of one 32-byte vector of ACC
 typedef ACC vec __attribute__((vector_size(32)));
 static inline vec vload(const ACC* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
 static inline void vstore(ACC* p, vec v) { std::memcpy(p, &v, sizeof v); }
+// V consecutive stored values (T) as a vector of ACC: one load where they are ACC already.
+static inline vec vload_t(const T* p) {
+  if constexpr (sizeof(T) == sizeof(ACC)) {
+    vec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else {
+    ACC lanes[V];
+    for (int l = 0; l < V; ++l) lanes[l] = to_acc(p[l]);
+    return vload(lanes);
+  }
+}
 // A uniform initializer is a single broadcast; `(vec){} + s` would be an add (0 + -0 is +0).
 static inline vec vbroadcast(ACC s) { return vec{s, s, s, s, s, s, s, s}; }
 static inline ACC vsum(vec v) {   // fixed-order horizontal sum, so results do not depend on scheduling
@@ -114,6 +131,57 @@ static inline void vtranspose(vec* r) {
     r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11);
     r[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
   }
+}
+// Runs of stored values transposed into packed weights: for words c < cw and taps t < taps,
+// dst[(c * taps + t) * nb + j] = word (c, t) of run j (run j at src + j * stride; runs from `runs`
+// on read as zeros; nb a multiple of V). Unpaired, word (c, t) is the run's value c * taps + t and
+// cw = n; `paired` (bf16 on vdpbf16ps), it holds the values of channels 2c (low half) and 2c + 1
+// (high half; zero past the n channels) at tap t, and cw = (n + 1) / 2. V runs are read V values
+// at a time and transposed in registers, so dst is written V channels at a time; value by value,
+// the copy would gather a word from each run (r50_3x3_512's lanes forward spent 9% of its time so
+// in f32, 11% in bf16 pairs).
+static inline ACC pack_pair(ACC lo, ACC hi) {   // the bf16 values lo and hi (as ACC) in one word
+  uint32_t a, b;
+  std::memcpy(&a, &lo, sizeof a);
+  std::memcpy(&b, &hi, sizeof b);
+  a = a >> 16 | b;
+  std::memcpy(&lo, &a, sizeof a);
+  return lo;
+}
+static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, int64_t taps, const T* __restrict src,
+                                   int64_t stride, int64_t runs, bool paired) {
+  typedef uint32_t bits_v __attribute__((vector_size(sizeof(vec))));
+  const int64_t cw = paired ? (n + 1) / 2 : n;
+  for (int64_t j0 = 0; j0 < nb; j0 += V)
+    for (int64_t c = 0; c < cw; ++c) {
+      const T* lo = src + (paired ? 2 * c : c) * taps;   // run 0's values of word c, then the pair's odd channel's
+      const bool odd = paired && 2 * c + 1 < n;
+      int64_t t = 0;
+      for (; t + V <= taps; t += V) {
+        vec a[V], b[V];
+        for (int64_t k = 0; k < V; ++k) a[k] = j0 + k < runs ? vload_t(lo + (j0 + k) * stride + t) : vbroadcast(0);
+        vtranspose(a);
+        if (paired) {
+          for (int64_t k = 0; k < V; ++k) b[k] = odd && j0 + k < runs ? vload_t(lo + taps + (j0 + k) * stride + t) : vbroadcast(0);
+          vtranspose(b);
+          for (int64_t m = 0; m < V; ++m) {
+            bits_v x, y;
+            std::memcpy(&x, &a[m], sizeof x);
+            std::memcpy(&y, &b[m], sizeof y);
+            x = x >> 16 | y;
+            std::memcpy(&a[m], &x, sizeof x);
+          }
+        }
+        for (int64_t m = 0; m < V; ++m) vstore(dst + (c * taps + t + m) * nb + j0, a[m]);
+      }
+      for (; t < taps; ++t)
+        for (int64_t k = 0; k < V; ++k) {
+          const bool in = j0 + k < runs;
+          const ACC v = in ? to_acc(lo[(j0 + k) * stride + t]) : (ACC)0;
+          dst[(c * taps + t) * nb + j0 + k] =
+              paired ? pack_pair(v, odd && in ? to_acc(lo[taps + (j0 + k) * stride + t]) : (ACC)0) : v;
+        }
+    }
 }
 // Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
 // one vector of V doubles is kept on the stack; V >= 2 on every target).
@@ -279,10 +347,18 @@ static inline ACC weight_word(const T* __restrict w, int64_t g, int64_t ko, int6
 // channel's (channel, tap) words are then adjacent.
 constexpr bool W_CH_INNER = W_SC == 1 && W_SW > 1;
 constexpr int64_t WCB = 64 / (int64_t)sizeof(T);
+// Contiguous weights: each output channel's (channel, tap) values are one run, transposed V output
+// channels at a time (pack_transposed).
+constexpr bool W_ROWS = !W_CH_INNER && taps_in_runs(CIN_G, W_SC, W_SD, W_SH, W_SW);
 // One block gb = (g, channel block) of them, to dst.
 static void pack_block(const T* __restrict w, ACC* __restrict dst, int64_t gb) {
   const int64_t g = gb / OBLK, k0 = (gb % OBLK) * NVV;
-  if constexpr (W_CH_INNER) {
+  if constexpr (W_ROWS) {
+    const int64_t runs = COUT_G - k0 < NVV ? COUT_G - k0 : NVV;
+    const T* src = w + (g * COUT_G + k0) * W_SN;
+    if constexpr (PAIRS) pack_transposed(dst, NVV, CIN_G, TAPS, src, W_SN, runs, true);
+    else pack_transposed(dst, NVV, 1, CIN_G * TAPS, src, W_SN, runs, false);   // one word per value, in order
+  } else if constexpr (W_CH_INNER) {
     for (int64_t c0 = 0; c0 < RC; c0 += WCB)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < NVV; ++j)
