@@ -226,11 +226,18 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # deeplab_dil2), where the weight gradient gains (_lanes_wgrad)
     registers = t.tile_registers if pairs else t.vector_registers
     nv, pb, score = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs)
-    # Items of a few tiles. When all the weights fit half the L2, consecutive items take the
-    # channel blocks of one run of pixels (whose input stays cached); otherwise they take all the
-    # pixels of one channel block (whose weights stay cached).
+    # Items of a few tiles. When all the weights fit the L2, consecutive items take the channel
+    # blocks of one run of pixels (whose input stays cached); otherwise they take all the pixels of
+    # one channel block (whose weights stay cached), and the input is read once per block. The
+    # bound was half the L2: weights between the two (128 x 128 x 3 x 3, 590 KB) measured equal or
+    # faster pixel-major, and much faster while other tenants held the shared L3 (kernel alone, Zen
+    # 4, 2 threads, ms, pixel- / channel-major): r50_3x3_128_s2's forward 11.0 / 13.2 and 11.3 / 14.6
+    # in such minutes, 9.6 / 9.7 and 10.0 / 10.2 in quiet ones, channels last 10.5 / 11.4; bf16
+    # r50_1x1_256_1024 forward 2.76 / 2.96, data gradient 2.78 / 3.01; channels-last
+    # mb_pw_960_160 data gradient 0.81 / 0.91; alexnet_g2 18.2 / 19.0, 17.6 / 18.4 and 20.1 / 18.6.
+    # Above the L2 (r50_3x3_512, 9.4 MB) pixel-major ran 13.4 against 10.9.
     weight_bytes = g.cout_g * g.cin_g * taps * acc_bytes
-    channel_major = weight_bytes > t.l2_bytes // 2
+    channel_major = weight_bytes > t.l2_bytes
     qb = pb * 16
     # Reduced channels per chunk: the chunk's weights and the part of its input that a run of QB
     # pixels reads take at most half the L1, so every tile of the run finds them there (and at
@@ -285,7 +292,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"{'channel pairs' if pairs else 'channels'} whose weights stay "
                                  f"in L1, {'channel block' if channel_major else 'pixel run'} outermost (the "
                                  f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
-                                 f"half the L2); {'input' if fwd else 'grad_output'} "
+                                 f"the L2); {'input' if fwd else 'grad_output'} "
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
                                  + (f"{'output' if fwd else 'input-gradient'} channel planes stored {lanes} pixels x {lanes} channels at a "
                                     f"time, transposed in registers; " if planes else "")

@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; strided rows, 128 input channels (tile scores blocked 0.78, lanes 1.01)); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 8 channels whose weights stay in L1, channel block outermost (the weights, 1179648 B per group, do not fit half the L2); input copied once, zero-padded; output channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, output-channel block, run of pixels)
+//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 8 channels whose weights stay in L1, channel block outermost (the weights, 1179648 B per group, do not fit the L2); input copied once, zero-padded; output channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, output-channel block, run of pixels)
 // Forward convolution with output channels in the vector lanes. A register tile holds NV vectors
 // of output channels (NV x V channels) x PB output pixels; per input channel and tap it loads NV
 // weight vectors and broadcasts one input value per pixel. Pixels are numbered across rows (and

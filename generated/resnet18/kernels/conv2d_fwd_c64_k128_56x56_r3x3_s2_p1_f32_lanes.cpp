@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; strided rows, 64 input channels (tile scores blocked 0.78, lanes 1.01)); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 7 channels whose weights stay in L1, channel block outermost (the weights, 294912 B per group, do not fit half the L2); input copied once, zero-padded; output channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, output-channel block, run of pixels)
+//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 7 channels whose weights stay in L1, pixel run outermost (the weights, 294912 B per group, fit the L2); input copied once, zero-padded; output channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, output-channel block, run of pixels)
 // Forward convolution with output channels in the vector lanes. A register tile holds NV vectors
 // of output channels (NV x V channels) x PB output pixels; per input channel and tap it loads NV
 // weight vectors and broadcasts one input value per pixel. Pixels are numbered across rows (and
@@ -238,7 +238,7 @@ constexpr int64_t OC = COUT_G, RC = PAIRS ? (CIN_G + 1) / 2 : CIN_G;       // ou
 constexpr int64_t OBLK = (OC + NVV - 1) / NVV;                            // channel blocks
 constexpr int64_t TAPS = KD * KH * KW, PARTS = 1, TPP = TAPS, PLANE = YD * YH * YW;
 constexpr int64_t QB = 48;                                    // pixels per work item
-constexpr bool CHANNEL_MAJOR = true;   // items: channel block outermost
+constexpr bool CHANNEL_MAJOR = false;   // items: channel block outermost
 // Channel-major items take one channel block's weights for a long run of items: each thread packs
 // the block it is at into its own buffer (in its L2) when it gets there, instead of the whole
 // weight being packed up front into memory and read back.
