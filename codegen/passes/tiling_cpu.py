@@ -235,9 +235,11 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # in such minutes, 9.6 / 9.7 and 10.0 / 10.2 in quiet ones, channels last 10.5 / 11.4; bf16
     # r50_1x1_256_1024 forward 2.76 / 2.96, data gradient 2.78 / 3.01; channels-last
     # mb_pw_960_160 data gradient 0.81 / 0.91; alexnet_g2 18.2 / 19.0, 17.6 / 18.4 and 20.1 / 18.6.
-    # Above the L2 (r50_3x3_512, 9.4 MB) pixel-major ran 13.4 against 10.9.
+    # Above the L2 (r50_3x3_512, 9.4 MB) pixel-major ran 13.4 against 10.9. A data gradient of
+    # several stride phases keeps the half: bf16 r50_3x3_128_s2's ran 11.6 / 9.5 and 11.1 / 9.4.
     weight_bytes = g.cout_g * g.cin_g * taps * acc_bytes
-    channel_major = weight_bytes > t.l2_bytes
+    phased = not fwd and any(s > 1 for s in g.stride)
+    channel_major = weight_bytes > (t.l2_bytes // 2 if phased else t.l2_bytes)
     qb = pb * 16
     # Reduced channels per chunk: the chunk's weights and the part of its input that a run of QB
     # pixels reads take at most half the L1, so every tile of the run finds them there (and at
