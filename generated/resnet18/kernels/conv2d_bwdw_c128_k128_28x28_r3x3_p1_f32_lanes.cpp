@@ -144,13 +144,13 @@ static inline void vtranspose(vec* r) {
 // at a time and transposed in registers, so dst is written V channels at a time; value by value,
 // the copy would gather a word from each run (r50_3x3_512's lanes forward spent 9% of its time so
 // in f32, 11% in bf16 pairs).
-static inline ACC pack_pair(ACC lo, ACC hi) {   // the bf16 values lo and hi (as ACC) in one word
-  uint32_t a, b;
-  std::memcpy(&a, &lo, sizeof a);
-  std::memcpy(&b, &hi, sizeof b);
-  a = a >> 16 | b;
-  std::memcpy(&lo, &a, sizeof a);
-  return lo;
+// bf16 pairs: one 32-bit lane holds two bf16 values of consecutive reduced channels, the even
+// channel in the low half (vdpbf16ps's layout). pair_of packs two stored values into one lane.
+static inline ACC pair_of(T lo, T hi) {
+  const uint32_t bits = (uint32_t)lo | (uint32_t)hi << 16;
+  ACC f{};
+  std::memcpy(&f, &bits, sizeof bits);   // (only bf16 kernels pair; ACC is then 32-bit float)
+  return f;
 }
 static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, int64_t taps, const T* __restrict src,
                                    int64_t stride, int64_t runs, bool paired) {
@@ -180,10 +180,10 @@ static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, i
       }
       for (; t < taps; ++t)
         for (int64_t k = 0; k < V; ++k) {
-          const bool in = j0 + k < runs;
-          const ACC v = in ? to_acc(lo[(j0 + k) * stride + t]) : (ACC)0;
-          dst[(c * taps + t) * nb + j0 + k] =
-              paired ? pack_pair(v, odd && in ? to_acc(lo[taps + (j0 + k) * stride + t]) : (ACC)0) : v;
+          const T* at = lo + (j0 + k) * stride + t;
+          dst[(c * taps + t) * nb + j0 + k] = j0 + k >= runs ? (ACC)0
+                                              : paired         ? pair_of(at[0], odd ? at[taps] : (T)0)
+                                                               : to_acc(at[0]);
         }
     }
 }
