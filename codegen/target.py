@@ -63,9 +63,10 @@ class Target:
 
     @property
     def fma_asm(self) -> bool:
-        """Whether register tiles step in x86 FMA3 assembly, which holds a 16-register tile exactly
-        where GCC's vector code spills (AVX2 only: the AVX-512 shape is not measured)."""
-        return self.kind is TargetKind.CPU and self.isa == "avx2"
+        """Whether register tiles step in x86 assembly (FMA3, or vdpbf16ps for bf16 pairs), which holds
+        a register tile exactly where GCC's vector code spills: on ymm registers for AVX2, on zmm for
+        AVX-512 (the same mnemonics; the operands' width comes from the vector type)."""
+        return self.kind is TargetKind.CPU and self.isa in ("avx2", "avx512")
 
     def name(self) -> str:
         return f"{self.kind.value}-{self.isa}" + ("+bf16" if self.bf16_dot else "")
@@ -87,10 +88,10 @@ class Target:
 
     @property
     def evex_tiles(self) -> bool:
-        """Whether register tiles stepped in assembly may use all 32 vector registers: AVX2 code built
-        with AVX512-VL (bf16_dot: every CPU with AVX512-BF16 has it), whose EVEX encoding of the same
-        256-bit instructions reaches ymm16-31."""
-        return self.bf16_dot and self.fma_asm
+        """Whether register tiles stepped in assembly may use all 32 vector registers: AVX-512 code, and
+        AVX2 code built with AVX512-VL (bf16_dot: every CPU with AVX512-BF16 has it), whose EVEX
+        encoding of the same 256-bit instructions reaches ymm16-31."""
+        return self.fma_asm and (self.isa == "avx512" or self.bf16_dot)
 
     @property
     def tile_registers(self) -> int:
@@ -170,23 +171,57 @@ def host_isas() -> tuple[str, ...]:
     return _host_facts()[0]
 
 
-def default_isa(runs: tuple[str, ...]) -> str:
-    """The ISA level generated for by default on a CPU that runs `runs`: AVX2 where it runs.
+@functools.lru_cache(maxsize=1)
+def cpu_identity() -> tuple[str, int]:
+    """(vendor_id, cpu family) of this CPU from /proc/cpuinfo, e.g. ("AuthenticAMD", 25); ("", 0)
+    where it cannot be read."""
+    vendor, family = "", 0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = value
+                elif key == "cpu family" and not family:
+                    family = int(value) if value.isdigit() else 0
+                if vendor and family:
+                    break
+    except OSError:
+        pass
+    return vendor, family
 
-    On AVX-512 CPUs too: AVX2's code shape (16 registers, register tiles stepped in FMA3
-    assembly) is the one whose tiles and algorithm choices were measured, and its VEX-encoded
-    instructions run on every AVX-512 CPU. The AVX-512 shape (32 registers, tiles in GCC vector
-    code) is correct (tests/test_variants.py runs it); on AMD Zen 4, which splits 512-bit FMAs
-    into two 256-bit halves, it timed no faster overall (faster on unet3d, slower on dcgan_tconv
-    and r50_stem's backward: BENCHMARKS.md, host class avx512+bf16), and its tiles spill where
-    AVX2's do not. CONVGEN_ISA=avx512 opts in.
-    """
+
+# AMD family 0x19 (Zen 3 and Zen 4): Zen 4 runs a 512-bit FMA as two 256-bit halves, so zmm code
+# does as many FLOPs per cycle as ymm code; there the AVX2 shape timed as fast overall (BENCHMARKS.md,
+# host class avx512+bf16, Zen 4). Intel's AVX-512 server cores issue two 512-bit FMAs per cycle:
+# on a Xeon (family 6 model 207, 2 threads) vfmadd231ps ran 5.9 per ns on zmm and 6.0 on ymm, twice
+# the FLOPs, and the AVX-512 shape ran the standard suite at 0.87 / 0.93 of torch against AVX2's
+# 0.59 / 0.60. Zen 5 (family 0x1a) has full-width 512-bit datapaths (AMD's documentation; not
+# measured here).
+HALF_RATE_ZMM = {("AuthenticAMD", 0x19)}
+# Where vdpbf16ps (two bf16 products per f32 lane) beats bf16 widened to f32 FMAs: on Zen 4 it
+# issues as often as an FMA, twice the products (BENCHMARKS.md, Zen 4); on the Xeon above it ran
+# 1.4 per ns against the FMA's 5.9, half the products per cycle, and bf16 kernels ran 1.5-1.9x
+# faster on f32 FMAs (r50_3x3_64 forward 6.8 ms against 11.2). AMD only, by that measure.
+BF16_DOT_VENDORS = {"AuthenticAMD"}
+
+
+def default_isa(runs: tuple[str, ...], identity: tuple[str, int] | None = None) -> str:
+    """The ISA level generated for by default on a CPU that runs `runs` and is `identity` (vendor,
+    family; this CPU's by default): AVX-512 where the CPU runs it at full width (not on AMD Zen 4,
+    HALF_RATE_ZMM), else AVX2 where it runs, else the widest it runs."""
+    vendor, family = identity or cpu_identity()
+    if "avx512" in runs and (vendor, family) not in HALF_RATE_ZMM:
+        return "avx512"
     return "avx2" if "avx2" in runs else runs[0]
 
 
 def host_cpu() -> Target:
     """The CPU target this process generates for: CONVGEN_ISA's level when set (it must be one
-    this CPU runs), else `default_isa` of the CPU's levels; with this CPU's cache sizes."""
+    this CPU runs), else `default_isa` of the CPU's levels; with this CPU's cache sizes, and bf16
+    reduced in pairs on vdpbf16ps where the CPU has it and it pays (BF16_DOT_VENDORS; CONVGEN_BF16_DOT
+    overrides the choice)."""
     from .. import knobs   # the environment is read in one place (runtime/knobs.py)
     from .errors import ConvgenError
 
@@ -196,12 +231,15 @@ def host_cpu() -> Target:
         raise ConvgenError(f"CONVGEN_ISA={asked!r}: this CPU does not run {asked} code (it runs "
                            f"{', '.join(runs)}); unset CONVGEN_ISA or pick one of those")
     isa = asked or default_isa(runs)
-    return cpu_target(isa, l1, l2, bf16_dot=isa == "avx2" and host_bf16_dot() and knobs.bf16_dot())
+    dot = knobs.bf16_dot()
+    if dot is None:
+        dot = cpu_identity()[0] in BF16_DOT_VENDORS
+    return cpu_target(isa, l1, l2, bf16_dot=isa in ("avx2", "avx512") and host_bf16_dot() and dot)
 
 
 @functools.lru_cache(maxsize=1)
 def host_bf16_dot() -> bool:
-    """Whether this CPU runs vdpbf16ps on 256-bit registers (AVX512-BF16 with AVX512-VL)."""
+    """Whether this CPU runs vdpbf16ps on 256- and 512-bit registers (AVX512-BF16 with AVX512-VL)."""
     flags = _cpu_flags()
     return {"avx512_bf16", "avx512vl"} <= flags
 
@@ -215,8 +253,8 @@ def isa_note(target: Target) -> str:
         return f"this CPU does not run it (it runs {', '.join(runs)}): generated here, to be run elsewhere"
     if target.isa == default_isa(runs):
         wider = [isa for isa in runs if ISA_WIDTHS[isa] > ISA_WIDTHS[target.isa]]
-        return ("this CPU's default" + (f"; {wider[0]} is opt-in (CONVGEN_ISA={wider[0]}): its code shape "
-                                         f"is tested, and timed no faster overall on AMD Zen 4" if wider else ""))
+        return ("this CPU's default" + (f"; {wider[0]} is opt-in (CONVGEN_ISA={wider[0]}): AMD Zen 4 runs "
+                                         f"512-bit FMAs at half rate, and the AVX2 shape timed as fast" if wider else ""))
     return f"chosen over this CPU's default ({default_isa(runs)})"
 
 

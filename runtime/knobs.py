@@ -14,8 +14,8 @@ names the variable, the value and what would be accepted.
 | CONVGEN_TUNE           | tune()             | off                                       |
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
-| CONVGEN_ISA            | isa()              | avx2 where the CPU runs it, else generic  |
-| CONVGEN_BF16_DOT       | bf16_dot()         | on where the CPU has AVX512-BF16          |
+| CONVGEN_ISA            | isa()              | avx512 (not on AMD Zen 4), avx2, generic  |
+| CONVGEN_BF16_DOT       | bf16_dot()         | AMD CPUs with AVX512-BF16 (not Intel's)   |
 | CONVGEN_SIM            | sim()              | unset: CPU kernels (cuda, hip: simulated) |
 | CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
 | CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
@@ -117,10 +117,13 @@ def isa() -> str:
     return value
 
 
-def bf16_dot() -> bool:
-    """Whether bf16 kernels may reduce in pairs on the CPU's bf16 dot-product instruction
-    (vdpbf16ps) where it has one (CONVGEN_BF16_DOT, default on; 0 keeps bf16 on f32 FMAs)."""
-    return os.environ.get("CONVGEN_BF16_DOT", "").strip() == "" or _flag("CONVGEN_BF16_DOT")
+def bf16_dot() -> bool | None:
+    """Whether bf16 kernels reduce in pairs on the CPU's bf16 dot-product instruction (vdpbf16ps)
+    where it has one (CONVGEN_BF16_DOT: 1 yes, 0 no: bf16 on f32 FMAs), or None when unset: the
+    CPU's default (codegen.target.host_cpu: where vdpbf16ps outruns f32 FMAs)."""
+    if os.environ.get("CONVGEN_BF16_DOT", "").strip() == "":
+        return None
+    return _flag("CONVGEN_BF16_DOT")
 
 
 SIM_VENDORS = ("cuda", "hip")

@@ -390,24 +390,51 @@ def cpu_runs(monkeypatch):
     return pretend
 
 
-@pytest.mark.parametrize("runs, isa", [(("avx512", "avx2"), "avx2"), (("avx2",), "avx2"), ((), "generic")])
-def test_the_default_isa_is_avx2_where_the_cpu_runs_it(cpu_runs, runs, isa):
-    from convgen.codegen.target import host_cpu
+@pytest.mark.parametrize("runs, identity, isa", [
+    (("avx512", "avx2"), ("AuthenticAMD", 0x19), "avx2"),     # Zen 4: 512-bit FMAs at half rate
+    (("avx512", "avx2"), ("GenuineIntel", 6), "avx512"),
+    (("avx512", "avx2"), ("AuthenticAMD", 0x1a), "avx512"),   # Zen 5
+    (("avx2",), ("GenuineIntel", 6), "avx2"), (("avx2",), ("AuthenticAMD", 0x19), "avx2"),
+    ((), ("GenuineIntel", 6), "generic")])
+def test_the_default_isa_is_the_widest_that_runs_at_full_width(cpu_runs, monkeypatch, runs, identity, isa):
+    from convgen.codegen import target as target_mod
+    monkeypatch.setattr(target_mod, "cpu_identity", lambda: identity)
     cpu_runs(*runs)
-    t = host_cpu()
-    assert (t.isa, t.vector_bytes, t.vector_registers) == (isa, {"avx2": 32, "generic": 16}[isa], 16)
+    t = target_mod.host_cpu()
+    widths = {"avx512": (64, 32), "avx2": (32, 16), "generic": (16, 16)}
+    assert (t.isa, t.vector_bytes, t.vector_registers) == (isa, *widths[isa])
     assert (t.l1_bytes, t.l2_bytes) == (48 * KB, 2048 * KB)
-    assert t.fma_asm == (isa == "avx2")
+    assert t.fma_asm == (isa != "generic")
 
 
-def test_convgen_isa_opts_in_to_a_level_the_cpu_runs(cpu_runs, monkeypatch):
+@pytest.mark.parametrize("identity, has_bf16, knob, dot", [
+    (("AuthenticAMD", 0x19), True, "", True), (("GenuineIntel", 6), True, "", False),
+    (("GenuineIntel", 6), True, "1", True), (("AuthenticAMD", 0x19), True, "0", False),
+    (("AuthenticAMD", 0x19), False, "1", False)])
+def test_bf16_pairs_where_vdpbf16ps_pays_or_where_asked(cpu_runs, monkeypatch, identity, has_bf16, knob, dot):
+    """vdpbf16ps by default on AMD (as fast as an FMA there), not on Intel (half the products per
+    cycle of f32 FMAs); CONVGEN_BF16_DOT decides where set, and never where the CPU lacks it."""
+    from convgen.codegen import target as target_mod
+    monkeypatch.setattr(target_mod, "cpu_identity", lambda: identity)
+    monkeypatch.setattr(target_mod, "host_bf16_dot", lambda: has_bf16)
+    monkeypatch.setenv("CONVGEN_BF16_DOT", knob)
+    cpu_runs("avx512", "avx2")
+    assert target_mod.host_cpu().bf16_dot is dot
+
+
+def test_convgen_isa_picks_a_level_the_cpu_runs(cpu_runs, monkeypatch):
+    from convgen.codegen import target as target_mod
     from convgen.codegen.target import host_cpu, isa_note
+    monkeypatch.setattr(target_mod, "cpu_identity", lambda: ("AuthenticAMD", 0x19))
     cpu_runs("avx512", "avx2")
     assert "CONVGEN_ISA=avx512" in isa_note(host_cpu())
     monkeypatch.setenv("CONVGEN_ISA", "avx512")
     t = host_cpu()
-    assert (t.isa, t.vector_bytes, t.vector_registers, t.fma_asm) == ("avx512", 64, 32, False)
+    assert (t.isa, t.vector_bytes, t.vector_registers, t.fma_asm, t.evex_tiles) == ("avx512", 64, 32, True, True)
     assert "default (avx2)" in isa_note(t)
+    monkeypatch.setenv("CONVGEN_ISA", "avx2")
+    monkeypatch.setattr(target_mod, "cpu_identity", lambda: ("GenuineIntel", 6))
+    assert "default (avx512)" in isa_note(host_cpu())
     monkeypatch.setenv("CONVGEN_ISA", "Generic ")
     assert host_cpu().isa == "generic"
 

@@ -5,8 +5,8 @@ ATen in float64 on problems that exercise its corners: padding larger than the k
 strides above and below the kernel size, dilation, groups and depthwise, 1-D and 3-D, transposed
 problems (which swap the kernel ops), odd widths that leave vector tails, and both layouts.
 Outputs are poisoned with NaN before a kernel runs so an unwritten element shows.
-The same checks run for the portable target and for the AVX-512 code shape (on CPUs without
-AVX-512, compiled for the host's ISA), and bf16 reduced in pairs on vdpbf16ps (natively where
+The same checks run for the portable target and for the other x86 code shape (AVX-512's: on CPUs
+without AVX-512 compiled for the host's ISA; AVX2's where AVX-512 is the host's own), and bf16 reduced in pairs on vdpbf16ps (natively where
 the CPU has AVX512-BF16, with the instruction emulated in C everywhere).
 """
 
@@ -157,18 +157,27 @@ PORTABLE_VARIANTS = target_variants(PORTABLE, "portable", PORTABLE_PROBLEMS)
 class _Avx512ShapeForThisHost(Target):
     """The AVX-512 code shape (16-lane f32 vectors, tiles sized for 32 registers) compiled for
     this host's ISA: GCC splits each 64-byte vector into what the host has, so a CPU without
-    AVX-512 runs the same generated code and checks its results."""
+    AVX-512 runs the same generated code and checks its results. Its tiles step in GCC vector
+    code: the zmm assembly step cannot run on such a CPU."""
 
     @property
     def march_flags(self) -> tuple[str, ...]:
         return host_cpu().march_flags
 
+    @property
+    def fma_asm(self) -> bool:
+        return False
 
-# The AVX-512 code shape: natively where the CPU runs it (CONVGEN_ISA=avx512 makes it the host's
-# target), else compiled for this host as above. Its tiles step in GCC vector code, not assembly.
-AVX512 = (cpu_target("avx512") if "avx512" in host_isas() else
+
+# The AVX-512 code shape: natively where the CPU runs it (the default on AVX-512 CPUs but AMD Zen 4),
+# its tiles stepped in assembly on zmm registers; else compiled for this host as above.
+# Where that is the host's own target (VARIANTS), the AVX2 shape takes its place, natively: every
+# host checks both x86 code shapes.
+SECOND_SHAPE = (cpu_target("avx512") if "avx512" in host_isas() else
           _Avx512ShapeForThisHost(TargetKind.CPU, "avx512", 64, 32))
-AVX512_VARIANTS = target_variants(AVX512, "avx512")
+if host_cpu().isa == "avx512":
+    SECOND_SHAPE = cpu_target("avx2")
+SECOND_SHAPE_VARIANTS = target_variants(SECOND_SHAPE, SECOND_SHAPE.isa)
 
 
 # bf16 reduced in pairs (vdpbf16ps's arithmetic; see Target.bf16_dot): the lanes forward and data
@@ -181,6 +190,8 @@ PAIR_PROBLEMS = ("mixed_dil_groups", "stride_gt_kernel", "wide_odd", "pointwise_
                  "many_channels_parts", "tiny_images")
 PAIRS_PORTABLE = Target(TargetKind.CPU, "generic", 16, bf16_dot=True)
 PAIRS_NATIVE = cpu_target("avx2", bf16_dot=True)
+# and on zmm registers, where the CPU runs AVX-512 (Zen 5's default; CONVGEN_BF16_DOT=1 elsewhere)
+PAIRS_ZMM = cpu_target("avx512", bf16_dot=True)
 
 
 def pair_variants(target: Target, suffix: str):
@@ -202,6 +213,7 @@ def pair_variants(target: Target, suffix: str):
 
 PAIRS_PORTABLE_VARIANTS = pair_variants(PAIRS_PORTABLE, "pairs-portable")
 PAIRS_NATIVE_VARIANTS = pair_variants(PAIRS_NATIVE, "pairs-vdpbf16ps")
+PAIRS_ZMM_VARIANTS = pair_variants(PAIRS_ZMM, "pairs-vdpbf16ps-zmm")
 
 
 def _runs_vdpbf16ps() -> bool:
@@ -216,10 +228,12 @@ def kernels():
     target = host_cpu()
     plans = ([lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS] +
              [lower(p.values[0], PORTABLE, algorithm=p.values[1]) for p in PORTABLE_VARIANTS] +
-             [lower(p.values[0], AVX512, algorithm=p.values[1]) for p in AVX512_VARIANTS] +
+             [lower(p.values[0], SECOND_SHAPE, algorithm=p.values[1]) for p in SECOND_SHAPE_VARIANTS] +
              [lower(p.values[0], PAIRS_PORTABLE, algorithm=p.values[1]) for p in PAIRS_PORTABLE_VARIANTS] +
              ([lower(p.values[0], PAIRS_NATIVE, algorithm=p.values[1]) for p in PAIRS_NATIVE_VARIANTS]
-              if _runs_vdpbf16ps() else []))
+              if _runs_vdpbf16ps() else []) +
+             ([lower(p.values[0], PAIRS_ZMM, algorithm=p.values[1]) for p in PAIRS_ZMM_VARIANTS]
+              if _runs_vdpbf16ps() and "avx512" in host_isas() else []))
     loaded = dispatch.load_plans(plans)
     return {(plan.problem, plan.algorithm, plan.target): (plan, kernel) for plan, kernel in zip(plans, loaded)}
 
@@ -243,9 +257,9 @@ def test_portable_variant_matches_aten(kernels, problem: ConvProblem, algorithm:
     _check(kernels, problem, algorithm, PORTABLE)
 
 
-@pytest.mark.parametrize("problem, algorithm", AVX512_VARIANTS)
-def test_avx512_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
-    _check(kernels, problem, algorithm, AVX512)
+@pytest.mark.parametrize("problem, algorithm", SECOND_SHAPE_VARIANTS)
+def test_second_code_shape_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    _check(kernels, problem, algorithm, SECOND_SHAPE)
 
 
 @pytest.mark.parametrize("problem, algorithm", PAIRS_PORTABLE_VARIANTS)
@@ -261,9 +275,18 @@ def test_bf16_pairs_vdpbf16ps_variant_matches_aten(kernels, problem: ConvProblem
     _check(kernels, problem, algorithm, PAIRS_NATIVE)
 
 
+@pytest.mark.parametrize("problem, algorithm", PAIRS_ZMM_VARIANTS)
+def test_bf16_pairs_vdpbf16ps_zmm_variant_matches_aten(kernels, problem: ConvProblem, algorithm: str):
+    if not (_runs_vdpbf16ps() and "avx512" in host_isas()):
+        pytest.skip("this CPU has no AVX512-BF16 or no AVX-512: the vdpbf16ps assembly on zmm registers cannot run "
+                    "here; the same kernels with the instruction emulated run in "
+                    "test_bf16_pairs_portable_variant_matches_aten")
+    _check(kernels, problem, algorithm, PAIRS_ZMM)
+
+
 def test_pairs_variants_cover_every_kernel_op():
     """The pair lists are not empty by accident: every kernel op has pair variants in both layouts."""
-    for variants in (PAIRS_PORTABLE_VARIANTS, PAIRS_NATIVE_VARIANTS):
+    for variants in (PAIRS_PORTABLE_VARIANTS, PAIRS_NATIVE_VARIANTS, PAIRS_ZMM_VARIANTS):
         kinds = {(p.values[0].op, p.values[0].input_layout) for p in variants}
         assert kinds == {(op, lay) for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT)
                          for lay in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST)}
