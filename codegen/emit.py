@@ -107,13 +107,21 @@ def _context(plan: Plan, entry: str) -> KernelContext:
     note = ", ".join(f"{k} {v.value}" for k, v in sorted(layouts.items()))
     return KernelContext(entry=entry, dtype=plan.problem.dtype.value, storage=STORAGE[plan.problem.dtype],
                          acc=ACCUMULATOR[plan.problem.dtype], g=g, t=plan.tiling,
-                         lanes=plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize,
-                         vector_bytes=plan.target.vector_bytes, acc_bytes=plan.problem.dtype.accumulator.itemsize,
+                         lanes=_lanes(plan), vector_bytes=_lanes(plan) * plan.problem.dtype.accumulator.itemsize,
+                         acc_bytes=plan.problem.dtype.accumulator.itemsize,
                          gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place),
                          x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
                          fma_asm=fma_suffix(plan), evex=evex_tile(plan))
+
+
+def _lanes(plan: Plan) -> int:
+    """Lanes of the kernel's vectors: its tiling's (a kernel may take half the target's width, see
+    tiling_cpu._lanes_wgrad), else the target's full width."""
+    if plan.tiling is not None and plan.tiling.vector_lanes:
+        return plan.tiling.vector_lanes
+    return plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
 
 
 def fma_suffix(plan: Plan) -> str:
@@ -130,8 +138,11 @@ def evex_tile(plan: Plan) -> bool:
     given all 32 ("v"), GCC moved accumulators between registers from one asm statement to the next
     (29 register moves in r50_3x3_64's forward loop against 11)."""
     t = plan.tiling
-    return (plan.target.evex_tiles and plan.algorithm == "lanes" and t is not None
-            and asm_tile_registers(t.nv, t.kb) > 16)
+    if not plan.target.evex_tiles:
+        return False
+    if plan.algorithm == "lanes" and t is not None:
+        return asm_tile_registers(t.nv, t.kb) > 16
+    return plan.target.isa == "avx512"    # the other algorithms' AVX-512 tiles are sized for 32 registers
 
 
 def entry_signature(plan: Plan) -> tuple[tuple[str, str], ...]:

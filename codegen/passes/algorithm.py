@@ -388,7 +388,12 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
     else:
         channels, columns = g.cin_g, math.ceil(g.x_size[2] / g.stride[2])
     *_, blocked = tiling.register_tile(channels, columns, lanes, t.vector_registers, wide=plan.kop is KOp.DGRAD)
-    *_, by_channels = tiling.lanes_tile(channels, lanes, t.vector_registers, asm=t.fma_asm)
+    # (scored FMA-bound at best, as blocked's tile is: AVX-512's uncapped 4 x 6 scored 1.42 against
+    # blocked's 0.89-1.02 where blocked ran faster; Xeon, f32 NCHW, 2 threads, kernel alone, ms,
+    # blocked / lanes: r50_3x3_64 forward 6.98 / 8.01, data gradient 6.53 / 7.50; wavenet_1d
+    # 11.3 / 20.7 and 11.2 / 20.6; lanes kept r50_3x3_256 6.14 / 8.36, r50_3x3_512 16.5 / 6.4,
+    # deeplab_dil2 30.8 / 17.9, odd_asym 0.28 / 0.18)
+    *_, by_channels = tiling.lanes_tile(channels, lanes, t.vector_registers, asm=t.fma_asm, capped=True)
     scores = f"tile scores blocked {blocked:.2f}, lanes {by_channels:.2f}"
     written = next(op for op in plan.operands if op.writes)
     if written.layout is Layout.CHANNELS_LAST and by_channels >= 0.5 and g.stride == (1, 1, 1):

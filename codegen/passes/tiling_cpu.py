@@ -170,7 +170,7 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
 
 
 def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
-               pairs: bool = False) -> tuple[int, int, float]:
+               pairs: bool = False, capped: bool = False) -> tuple[int, int, float]:
     """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
     NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
     does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
@@ -186,7 +186,10 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
     the intensity is not capped, so the tile with the most products per load wins: on Zen 4 (1 thread, ms, bf16 forward) 4 x 6 ran r50_3x3_64 in
     10.2 against 4 x 3's 10.5, 3 x 8's 11.5 and 2 x 14's 12.1; r50_3x3_256 9.1 against 9.3, 9.6
     and 10.0; unet3d 11.9 against 12.3, 15.9 and 12.9; the weight gradient of r50_3x3_64 10.8
-    against 11.2, 11.8 and 13.1."""
+    against 11.2, 11.8 and 13.1.
+
+    `capped`: the intensity counts at most 1 (FMA-bound) whatever the tile, for a score to compare
+    with blocked's (algorithm._lanes_or_blocked)."""
     best = (1, 1, -1.0)
     for nv in range(1, 5):
         for pb in range(1, 15):
@@ -195,8 +198,8 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
                 continue
             ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
             intensity = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD)
-            intensity = intensity if pairs or (asm and registers > 16) else min(1.0, intensity)
-            score = ch_eff * intensity + 1e-3 * nv * pb
+            intensity = intensity if (pairs or (asm and registers > 16)) and not capped else min(1.0, intensity)
+            score = ch_eff * intensity + 1e-3 * nv * pb * ch_eff   # (ties: the larger tile, not wider waste)
             if score > best[2]:
                 best = (nv, pb, score)
     return best
@@ -351,6 +354,12 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     rows = g.cin_g * taps
     pairs = p.dtype is DType.BF16 and t.bf16_dot    # (see _lanes: pairs, and 32 registers for their tile)
+    while t.isa == "avx512" and 2 * g.cout_g <= lanes and lanes > 4:
+        # few output channels per group take narrower vectors (ymm or xmm, 32 registers with
+        # AVX512-VL): a zmm tile would waste most of its lanes, and grad_output is packed a vector
+        # of channels per pixel. Xeon, f32 NCHW, 2 threads, kernel alone, ms: rnx_grouped (4
+        # channels per group) 22.5 on zmm, 7.2 on ymm, 6.3 on xmm (the AVX2 shape's: 6.7-7.4)
+        lanes //= 2
     # every dtype's assembly tile takes all 32 registers where it may (Target.evex_tiles): f32 4 x 6
     # against AVX2's 4 x 3 on Zen 4, kernel alone, 2 threads, ms: r50_3x3_64 11.91 / 12.81,
     # r50_3x3_512 10.41 / 10.65, r50_3x3_256 8.91 / 9.04, unet3d 10.93 / 11.12
