@@ -53,7 +53,10 @@ def run(plan: Plan) -> Plan:
         kind = "general"
     candidates = CANDIDATES[plan.kop]
     if plan.kop is KOp.WGRAD and g.cin_g == 1:
-        candidates = ("depthwise",) + candidates
+        # first (the default) where it is depthwise; one input channel without groups (a raw-audio
+        # front end, c1d_small_c: 1 -> 16, k80 s4) ran 14.3 ms on it against lanes' 3.6 (AVX2
+        # shape; AVX-512 8.6 / 2.8; Xeon, 2 threads, kernel alone)
+        candidates = ("depthwise",) + candidates if g.groups > 1 else candidates + ("depthwise",)
     if _planes_fit(plan):
         candidates = candidates + ("depthwise",)
     if _pointwise_fits(plan):
@@ -197,9 +200,31 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     if choice == "lanes" and _expanding_channels_last(plan):
         return choice, (f"{why}; not pointwise: a channels-last 1x1 forward to {g.cout_g} channels from "
                         f"{g.cin_g}, whose output stores dominate")
+    nchw = all(op.layout is not Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y"))
+    if plan.target.isa == "avx512" and g.stride == (1, 1, 1) and nchw:
+        plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
+        channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
+        if plane <= PLANE_POINTWISE_WASTES and channels % WIDE_LANES_BLOCK == 0:
+            return "lanes", f"{WHY['lanes']}; not pointwise: {plane} pixels per image fill few 16-pixel vectors"
+        if reduced < POINTWISE_WIDE_MIN_REDUCED:
+            return choice, f"{why}; not pointwise: {reduced} channels reduced (AVX-512)"
     if reduced >= POINTWISE_MIN_REDUCED:
         return "pointwise", f"{WHY['pointwise']}; {reduced} channels reduced"
     return choice, why
+
+
+# The pointwise GEMMs on AVX-512 (tiles of 14 channels x 2 vectors of 16 pixels), against blocked
+# and lanes (Xeon, f32 NCHW, 2 threads, kernel alone, ms, pointwise / the other): fewer than 256
+# reduced channels went to blocked or lanes by their scores: r50_1x1_64_256 forward 4.28 / 3.43
+# (blocked), r50_1x1_256_64 data gradient 4.28 / 2.92, mb_pw_16_96 3.47 / 2.41, mb_pw_144_24
+# forward 1.26 / 1.13, shuffle_g3 1.46 / 1.34 and 1.51 / 1.25, c3d_1x1 1.19 / 1.02, r50_1x1_512_128
+# data gradient 3.59 / 3.49 (pointwise kept r50_1x1_256_64's forward, 3.82 against lanes' 4.02,
+# and r50_1x1_1024_256's, 3.01 / 3.15). Images of at most 64 pixels (7x7) leave pointwise's pixel
+# vectors a quarter empty: lanes, where its channel blocks are whole, r50_1x1_2048_512 forward 3.84
+# / 3.26 and data gradient 3.35 / 3.05, r50_1x1_512_2048 3.27 / 2.94 and 3.80 / 3.05.
+POINTWISE_WIDE_MIN_REDUCED = 256
+PLANE_POINTWISE_WASTES = 64
+WIDE_LANES_BLOCK = 64   # channels of lanes' AVX-512 tile (4 vectors of 16)
 
 
 # The data gradient of a channels-last 1x1 that narrows (to a quarter: the input gradient has 4x the
@@ -319,6 +344,10 @@ GEMM_WGRAD_MIN_STRIDED_TAPS = 16
 # 14x14 r50_3x3_256 stays lanes, 10.2 / 9.9 and 9.7 / 9.6).
 GEMM_WGRAD_EVEX_MAX_PLANE = 64
 GEMM_WGRAD_EVEX_FEW_ROWS = 64
+# On AVX-512 (Xeon, f32 NCHW, 2 threads, kernel alone, ms, gemm / lanes) 1-D windows of unit stride
+# go to lanes (c1d_64_k5 4.63 / 3.82, c1d_tconv 3.61 / 3.11, wavenet_1d 16.1 / 15.6; strided ones
+# stay gemm, c1d_stride2 9.2 / 9.8), and the few-rows bound is AVX2's 32 (tconv_to_rgb, 48 rows,
+# 2.74 / 1.51; vgg_3_64, 27 rows, stays gemm: 4.89 / 6.00).
 
 
 def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
@@ -341,10 +370,11 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         # wavenet_1d 27.3 / 33.7, r50_stem 9.0 / 15.0, odd_asym 0.32 / 0.89 (r50_1x1_2048_512 stays
         # gemm: 4.6 / 8.1).
         return choice, f"{why}; bf16 in pairs on vdpbf16ps, where lanes beats gemm's im2col but for wide 1x1"
-    if plan.problem.rank == 1:
+    wide = plan.target.isa == "avx512"
+    if plan.problem.rank == 1 and not (wide and g.stride == (1, 1, 1)):
         return "gemm", f"{WHY['gemm']}; 1-D"
     evex = plan.target.evex_tiles and plan.problem.dtype is DType.F32   # the Zen 4 boundaries below
-    if rows < (GEMM_WGRAD_EVEX_FEW_ROWS if evex else GEMM_WGRAD_MAX_FEW_ROWS):
+    if rows < (GEMM_WGRAD_EVEX_FEW_ROWS if evex and not wide else GEMM_WGRAD_MAX_FEW_ROWS):
         return "gemm", f"{WHY['gemm']}; only {rows} (input channel, tap) rows"
     if evex:
         plane = math.prod(g.y_size)
@@ -406,7 +436,11 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # blocked: forward r50_3x3_128_s2 10.3 / 22.5, dcgan_tconv 3.7 / 5.8, r50_stem 9.1 / 9.6,
         # wavenet_1d 30.1 / 33.9; data gradient r50_3x3_128_s2 13.6 / 25.0, dcgan_tconv 2.9 / 5.3)
         return "lanes", f"{WHY['lanes']}; bf16 in pairs on vdpbf16ps ({scores})"
-    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and columns > lanes:
+    # (the AVX-512 boundaries below: Xeon, f32 NCHW, 2 threads, kernel alone)
+    wide = t.isa == "avx512" and written.layout is not Layout.CHANNELS_LAST
+    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and (columns > lanes or wide and columns == lanes):
+        # (AVX-512: one-vector phases too; dcgan_tconv's forward, 16-wide phases, blocked 2.68 ms
+        # against lanes' 3.57)
         # blocked specialises its tap loop per stride phase at compile time, where lanes tests
         # every tap (data gradients, ms, blocked against lanes: r50_3x3_128_s2, 28-wide phases,
         # 26.2 against 39.6; 3x3 s2 256->256 at 28x28, 14-wide, 23.9 against 31.6; 1x1 s2
@@ -432,9 +466,19 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
                     else f"{g.cin_g} input channels")
             return "lanes", f"{WHY['lanes']}; strided rows, {what} ({scores})"
         return "blocked", f"{WHY['blocked']}; strided rows ({scores})"
+    if wide and columns <= 2 * lanes and channels >= WIDE_LANES_MIN_CHANNELS:
+        return "lanes", f"{WHY['lanes']}; rows of at most two vectors, {channels} channels ({scores})"
     if blocked < LANES_OVER_BLOCKED * by_channels:
         return "lanes", f"{WHY['lanes']}; {scores}"
     return "blocked", f"{WHY['blocked']}; {scores}"
+
+
+# On AVX-512 blocked's rows of up to two vectors (32 f32 columns) score as well as any (0.89 at 28
+# and 56 columns), but from 128 channels lanes ran faster there (Xeon, f32 NCHW, 2 threads, kernel
+# alone, ms, blocked / lanes): vgg_512_512 forward 58.6 / 50.2, data gradient 66.8 / 49.4;
+# r50_3x3_128 7.04 / 6.36; r18_3x3_128 6.84 / 6.44 (64 channels at 28 stayed blocked: c3d_64
+# 0.98x and 0.93x lanes' time; tconv_s1 even).
+WIDE_LANES_MIN_CHANNELS = 128
 
 
 # Candidate algorithms per kernel op, the heuristic's default first.
