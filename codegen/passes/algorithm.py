@@ -201,6 +201,11 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return choice, (f"{why}; not pointwise: a channels-last 1x1 forward to {g.cout_g} channels from "
                         f"{g.cin_g}, whose output stores dominate")
     nchw = all(op.layout is not Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y"))
+    lanes_channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
+    strided_dgrad = plan.kop is KOp.DGRAD and g.stride != (1, 1, 1)
+    if (plan.target.isa == "avx512" and not nchw and g.groups == 1 and not _bf16_pairs(plan) and not strided_dgrad
+            and (reduced <= CL_LANES_MAX_REDUCED or lanes_channels % WIDE_LANES_BLOCK == 0)):
+        return "lanes", f"{WHY['lanes']}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
     if plan.target.isa == "avx512" and g.stride == (1, 1, 1) and nchw:
         plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
         channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
@@ -223,6 +228,15 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
 # vectors a quarter empty: lanes, where its channel blocks are whole, r50_1x1_2048_512 forward 3.84
 # / 3.26 and data gradient 3.35 / 3.05, r50_1x1_512_2048 3.27 / 2.94 and 3.80 / 3.05.
 POINTWISE_WIDE_MIN_REDUCED = 256
+# In channels last on AVX-512 lanes reads each pixel's channels as whole vectors and beat pointwise
+# on 1x1 kernels without groups (Xeon, f32, 2 threads, kernel alone, ms, pointwise / lanes):
+# forward r50_1x1_256_64 5.17 / 3.12, r50_1x1_512_128 4.10 / 2.80, r50_1x1_1024_256 3.58 / 2.95,
+# r50_1x1_2048_512 3.83 / 3.08, mb_pw_144_24 1.79 / 1.07, c3d_1x1 1.46 / 0.82, strided
+# r50_ds_256_512_s2 7.90 / 5.83; data gradient r50_1x1_64_256 5.02 / 3.12, r50_1x1_128_512 4.05 /
+# 2.85, mb_pw_16_96 4.84 / 2.73, c3d_1x1 1.68 / 0.91. Pointwise kept a long reduction into a
+# partial channel block (mb_pw_960_160's forward, 960 -> 160: 0.63 / 0.83), groups (shuffle_g3,
+# 1.73 / 2.03) and strided data gradients (r50_ds_256_512_s2 9.78 / 15.99).
+CL_LANES_MAX_REDUCED = 512
 PLANE_POINTWISE_WASTES = 64
 WIDE_LANES_BLOCK = 64   # channels of lanes' AVX-512 tile (4 vectors of 16)
 
