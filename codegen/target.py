@@ -157,13 +157,16 @@ def _host_facts() -> tuple[tuple[str, ...], int, int]:
 
 def host_class() -> dict:
     """What kind of x86 host this is, for benchmark reports: the ISA levels it runs, whether it has
-    AVX512-BF16 (native bf16 dot products, `vdpbf16ps`) and AVX512-FP16, and a short label such as
-    "avx512+bf16" or "avx2" by which BENCHMARKS.md groups its tables."""
+    AVX512-BF16 (native bf16 dot products, `vdpbf16ps`) and AVX512-FP16, a short label such as
+    "avx512+bf16" or "avx2" by which BENCHMARKS.md groups its tables, the CPU's vendor and family
+    (which set the defaults: AVX-512 or AVX2, bf16 pairs or not) and the ISA level it defaults to."""
     runs = host_isas()
     flags = _cpu_flags()
     bf16, fp16 = "avx512_bf16" in flags, "avx512_fp16" in flags
     label = runs[0] + ("+bf16" if bf16 and runs[0] == "avx512" else "")
-    return {"label": label, "isa_levels": list(runs), "avx512_bf16": bf16, "avx512_fp16": fp16}
+    vendor, family = cpu_identity()
+    return {"label": label, "isa_levels": list(runs), "avx512_bf16": bf16, "avx512_fp16": fp16,
+            "vendor": vendor, "family": family, "default_isa": default_isa(runs)}
 
 
 def host_isas() -> tuple[str, ...]:
@@ -253,6 +256,8 @@ def isa_note(target: Target) -> str:
         return f"this CPU does not run it (it runs {', '.join(runs)}): generated here, to be run elsewhere"
     if target.isa == default_isa(runs):
         wider = [isa for isa in runs if ISA_WIDTHS[isa] > ISA_WIDTHS[target.isa]]
+        if target.isa == "avx512":
+            return "this CPU's default: it issues 512-bit FMAs at full rate (every AVX-512 CPU but AMD Zen 4)"
         return ("this CPU's default" + (f"; {wider[0]} is opt-in (CONVGEN_ISA={wider[0]}): AMD Zen 4 runs "
                                          f"512-bit FMAs at half rate, and the AVX2 shape timed as fast" if wider else ""))
     return f"chosen over this CPU's default ({default_isa(runs)})"

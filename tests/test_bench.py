@@ -136,6 +136,7 @@ def test_bench_smoke_suite_json(capsys):
     host = report["machine"]["host_class"]   # the host class, by which BENCHMARKS.md groups its tables
     assert host["isa_levels"][-1] == "generic" and host["label"].startswith(host["isa_levels"][0])
     assert host["avx512_bf16"] == ("avx512_bf16" in open("/proc/cpuinfo").read())
+    assert host["vendor"] in open("/proc/cpuinfo").read() and host["default_isa"] in host["isa_levels"]
     assert report["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert report["peak"]["gflops"] > 0 and report["peak"]["threads"] == report["threads"]
     (suite,) = report["suites"]

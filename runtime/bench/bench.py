@@ -457,7 +457,7 @@ def header(report: dict) -> str:
               if p["theoretical_gflops"] else "")
     m = report["machine"]
     return (f"convgen {report['convgen']} vs torch {report['torch']} on {m['cpu']} (host class "
-            f"{m['host_class']['label']}; torch's CPU kernels {m['torch_cpu_capability']}, bf16 convolutions in "
+            f"{m['host_class']['label']}, {m['host_class']['vendor'] or 'vendor unknown'} family {m['host_class']['family']}; torch's CPU kernels {m['torch_cpu_capability']}, bf16 convolutions in "
             f"oneDNN: {'yes' if m['torch_onednn_bf16'] else 'no'}), generated for {report['target']}, "
             f"{report['threads']} thread(s), {report['dtype']}, {report['layout']}\n"
             f"median of {report['repeat']} samples (each >= {report['min_time_s']} s), torch and convgen "
