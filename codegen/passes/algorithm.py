@@ -396,7 +396,8 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
             return "gemm", f"{WHY['gemm']}; {plane} output pixels per image (lanes' tile in 32 registers, measured on Zen 4)"
         if any(s > 1 for s in g.stride) and all(k <= s for k, s in zip(g.kernel, g.stride)):
             return "gemm", f"{WHY['gemm']}; strided windows that do not overlap (kernel {list(g.kernel)}, stride {list(g.stride)})"
-        if any(s > 1 for s in g.stride) and plane < GEMM_WGRAD_MIN_PLANE and math.prod(g.kernel) >= GEMM_WGRAD_MIN_STRIDED_TAPS:
+        if (any(s > 1 for s in g.stride) and plane < GEMM_WGRAD_MIN_PLANE and math.prod(g.kernel) >= GEMM_WGRAD_MIN_STRIDED_TAPS
+                and not wide):   # (AVX-512: lanes, dcgan_tconv 2.62 / gemm 2.80, channels last 3.04 / 3.49)
             return "gemm", f"{WHY['gemm']}; strided windows of {math.prod(g.kernel)} taps over {plane} output pixels"
         return choice, f"{why}; lanes' tile in 32 registers beats gemm on strided and dilated windows (measured on Zen 4)"
     if any(s > 1 for s in g.stride) and math.prod(g.y_size) >= GEMM_WGRAD_MIN_PLANE:

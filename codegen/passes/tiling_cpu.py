@@ -380,8 +380,9 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
     registers = asm_tile_registers(nv, pb)
-    evex = (f", {registers} of 32 registers: AVX512-VL's EVEX encoding of the AVX2 instructions reaches "
-            f"ymm16-31" if t.evex_tiles and registers > 16 else "")
+    evex = (f", {registers} of 32 registers" + ("" if t.isa == "avx512" and lanes == t.vector_bytes // acc_bytes
+                                                  else ": AVX512-VL's EVEX encoding reaches ymm16-31 / xmm16-31")
+            if t.evex_tiles and registers > 16 else "")
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
                                  f"tap) rows ({score:.2f} useful{evex}); {rb} of the {rows} rows per work item, {items} "
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
