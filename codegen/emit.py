@@ -105,9 +105,10 @@ def _context(plan: Plan, entry: str) -> KernelContext:
         channels, size = (g.cout, g.y_size) if source == "Y" else (g.cin, g.x_size)
         strides.append(("S", operand_strides(layouts[source], channels, size)))
     note = ", ".join(f"{k} {v.value}" for k, v in sorted(layouts.items()))
+    lanes = _lanes(plan)
     return KernelContext(entry=entry, dtype=plan.problem.dtype.value, storage=STORAGE[plan.problem.dtype],
                          acc=ACCUMULATOR[plan.problem.dtype], g=g, t=plan.tiling,
-                         lanes=_lanes(plan), vector_bytes=_lanes(plan) * plan.problem.dtype.accumulator.itemsize,
+                         lanes=lanes, vector_bytes=lanes * plan.problem.dtype.accumulator.itemsize,
                          acc_bytes=plan.problem.dtype.accumulator.itemsize,
                          gy_in_place=bool(plan.tiling and "Y" in plan.tiling.in_place),
                          x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),

@@ -195,12 +195,12 @@ def cpu_identity() -> tuple[str, int]:
     return vendor, family
 
 
-# AMD family 0x19 (Zen 3 and Zen 4): Zen 4 runs a 512-bit FMA as two 256-bit halves, so zmm code
-# does as many FLOPs per cycle as ymm code; there the AVX2 shape timed as fast overall (BENCHMARKS.md,
-# host class avx512+bf16, Zen 4). Intel's AVX-512 server cores issue two 512-bit FMAs per cycle:
-# on a Xeon (family 6 model 207, 2 threads) vfmadd231ps ran 5.9 per ns on zmm and 6.0 on ymm, twice
-# the FLOPs, and the AVX-512 shape ran the standard suite at 0.87 / 0.93 of torch against AVX2's
-# 0.59 / 0.60. Zen 5 (family 0x1a) has full-width 512-bit datapaths (AMD's documentation; not
+# AMD family 0x19 (of which Zen 4 has AVX-512): Zen 4 runs a 512-bit FMA as two 256-bit halves, so
+# zmm code does as many FLOPs per cycle as ymm code; there the AVX2 shape timed as fast overall
+# (BENCHMARKS.md, host class avx512+bf16, Zen 4). Intel's AVX-512 server cores issue two 512-bit FMAs
+# per cycle: on a Xeon (family 6 model 207) vfmadd231ps ran 5.9 per ns on zmm and 6.0 on ymm, twice
+# the FLOPs, and the AVX-512 shape (zmm assembly tiles) ran the standard suite at 0.94 / 1.02 of
+# torch against AVX2's 0.59 / 0.60 (2 threads). Zen 5 (family 0x1a) has full-width 512-bit datapaths (AMD's documentation; not
 # measured here).
 HALF_RATE_ZMM = {("AuthenticAMD", 0x19)}
 # Where vdpbf16ps (two bf16 products per f32 lane) beats bf16 widened to f32 FMAs: on Zen 4 it

@@ -208,8 +208,7 @@ def _pointwise_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return "lanes", f"{WHY['lanes']}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
     if plan.target.isa == "avx512" and g.stride == (1, 1, 1) and nchw:
         plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
-        channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
-        if plane <= PLANE_POINTWISE_WASTES and channels % WIDE_LANES_BLOCK == 0:
+        if plane <= PLANE_POINTWISE_WASTES and lanes_channels % WIDE_LANES_BLOCK == 0:
             return "lanes", f"{WHY['lanes']}; not pointwise: {plane} pixels per image fill few 16-pixel vectors"
         if reduced < POINTWISE_WIDE_MIN_REDUCED:
             return choice, f"{why}; not pointwise: {reduced} channels reduced (AVX-512)"
