@@ -77,7 +77,12 @@ class Target:
         if self.kind is not TargetKind.CPU:
             return ()
         flags = {
-            "avx512": ("-march=x86-64-v4", "-mtune=generic"),
+            # GCC 12's straight-line (SLP) vectorizer miscompiles some AVX-512 permutations: the
+            # depthwise data gradient of a 2x2 f64 plane stored [out0, out1, out3, out4] with an in-lane
+            # vpermilpd that cannot reach out4 (wrong results; -O1 and AVX2 right). The kernels' hot
+            # loops are explicit vector code: without it the standard suite's kernels timed within
+            # noise (Xeon, 27 kernels, 0.93-1.15x, median 1.00)
+            "avx512": ("-march=x86-64-v4", "-mtune=generic", "-fno-tree-slp-vectorize"),
             "avx2": ("-march=x86-64-v3", "-mtune=generic"),
         }.get(self.isa, ())
         if self.bf16_dot and self.isa == "avx2":

@@ -394,3 +394,23 @@ def test_weight_gradient_is_the_same_bit_for_bit_for_any_thread_count(kernels, p
     for threads, gw, gb in results[1:]:
         assert torch.equal(gw, gw1) and torch.equal(gb, gb1), \
             f"{threads} threads give other bits than 1 thread"
+
+
+@pytest.mark.parametrize("h, w, kh, kw", [(2, 2, 1, 2), (2, 3, 2, 2), (3, 2, 1, 2), (2, 3, 1, 3)])
+def test_small_f64_depthwise_data_gradients_on_both_x86_shapes(h, w, kh, kw):
+    """GCC 12's straight-line vectorizer miscompiled these for AVX-512 (a permutation of the stored
+    outputs that an in-lane vpermilpd cannot make; see Target.march_flags): the depthwise data
+    gradient of planes of 4-6 f64 values, on the host's shape and the other x86 shape."""
+    from convgen.api import ops
+    gen = torch.Generator().manual_seed(h * 100 + w * 10 + kh + kw)
+    x = torch.randn((1, 2, h, w), generator=gen, dtype=torch.float64)
+    wt = torch.randn((2, 1, kh, kw), generator=gen, dtype=torch.float64)
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 2)
+    gy = torch.randn(torch.ops.aten.convolution(x, wt, None, *args).shape, generator=gen, dtype=torch.float64)
+    ref = torch.ops.aten.convolution_backward(gy, x, wt, None, *args, [True, False, False])[0]
+    (problem,) = [p for p in ops.call_problems(x, wt, None, *args) if p.op is Op.BWD_DATA]
+    plans = [lower(problem, t, algorithm="depthwise") for t in (host_cpu(), SECOND_SHAPE)]
+    for plan, kernel in zip(plans, dispatch.load_plans(plans)):
+        out = _poisoned(tuple(x.shape), torch.float64, Layout.CONTIGUOUS)
+        kernel({"grad_output": gy, "weight": wt, "grad_input": out}, 1, 2)
+        assert rel_err(out, ref) <= tolerance(torch.float64, kh * kw), f"{plan.target.name()}: {out} against {ref}"
