@@ -440,10 +440,17 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
     *_, by_channels = tiling.lanes_tile(channels, lanes, t.vector_registers, asm=t.fma_asm, capped=True)
     scores = f"tile scores blocked {blocked:.2f}, lanes {by_channels:.2f}"
     written = next(op for op in plan.operands if op.writes)
-    if written.layout is Layout.CHANNELS_LAST and by_channels >= 0.5 and g.stride == (1, 1, 1):
+    if written.layout is Layout.CHANNELS_LAST and by_channels >= 0.5 and (g.stride == (1, 1, 1) or blocked < 0.95 * by_channels):
         # channels are the contiguous axis: lanes stores whole vectors where blocked would gather
         # and scatter one element per channel stride (forward 0.44x -> 0.61x torch on
-        # r50_1x1_64_256; with strides lanes was slower: 0.76x -> 0.60x on r50_3x3_128_s2)
+        # r50_1x1_64_256). Strides too, since lanes spreads a data gradient's stride phases over
+        # the threads evenly and steps each phase's taps at offsets known at compile time (before,
+        # 0.76x -> 0.60x torch on r50_3x3_128_s2). Xeon, f32, 2 threads, kernel alone, ms, blocked
+        # / lanes: r50_3x3_128_s2 data gradient 10.50 / 8.14 (AVX2 shape 16.87 / 13.40),
+        # dcgan_tconv's data gradient (a stride-2 forward kernel) 3.65 / 2.70 (3.94 / 3.47); with
+        # strides, blocked where its tile scores within 5% of lanes' or above (odd_asym's data
+        # gradient, 17 channels, stride 2: tile scores 0.82 / 0.55, 0.20 / 0.33 ms; AVX2 shape
+        # 0.70 / 0.72, 0.36 / 0.40 ms)
         return "lanes", f"{WHY['lanes']}; channels-last {written.role} ({scores})"
     if _bf16_pairs(plan) and by_channels >= 0.5:
         # lanes reduces bf16 in pairs on vdpbf16ps, blocked on f32 FMAs (Zen 4, 1 thread, ms, lanes /

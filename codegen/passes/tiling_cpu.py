@@ -246,8 +246,13 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     qb = pb * 16
     # Reduced channels per chunk: the chunk's weights and the part of its input that a run of QB
     # pixels reads take at most half the L1, so every tile of the run finds them there (and at
-    # most 256 products per partial sum, for accuracy). Measured on r50_1x1_2048_512's forward:
-    # 32 channels (17 KB) ran 7.5-8.4 ms against 9.2-14.8 with 128 (40 KB).
+    # most 256 products per partial sum, for accuracy). Measured on r50_1x1_2048_512's forward
+    # (Zen 3, 32 KB L1): 32 channels (17 KB) ran 7.5-8.4 ms against 9.2-14.8 with 128 (40 KB).
+    # An L1 of 48 KB or more takes chunks up to its whole size: fewer partial sums to add into the
+    # totals (Xeon, 48 KB, AVX-512, f32, 2 threads, kernel alone, ms, half / whole, alternating):
+    # channels last r50_1x1_256_64 forward 3.20 / 3.10, data gradient 4.52 / 4.36, unet3d 6.21 /
+    # 6.08, r50_3x3_64 6.24 / 6.16; NCHW deeplab_dil2 18.1 / 17.3, r50_1x1_2048_512 data gradient
+    # 3.13 / 3.05; none slower.
     read_w = g.x_size[2] if fwd else g.y_size[2]
     out_w, sw = (g.y_size[2], g.stride[2]) if fwd else (math.ceil(g.x_size[2] / g.stride[2]), 1)
     reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
@@ -272,7 +277,8 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
             qb -= pb
     run_bytes = window(qb) * acc_bytes
     steps = math.ceil(reduced / 2) if pairs else reduced
-    cc = max(1, min(steps, (t.l1_bytes // 2) // (taps * nv * lanes * acc_bytes + run_bytes),
+    chunk_bytes = t.l1_bytes if t.l1_bytes >= 48 * 1024 else t.l1_bytes // 2
+    cc = max(1, min(steps, chunk_bytes // (taps * nv * lanes * acc_bytes + run_bytes),
                     max(1, (128 if pairs else 256) // taps)))
     unit = p.dtype.accumulator is p.dtype
     if fwd:   # the input needs a padded copy unless every window lies inside it
@@ -374,7 +380,20 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / rb)
     partial_bytes = g.groups * g.cout_g * rows * acc_bytes
     splits = _splits(items, partial_bytes)
-    in_place = ("X",) if _windows_inside(g) and p.dtype.accumulator is p.dtype else ()
+    unit = p.dtype.accumulator is p.dtype
+    in_place = ("X",) if _windows_inside(g) and unit else ()
+    # A channels-last grad_output is read in place (GY_IN_PLACE in templates/cpu/lanes_wgrad.cpp.j2)
+    # where each pixel's channel block is already one run and either the pixels hold one block
+    # (their lines then fill every L1 set) or an item's rows are all the rows (grad_output is read
+    # once per channel block: the pack, a pass that reads and writes all of it, would cost more
+    # than the reads it saves). Blocks a power-of-two stride apart fill a fraction of the L1's
+    # sets, which the chunk's lines, read again for every row tile, then overflow. Xeon, f32,
+    # 2 threads, kernel alone, ms, packed / in place: r50_1x1_64_256 (64 rows, 4 blocks per
+    # pixel) 6.18 / 4.86, r50_3x3_64 (one block) 8.15 / 7.50, unet3d 7.97 / 7.86; but
+    # deeplab_dil2 (4 blocks, 2304 rows) 18.6 / 21.1, r50_3x3_128_s2 (2 blocks) 8.92 / 9.38.
+    gy_in_place = (unit and not pairs and plan.layout_of("Y") is Layout.CHANNELS_LAST
+                   and g.cout_g % (nv * lanes) == 0 and (g.groups * g.cout_g == nv * lanes or rb >= rows))
+    in_place += ("Y",) if gy_in_place else ()
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
@@ -386,8 +405,8 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
                                  f"tap) rows ({score:.2f} useful{evex}); {rb} of the {rows} rows per work item, {items} "
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
-                                 f"{'pairs of pixels' if pairs else 'pixels'}; grad_output packed pixel-major once "
-                                 f"per call; input "
+                                 f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
+                                 f"{'read in place (channels last, whole channel blocks)' if gy_in_place else 'packed pixel-major once per call'}; input "
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "

@@ -312,6 +312,16 @@ static constexpr bool reaches(int64_t part, int64_t t, int64_t& off) {
   off = floordiv(ed, SD) * RB_SD + floordiv(eh, SH) * RB_SH + floordiv(ew, SW) * RB_SW;
   return true;
 }
+// The same as compile-time values: whether tap t reaches the part, and its offset.
+static constexpr bool reaches_tap(int64_t part, int64_t t) {
+  int64_t off = 0;
+  return reaches(part, t, off);
+}
+static constexpr int64_t reach_offset(int64_t part, int64_t t) {
+  int64_t off = 0;
+  reaches(part, t, off);
+  return off;
+}
 static inline int64_t part_taps(int64_t part, int64_t* toff) {
   int64_t nt = 0;
   for (int64_t t = 0; t < TAPS; ++t) {
@@ -433,7 +443,10 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
       if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) continue;
       const int64_t oblk = CHANNEL_MAJOR ? (item / (PARTS * qblocks)) % OBLK : item % OBLK;
       const int64_t rest = CHANNEL_MAJOR ? item % (PARTS * qblocks) : (item / OBLK) % (PARTS * qblocks);
-      const int64_t part = rest / qblocks, qb = rest % qblocks;
+      // parts innermost: each thread's share of the items takes every part alike (a strided data
+      // gradient's phases take different numbers of taps), and a run's parts read the same
+      // grad_output neighbourhood one after another
+      const int64_t part = rest % PARTS, qb = rest / PARTS;
       const int64_t g = item / (OBLK * PARTS * qblocks);
       const int64_t pixels = n * part_pixels(part), qbeg = qb * QB;
       if (qbeg >= pixels) continue;
@@ -456,13 +469,36 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
       } else {
         wk = wp + (g * OBLK + oblk) * RC * TAPS * NVV;
       }
+      // Channels innermost: pixel i's valid channels, a vector at a time, once its sums are final.
+      auto store_pixel = [&](int64_t i) {
+        const int64_t q = qbeg + i;
+        T* dst = out + write_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        const vec* tt = tot + (i / PB) * NV * PB + i % PB;
+        for (int64_t v = 0; v < NV; ++v) {
+          const int64_t o0 = oblk * NVV + v * V;
+          if (o0 >= OC) break;
+          const int64_t no = OC - o0 < V ? OC - o0 : V;
+          if (no == V) {
+            vstore_t(dst + o0, tt[v * PB]);
+            continue;
+          }
+          T vals[V];
+          vstore_t(vals, tt[v * PB]);
+          for (int64_t l = 0; l < no; ++l) dst[o0 + l] = vals[l];
+        }
+      };
       // The reduction in chunks of CC channels, whose weights stay in L1 while every tile of the
       // run takes its partial sum; each partial sum is added to the tile's total in order.
       for (int64_t t = 0; t < tiles; ++t)
         for (int64_t v = 0; v < NV; ++v)
           for (int64_t j = 0; j < PB; ++j) tot[(t * NV + v) * PB + j] = vload(bp + (g * OBLK + oblk) * NVV + v * V);
-      for (int64_t c0 = 0; c0 < RC; c0 += CC) {
-        const int64_t c1 = c0 + CC < RC ? c0 + CC : RC;
+      // A part that fewer taps reach than the kernel has (a phase of a strided data gradient) takes
+      // proportionally more channels per chunk: the same weight bytes in L1 and products per partial
+      // sum, and fewer partial sums to add into the totals.
+      const int64_t widen = PARTS == 1 ? 1 : TAPS / (ntaps > 0 ? ntaps : 1);
+      const int64_t cstep = CC * widen < RC ? CC * widen : RC;
+      for (int64_t c0 = 0; c0 < RC; c0 += cstep) {
+        const int64_t c1 = c0 + cstep < RC ? c0 + cstep : RC;
         for (int64_t t = 0; t < tiles; ++t) {
           const ACC* px[PB];
           for (int64_t j = 0; j < PB; ++j) px[j] = rs + ro[t * PB + j];
@@ -638,6 +674,11 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
           tt[9] += acc3_0;
           tt[10] += acc3_1;
           tt[11] += acc3_2;
+          // With channels innermost, the last chunk's tiles are stored as they finish, between the
+          // next tiles' FMAs, rather than all at the end of the item (a burst of stores that the
+          // FMAs cannot hide).
+          if (OUT_SC == 1 && c1 == RC)
+            for (int64_t i = t * PB; i < (t + 1) * PB && i < qend - qbeg; ++i) store_pixel(i);
         }
       }
       if constexpr (OUT_SC != 1) {
@@ -678,20 +719,6 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
           for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
         }
         continue;
-      }
-      // channels innermost: the valid channels of each valid pixel, a vector at a time
-      for (int64_t i = 0; i < qend - qbeg; ++i) {
-        const int64_t q = qbeg + i;
-        T* dst = out + write_at(part, q / part_pixels(part), g, q % part_pixels(part));
-        const vec* tt = tot + (i / PB) * NV * PB + i % PB;
-        for (int64_t v = 0; v < NV; ++v) {
-          const int64_t o0 = oblk * NVV + v * V;
-          if (o0 >= OC) break;
-          const int64_t no = OC - o0 < V ? OC - o0 : V;
-          T vals[V];
-          vstore_t(vals, tt[v * PB]);
-          for (int64_t l = 0; l < no; ++l) dst[(o0 + l) * OUT_SC] = vals[l];
-        }
       }
     }
     std::free(tot);

@@ -348,12 +348,16 @@ static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int 
 // channels at a time (pack_transposed): pixel by pixel, the copy reads one value from each of NVV
 // planes, which with planes of a power-of-two size share a few L1 sets (unet3d: 9% of the kernel).
 constexpr bool GY_RUNS = !PAIRS && (YW == 1 || Y_SW == 1) && (YH == 1 || Y_SH == YW) && (YD == 1 || Y_SD == YH * YW);
+// A channels-last grad_output of whole channel blocks, already of the accumulator's type, is read in
+// place: each pixel's NVV channels of a block are one run there too. Only the bias sums (in the
+// same order as below) are taken from it first.
+constexpr bool GY_IN_PLACE = false;
 static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double* __restrict bs, int64_t n,
                              int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t e = 0; e < G * KBLK * n; ++e) {
     const int64_t b = e % n, kblk = (e / n) % KBLK, g = e / (n * KBLK);
-    ACC* dst = gyt + e * STEPS * NVV;
+    ACC* dst = GY_IN_PLACE ? nullptr : gyt + e * STEPS * NVV;
     if constexpr (GY_RUNS) {
       const int64_t runs = COUT_G - kblk * NVV < NVV ? COUT_G - kblk * NVV : NVV;
       const T* src = gy + b * Y_SN + (g * COUT_G + kblk * NVV) * Y_SC;
@@ -373,7 +377,7 @@ static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double
       for (int64_t j = 0; j < NVV; ++j) {
         const int64_t k = kblk * NVV + j;
         const ACC v = k < COUT_G ? to_acc(src[(g * COUT_G + k) * Y_SC]) : (ACC)0;
-        dst[p * NVV + j] = v;
+        if constexpr (!GY_IN_PLACE) dst[p * NVV + j] = v;
         sum[j] += (double)v;
       }
     }
@@ -385,15 +389,15 @@ static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double
 extern "C" int cg_conv2d_bwdw_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restrict gy, const T* __restrict x, T* __restrict gw,
 int64_t n, int nthreads) {
   const int64_t np = n * STEPS;   // reduction steps of the batch
-  ACC* gyt = (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* gyt = GY_IN_PLACE ? nullptr : (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* xp = IN_PLACE ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
   double* bs = nullptr;
   // With SPLITS > 1 every part of the reduction writes its sums here, [part][k][row], and a last
   // loop adds the parts in order: the same bits for any thread count.
   ACC* part = SPLITS > 1 ? (ACC*)std::malloc(sizeof(ACC) * (size_t)(SPLITS * G * COUT_G * CT + 1)) : nullptr;
-  int failed = !gyt || (!IN_PLACE && !xp) || (SPLITS > 1 && !part);
+  int failed = (!GY_IN_PLACE && !gyt) || (!IN_PLACE && !xp) || (SPLITS > 1 && !part);
   if (!failed) {
-    pack_grad_output(gy, gyt, bs, n, nthreads);
+    if (!GY_IN_PLACE || bs) pack_grad_output(gy, gyt, bs, n, nthreads);
     if (!IN_PLACE) pad_input(x, xp, n, nthreads);
   }
   const ACC* xs = IN_PLACE ? (const ACC*)x : xp;
@@ -401,8 +405,9 @@ int64_t n, int nthreads) {
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
     vec* tot = (vec*)scratch(RB * NV * V);             // the item's sums so far, [row tile][NV][PB]
-    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * (PC + 2 * RB));   // chunk pixels' windows, rows' offsets
-    int64_t* wo = at ? at + PC + RB : nullptr;                                 // (input, then weight gradient)
+    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * (2 * PC + 2 * RB));   // chunk pixels' windows, rows' offsets
+    int64_t* wo = at ? at + PC + RB : nullptr;                                     // (input, then weight gradient),
+    int64_t* gat = at ? at + PC + 2 * RB : nullptr;                                // chunk pixels' grad_output (GY_IN_PLACE)
     ACC* kr = (ACC*)std::malloc(sizeof(ACC) * NVV * RB);                       // the item's sums, [channel][row]
     if (items && (!tot || !at || !kr)) failed = 1;
     #pragma omp for schedule(static)
@@ -417,7 +422,7 @@ int64_t n, int nthreads) {
         ro[r] = g * CIN_G * RB_SC + channel_tap_offset(q, RB_SC, DD * RB_SD, DH * RB_SH, DW * RB_SW);
       }
       for (int64_t i = 0; i < RB * NV; ++i) tot[i] = vbroadcast(0);
-      const ACC* gk = gyt + (g * KBLK + kblk) * np * NVV;
+      const ACC* gk = GY_IN_PLACE ? (const ACC*)gy + (g * COUT_G + kblk * NVV) * Y_SC : gyt + (g * KBLK + kblk) * np * NVV;
       const int64_t u0 = np * split / SPLITS, u1 = np * (split + 1) / SPLITS;
       for (int64_t q0 = u0; q0 < u1; q0 += PC) {
         const int64_t nq = u1 - q0 < PC ? u1 - q0 : PC;
@@ -425,8 +430,9 @@ int64_t n, int nthreads) {
           const int64_t q = q0 + i, b = q / STEPS, p = q % STEPS * PIX;
           const int64_t ow = p % YWE, oh = (p / YWE) % YH, od = p / (YWE * YH);
           at[i] = b * RB_SN + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
+          if constexpr (GY_IN_PLACE) gat[i] = b * Y_SN + od * Y_SD + oh * Y_SH + ow * Y_SW;
         }
-        const ACC* gq = gk + q0 * NVV;
+        const ACC* gq = GY_IN_PLACE ? gk : gk + q0 * NVV;
         for (int64_t rt = 0; rt < RB; rt += PB) {
           const ACC* px[PB];
           for (int64_t j = 0; j < PB; ++j) px[j] = xs + ro[rt + j];
@@ -437,7 +443,7 @@ int64_t n, int nthreads) {
           vec acc2_0 = vbroadcast(0), acc2_1 = vbroadcast(0), acc2_2 = vbroadcast(0);
           vec acc3_0 = vbroadcast(0), acc3_1 = vbroadcast(0), acc3_2 = vbroadcast(0);
           for (int64_t i = 0; i < nq; ++i) {
-            const ACC* gi = gq + i * NVV;
+            const ACC* gi = GY_IN_PLACE ? gq + gat[i] : gq + i * NVV;
             const int64_t a = at[i];
             {
               const vec h0_ = vbroadcast(*(px[0] + a));
