@@ -407,7 +407,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
                                  f"{'read in place (channels last, whole channel blocks)' if gy_in_place else 'packed pixel-major once per call'}; input "
-                                 f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 f"{'read in place' if 'X' in in_place else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "
                                     "with its neighbour a stride along); " if pairs else "")
