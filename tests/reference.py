@@ -209,3 +209,14 @@ class Aten:
 
 def up(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().to(torch.float64)
+
+
+def channels_last_problem(op, n, c, k, size, kernel, stride=1, pad=1, groups=1, dtype=None, bias=True):
+    """A ConvProblem of kernel op `op` with every operand channels last (a square stride and padding
+    on every axis): the cases of the tests that check the kernels' channels-last paths directly."""
+    from convgen.codegen.ir import ConvProblem, DType, Layout
+    r = len(size)
+    return ConvProblem(op=op, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=(stride,) * r,
+                       padding=((pad, pad),) * r, dilation=(1,) * r, groups=groups, transposed=False,
+                       output_padding=(0,) * r, dtype=dtype or DType.F32, input_layout=Layout.CHANNELS_LAST,
+                       weight_layout=Layout.CHANNELS_LAST, output_layout=Layout.CHANNELS_LAST, bias=bias)

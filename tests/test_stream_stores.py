@@ -21,15 +21,11 @@ from convgen.codegen.pipeline import lower
 from convgen.codegen.target import cpu_target, host_cpu, host_isas
 from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
-from reference import rel_err, tolerance
+from reference import channels_last_problem, rel_err, tolerance
 
 
 def _problem(n, c, k, size, kernel, stride=1, pad=1, groups=1, dtype=DType.F32) -> ConvProblem:
-    r = len(size)
-    return ConvProblem(op=Op.FWD, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=(stride,) * r,
-                       padding=((pad, pad),) * r, dilation=(1,) * r, groups=groups, transposed=False,
-                       output_padding=(0,) * r, dtype=dtype, input_layout=Layout.CHANNELS_LAST,
-                       weight_layout=Layout.CHANNELS_LAST, output_layout=Layout.CHANNELS_LAST, bias=True)
+    return channels_last_problem(Op.FWD, n, c, k, size, kernel, stride, pad, groups, dtype)
 
 
 # (name, problem arguments): 64 output channels per group, so every channel block is whole in
