@@ -37,6 +37,7 @@ CASES = [
     ("stride2_grouped", dict(n=2, c=4, k=128, size=(9, 11), kernel=(3, 3), stride=2, groups=2)),
     ("3d", dict(n=1, c=2, k=64, size=(3, 5, 6), kernel=(3, 3, 3))),
     ("f64", dict(n=2, c=3, k=64, size=(6, 7), kernel=(3, 3), dtype=DType.F64)),
+    ("one_pixel", dict(n=3, c=4, k=64, size=(3, 3), kernel=(3, 3), pad=0)),       # its planes are runs too
 ]
 
 

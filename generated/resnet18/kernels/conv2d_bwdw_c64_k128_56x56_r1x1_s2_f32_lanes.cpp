@@ -347,11 +347,12 @@ static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int 
 // Channel planes whose pixels are one run (contiguous grad_output, no pairs) are transposed V
 // channels at a time (pack_transposed): pixel by pixel, the copy reads one value from each of NVV
 // planes, which with planes of a power-of-two size share a few L1 sets (unet3d: 9% of the kernel).
-constexpr bool GY_RUNS = !PAIRS && (YW == 1 || Y_SW == 1) && (YH == 1 || Y_SH == YW) && (YD == 1 || Y_SD == YH * YW);
 // A channels-last grad_output of whole channel blocks, already of the accumulator's type, is read in
 // place: each pixel's NVV channels of a block are one run there too. Only the bias sums (in the
 // same order as below) are taken from it first.
 constexpr bool GY_IN_PLACE = false;
+constexpr bool GY_RUNS = !GY_IN_PLACE && !PAIRS && (YW == 1 || Y_SW == 1) && (YH == 1 || Y_SH == YW) &&
+                         (YD == 1 || Y_SD == YH * YW);
 static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double* __restrict bs, int64_t n,
                              int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
