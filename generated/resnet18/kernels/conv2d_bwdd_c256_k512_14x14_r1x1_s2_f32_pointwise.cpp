@@ -154,9 +154,10 @@ static inline ACC pair_of(T lo, T hi) {
   return f;
 }
 static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, int64_t taps, const T* __restrict src,
-                                   int64_t stride, int64_t runs, bool paired) {
+                                   int64_t stride, int64_t runs, bool paired, int64_t ds = 0) {
   typedef uint32_t bits_v __attribute__((vector_size(sizeof(vec))));
   const int64_t cw = paired ? (n + 1) / 2 : n;
+  if (ds == 0) ds = nb;   // words between consecutive positions' blocks in dst
   for (int64_t j0 = 0; j0 < nb; j0 += V)
     for (int64_t c = 0; c < cw; ++c) {
       const T* lo = src + (paired ? 2 * c : c) * taps;   // run 0's values of word c, then the pair's odd channel's
@@ -177,12 +178,12 @@ static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, i
             std::memcpy(&a[m], &x, sizeof x);
           }
         }
-        for (int64_t m = 0; m < V; ++m) vstore(dst + (c * taps + t + m) * nb + j0, a[m]);
+        for (int64_t m = 0; m < V; ++m) vstore(dst + (c * taps + t + m) * ds + j0, a[m]);
       }
       for (; t < taps; ++t)
         for (int64_t k = 0; k < V; ++k) {
           const T* at = lo + (j0 + k) * stride + t;
-          dst[(c * taps + t) * nb + j0 + k] = j0 + k >= runs ? (ACC)0
+          dst[(c * taps + t) * ds + j0 + k] = j0 + k >= runs ? (ACC)0
                                               : paired         ? pair_of(at[0], odd ? at[taps] : (T)0)
                                                                : to_acc(at[0]);
         }
