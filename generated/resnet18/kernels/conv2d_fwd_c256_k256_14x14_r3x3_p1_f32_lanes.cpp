@@ -390,15 +390,13 @@ constexpr bool W_TAP_RUNS = W_CH_INNER && !PAIRS && (KW == 1 || W_SW == CIN_G) &
 // One block gb = (g, channel block) of them, to dst.
 static void pack_block(const T* __restrict w, ACC* __restrict dst, int64_t gb) {
   const int64_t g = gb / OBLK, k0 = (gb % OBLK) * NVV;
-  if constexpr (W_TAP_RUNS) {
+  if constexpr (W_ROWS || W_TAP_RUNS) {
     const int64_t runs = COUT_G - k0 < NVV ? COUT_G - k0 : NVV;
     const T* src = w + (g * COUT_G + k0) * W_SN;
-    for (int64_t t = 0; t < TAPS; ++t)   // channel ci of tap t to [ci][t]
-      pack_transposed(dst + t * NVV, NVV, 1, CIN_G, src + t * CIN_G, W_SN, runs, false, TAPS * NVV);
-  } else if constexpr (W_ROWS) {
-    const int64_t runs = COUT_G - k0 < NVV ? COUT_G - k0 : NVV;
-    const T* src = w + (g * COUT_G + k0) * W_SN;
-    if constexpr (PAIRS) pack_transposed(dst, NVV, CIN_G, TAPS, src, W_SN, runs, true);
+    if constexpr (W_TAP_RUNS)
+      for (int64_t t = 0; t < TAPS; ++t)   // channel ci of tap t to [ci][t]
+        pack_transposed(dst + t * NVV, NVV, 1, CIN_G, src + t * CIN_G, W_SN, runs, false, TAPS * NVV);
+    else if constexpr (PAIRS) pack_transposed(dst, NVV, CIN_G, TAPS, src, W_SN, runs, true);
     else pack_transposed(dst, NVV, 1, CIN_G * TAPS, src, W_SN, runs, false);   // one word per value, in order
   } else if constexpr (W_CH_INNER) {
     for (int64_t c0 = 0; c0 < RC; c0 += WCB)
