@@ -719,7 +719,6 @@ extern "C" int cg_conv2d_bwdd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restr
           }
           for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
         }
-        continue;
       }
     }
     std::free(tot);

@@ -2494,7 +2494,6 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __re
           }
           for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
         }
-        continue;
       }
     }
     std::free(tot);

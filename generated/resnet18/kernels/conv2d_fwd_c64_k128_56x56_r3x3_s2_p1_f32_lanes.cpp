@@ -728,7 +728,6 @@ extern "C" int cg_conv2d_fwd_c64_k128_56x56_r3x3_s2_p1_f32_lanes(const T* __rest
           }
           for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
         }
-        continue;
       }
     }
     std::free(tot);

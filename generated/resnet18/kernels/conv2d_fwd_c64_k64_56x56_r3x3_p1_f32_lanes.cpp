@@ -728,7 +728,6 @@ extern "C" int cg_conv2d_fwd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restrict
           }
           for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
         }
-        continue;
       }
     }
     std::free(tot);
