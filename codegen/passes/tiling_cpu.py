@@ -257,7 +257,14 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     out_w, sw = (g.y_size[2], g.stride[2]) if fwd else (math.ceil(g.x_size[2] / g.stride[2]), 1)
     reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
 
+    # Taps of one row (1x1, 1-D): a run within a row reads its pixels' reach, in two pieces where it
+    # crosses a row's end; counted as two rows it halved the chunk (r50_1x1_64_256's 64 channels in
+    # chunks of 47 and 17: channels last, AVX-512, Xeon, 2 threads, kernel alone, ms, before / after:
+    # forward 3.99 / 3.90, r50_1x1_512_128 data gradient 4.44 / 4.24, c3d_1x1 1.45 / 1.40; the other
+    # pointwise ResNet layers 0.99-1.02x)
     def window(q: int) -> int:   # pixels that a run of q pixels reads
+        if q < out_w and reach[0] == reach[1] == 1:
+            return min(read_w + 2 * g.pad_lo[2], q * sw + 2 * (reach[2] - 1))
         width = min(read_w + 2 * g.pad_lo[2], q * sw + reach[2]) if q < out_w else read_w + 2 * g.pad_lo[2]
         return reach[0] * (math.ceil(q / out_w) + reach[1]) * width
 
@@ -289,9 +296,10 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     read = "X" if fwd else "Y"
     in_place = (read,) if not border and unit else ()
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0
+    own_ahead = bool(stream) and t.isa in OWN_AHEAD_ISAS
     planes = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    pairs=pairs, stream_bytes=stream, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, stream_bytes=stream, own_ahead=own_ahead, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
@@ -307,9 +315,11 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"{'read in place' if in_place else 'copied once, zero-padded'}; "
                                  + (f"{'output' if fwd else 'input-gradient'} channel planes stored {lanes} pixels x {lanes} channels at a "
                                     f"time, transposed in registers; " if planes else "")
-                                 + (f"outputs of {stream >> 20} MB or more per call written with non-temporal "
-                                    f"stores (they cannot stay in the L2, and a cached store first reads each "
-                                    f"line); " if stream else "") +
+                                 + (f"outputs of {stream >> 20} MB or more per call (they cannot stay in the L2) "
+                                    + ("owned a tile ahead of their stores (prefetchw), so the stores find their "
+                                       "lines in L1; " if own_ahead else
+                                       "written with non-temporal stores (a cached store first reads each line); ")
+                                    if stream else "") +
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
@@ -325,6 +335,15 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
 # r50_1x1_64_256 7.86 / 7.99; bf16 6.63 / 12.25, its values rounded one by one; unet3d alone 10.2 /
 # 9.2), so they keep cached stores too.
 STREAM_L2S = 4   # outputs of at least this many L2s per call
+# ISA levels whose large outputs are owned ahead instead: each tile's output lines are requested for
+# writing (prefetchw) while the tile before it computes, and stored through the caches when final.
+# On the Xeon (AVX-512, 2 threads, channels last, kernel alone, ms, non-temporal / owned ahead):
+# r50_1x1_64_256 4.87 / 4.07 (its FMAs alone, the stores sent to one L1-resident line: 3.05),
+# r50_stem 4.19 / 3.68; a plain cached store there ran 5.85, and stores owned only once their tile
+# began 4.88 / 4.63 against a tile ahead (two tiles ahead: no better). Below the threshold owning ahead
+# gained nothing (r50_3x3_64 6.29 / 6.27, unet3d 6.23 / 6.28; data gradients 0.95-1.02x).
+# AVX2 code, the default on Zen 3 and Zen 4, keeps the non-temporal stores measured there.
+OWN_AHEAD_ISAS = ("avx512",)
 
 # Channel-plane (contiguous) outputs of the lanes forward and data gradient: the tile holds a
 # pixel's channels in a vector, a plane wants a channel's pixels together. V pixels that are
