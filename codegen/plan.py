@@ -99,6 +99,9 @@ class Tiling:
     stream_bytes: int = 0    # lanes forward: outputs of at least this many bytes per call are written with
                              # non-temporal stores, past the caches (0: never), or with own_ahead:
     own_ahead: bool = False  # their lines requested for writing (prefetchw) a tile ahead, stored cached
+    row_window: int = 0      # lanes forward (channels-last input, no depth window): where its padded copy would
+                             # take at least this many bytes per call, each thread copies the padded rows of
+                             # its work item instead of the whole input being copied up front (0: never)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -295,11 +295,20 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
     read = "X" if fwd else "Y"
     in_place = (read,) if not border and unit else ()
+    # A channels-last input with no depth window is copied a work item's rows at a time, by its thread,
+    # where consecutive items take the channel blocks of one run of pixels (channel-major items copy
+    # each run's rows once per channel block). Xeon, AVX-512, 2 threads, kernel alone, ms, whole copy /
+    # per item: r50_3x3_64 6.34 / 6.24, r50_3x3_128_s2 7.56 / 7.40, r50_stem 3.53 / 3.52; channel-major
+    # r50_3x3_256 5.95 / 6.21 and r50_3x3_512 7.97 / 8.47 (7x7 images: an item's rows span three).
+    # Only copies larger than the L2 (which go out to memory): a smaller one stays cached, and odd_asym's
+    # (1 MB) ran 0.17 ms whole against 0.23 per item (each thread's row buffer newly mapped per call).
+    row_window = t.l2_bytes if (fwd and not in_place and not channel_major and g.y_size[0] == 1 and reach[0] == 1
+                                and plan.layout_of("X") is Layout.CHANNELS_LAST and g.groups * g.cin_g > 1) else 0
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0
     own_ahead = bool(stream) and t.isa in OWN_AHEAD_ISAS
     planes = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    pairs=pairs, stream_bytes=stream, own_ahead=own_ahead, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, stream_bytes=stream, own_ahead=own_ahead, row_window=row_window, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
@@ -312,7 +321,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  f"in L1, {'channel block' if channel_major else 'pixel run'} outermost (the "
                                  f"weights, {weight_bytes} B per group, {'do not fit' if channel_major else 'fit'} "
                                  f"the L2); {'input' if fwd else 'grad_output'} "
-                                 f"{'read in place' if in_place else 'copied once, zero-padded'}; "
+                                 f"{'read in place' if in_place else f'zero-padded rows copied per work item by its thread (they stay in its L2) where the copy would take {row_window >> 20} MB or more, else copied once, zero-padded' if row_window else 'copied once, zero-padded'}; "
                                  + (f"{'output' if fwd else 'input-gradient'} channel planes stored {lanes} pixels x {lanes} channels at a "
                                     f"time, transposed in registers; " if planes else "")
                                  + (f"outputs of {stream >> 20} MB or more per call (they cannot stay in the L2) "

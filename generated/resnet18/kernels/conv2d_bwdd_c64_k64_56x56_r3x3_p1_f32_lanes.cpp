@@ -438,10 +438,11 @@ extern "C" int cg_conv2d_bwdd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restric
     int64_t* ro = (int64_t*)std::malloc(sizeof(int64_t) * (QB + 2 * TAPS));   // pixel windows, then (tap, offset) pairs
     ACC* wblk = LAZY_WEIGHTS ? scratch(RC * TAPS * NVV) : nullptr;   // this thread's packed block (LAZY_WEIGHTS)
     int64_t packed = -1;                                            // which one it holds
-    if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) failed = 1;
+    const bool ready = tot && ro && (!LAZY_WEIGHTS || wblk);
+    if (!ready) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      if (!tot || !ro || (LAZY_WEIGHTS && !wblk)) continue;
+      if (!ready) continue;
       const int64_t oblk = CHANNEL_MAJOR ? (item / (PARTS * qblocks)) % OBLK : item % OBLK;
       const int64_t rest = CHANNEL_MAJOR ? item % (PARTS * qblocks) : (item / OBLK) % (PARTS * qblocks);
       // parts innermost: each thread's share of the items takes every part alike (a strided data
@@ -456,9 +457,11 @@ extern "C" int cg_conv2d_bwdd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restric
       const int64_t ntaps = part_taps(part, toff);
       int64_t lt[2 * TPP + 2];   // this part's (tap, offset) pairs, as locals (TPP of them when uniform)
       for (int64_t u = 0; u < 2 * TPP && u < 2 * ntaps; ++u) lt[u] = toff[u];
+      const ACC* rsi = rs;   // where this item's windows are read, rbase words before them
+      int64_t rbase = 0;
       for (int64_t i = 0; i < QB; ++i) {
         const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
-        ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part)) - rbase;
       }
       const ACC* wk;
       if constexpr (LAZY_WEIGHTS) {
@@ -502,7 +505,7 @@ extern "C" int cg_conv2d_bwdd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restric
         const int64_t c1 = c0 + cstep < RC ? c0 + cstep : RC;
         for (int64_t t = 0; t < tiles; ++t) {
           const ACC* px[PB];
-          for (int64_t j = 0; j < PB; ++j) px[j] = rs + ro[t * PB + j];
+          for (int64_t j = 0; j < PB; ++j) px[j] = rsi + ro[t * PB + j];
           // the partial sums: acc{v}_{j} for channel vector v and pixel j
           vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0);
           vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0);

@@ -271,28 +271,30 @@ constexpr int64_t RB_SW = IN_PLACE ? X_SW : CH_INNER ? XGS : 1,
                   RB_SC = IN_PLACE ? X_SC : CH_INNER ? 1 : XDP * XHP * XWP,
                   RB_SN = IN_PLACE ? X_SN : (CH_INNER ? XGS : G * XCP) * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
 
+// Padded row r (of n * XDP * XHP) of the channels-innermost copy, to dst (XWP * XGS words).
+static inline void pad_row(const T* __restrict x, ACC* __restrict dst, int64_t r) {
+  const int64_t ph = r % XHP, pd = (r / XHP) % XDP, b = r / (XHP * XDP);
+  const int64_t id = pd - PD, ih = ph - PH;
+  if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
+    for (int64_t m = 0; m < XWP * XGS; ++m) dst[m] = 0;
+    return;
+  }
+  const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
+  for (int64_t m = 0; m < lo * XGS; ++m) dst[m] = 0;
+  for (int64_t m = lo; m < hi; ++m) {
+    const T* src = x + b * X_SN + id * X_SD + ih * X_SH + (m - PW) * X_SW;   // the pixel's channels, in order
+    ACC* to = dst + m * XGS;
+    for (int64_t ci = 0; ci < XGC; ++ci) to[ci] = to_acc(src[ci]);
+  }
+  for (int64_t m = hi * XGS; m < XWP * XGS; ++m) dst[m] = 0;
+}
+
 // The zero-padded input of every image and channel (or channel pair), [b][g][XCP][XDP][XHP][XWP],
 // one row at a time.
 static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int nthreads) {
   if constexpr (CH_INNER) {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < n * XDP * XHP; ++r) {
-      const int64_t ph = r % XHP, pd = (r / XHP) % XDP, b = r / (XHP * XDP);
-      const int64_t id = pd - PD, ih = ph - PH;
-      ACC* dst = xp + r * XWP * XGS;
-      if (id < 0 || id >= XD || ih < 0 || ih >= XH) {
-        for (int64_t m = 0; m < XWP * XGS; ++m) dst[m] = 0;
-        continue;
-      }
-      const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
-      for (int64_t m = 0; m < lo * XGS; ++m) dst[m] = 0;
-      for (int64_t m = lo; m < hi; ++m) {
-        const T* src = x + b * X_SN + id * X_SD + ih * X_SH + (m - PW) * X_SW;   // the pixel's channels, in order
-        ACC* to = dst + m * XGS;
-        for (int64_t ci = 0; ci < XGC; ++ci) to[ci] = to_acc(src[ci]);
-      }
-      for (int64_t m = hi * XGS; m < XWP * XGS; ++m) dst[m] = 0;
-    }
+    for (int64_t r = 0; r < n * XDP * XHP; ++r) pad_row(x, xp + r * XWP * XGS, r);
     return;
   }
   if constexpr (X_SC == 1 && X_SW > 1) {
