@@ -86,6 +86,7 @@ class KernelContext:
     bias_size: tuple[int, int, int]
     fma_asm: str              # "ps" / "pd": register tiles step in x86 FMA3 assembly; "": in portable C
     evex: bool = False        # those assembly tiles may use all 32 vector registers (Target.evex_tiles)
+    l2_bytes: int = 0         # the target's L2 (per core)
 
 
 def _context(plan: Plan, entry: str) -> KernelContext:
@@ -114,7 +115,7 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
-                         fma_asm=fma_suffix(plan), evex=evex_tile(plan))
+                         fma_asm=fma_suffix(plan), evex=evex_tile(plan), l2_bytes=plan.target.l2_bytes)
 
 
 def _lanes(plan: Plan) -> int:

@@ -99,9 +99,10 @@ class Tiling:
     stream_bytes: int = 0    # lanes forward: outputs of at least this many bytes per call are written with
                              # non-temporal stores, past the caches (0: never), or with own_ahead:
     own_ahead: bool = False  # their lines requested for writing (prefetchw) a tile ahead, stored cached
-    row_window: int = 0      # lanes forward (channels-last input, no depth window): where its padded copy would
-                             # take at least this many bytes per call, each thread copies the padded rows of
-                             # its work item instead of the whole input being copied up front (0: never)
+    copy_per_item: int = 0   # lanes forward (channels-last input, no depth window) and weight gradient (channels-
+                             # last input): where the padded copy of the whole input would take at least this
+                             # many bytes per call, each work item's thread copies the part it reads instead
+                             # (forward: its padded rows; weight gradient: its channels' planes) (0: never)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -308,7 +308,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     own_ahead = bool(stream) and t.isa in OWN_AHEAD_ISAS
     planes = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    pairs=pairs, stream_bytes=stream, own_ahead=own_ahead, row_window=row_window, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, stream_bytes=stream, own_ahead=own_ahead, copy_per_item=row_window, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
@@ -422,7 +422,19 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     gy_in_place = (unit and not pairs and plan.layout_of("Y") is Layout.CHANNELS_LAST
                    and g.cout_g % (nv * lanes) == 0 and (g.groups * g.cout_g == nv * lanes or rb >= rows))
     in_place += ("Y",) if gy_in_place else ()
+    # A channels-last input is turned into planes by each item's thread, its channels and images only,
+    # V pixels x V channels at a time through register transposes, where the whole copy would exceed
+    # the L2 (and the largest item's part fits a quarter of it): the whole copy went out to memory and
+    # came back, its value-by-value gather a value per cycle. Only where every item takes whole
+    # vectors of channels (all their taps) and one block of output channels takes them all, so each
+    # channel and image is turned once: elsewhere the transposes sat idle or were repeated per block
+    # (Xeon, AVX-512, 2 threads, kernel alone, ms, whole / per item: r50_3x3_64 7.26 / 6.93; without
+    # those conditions unet3d 7.52 / 9.53, r50_3x3_256 6.64 / 9.90, r50_3x3_128_s2 10.8 / 11.6).
+    per_item = (t.l2_bytes if "X" not in in_place and not pairs and plan.layout_of("X") is Layout.CHANNELS_LAST
+                and g.groups * g.cin_g > 1 and g.cout_g <= nv * lanes and rb % taps == 0
+                and (rb // taps) % lanes == 0 and g.cin_g % lanes == 0 else 0)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
+                    copy_per_item=per_item,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
@@ -435,7 +447,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
                                  f"{'read in place (channels last, whole channel blocks)' if gy_in_place else 'packed pixel-major once per call'}; input "
-                                 f"{'read in place' if 'X' in in_place else 'copied once, zero-padded'}; "
+                                 f"{'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels and images, by its thread where the whole copy would take {per_item >> 20} MB or more and a part fits the L2, else copied once' if per_item else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "
                                     "with its neighbour a stride along); " if pairs else "")

@@ -394,15 +394,16 @@ extern "C" int cg_conv2d_bwdw_c64_k128_56x56_r1x1_s2_f32_lanes(const T* __restri
 int64_t n, int nthreads) {
   const int64_t np = n * STEPS;   // reduction steps of the batch
   ACC* gyt = GY_IN_PLACE ? nullptr : (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
-  ACC* xp = IN_PLACE ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
+  constexpr bool local = false;
+  ACC* xp = IN_PLACE || local ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
   double* bs = nullptr;
   // With SPLITS > 1 every part of the reduction writes its sums here, [part][k][row], and a last
   // loop adds the parts in order: the same bits for any thread count.
   ACC* part = SPLITS > 1 ? (ACC*)std::malloc(sizeof(ACC) * (size_t)(SPLITS * G * COUT_G * CT + 1)) : nullptr;
-  int failed = (!GY_IN_PLACE && !gyt) || (!IN_PLACE && !xp) || (SPLITS > 1 && !part);
+  int failed = (!GY_IN_PLACE && !gyt) || (!IN_PLACE && !local && !xp) || (SPLITS > 1 && !part);
   if (!failed) {
     if (!GY_IN_PLACE || bs) pack_grad_output(gy, gyt, bs, n, nthreads);
-    if (!IN_PLACE) pad_input(x, xp, n, nthreads);
+    if (!IN_PLACE && !local) pad_input(x, xp, n, nthreads);
   }
   const ACC* xs = IN_PLACE ? (const ACC*)x : xp;
   const int64_t items = failed ? 0 : G * KBLK * RBLK * SPLITS;

@@ -1,0 +1,227 @@
+"""Channels-last inputs copied per work item instead of whole up front (`Tiling.copy_per_item`).
+
+The lanes forward (no depth window) copies each item's zero-padded rows; the lanes weight
+gradient turns each item's channels and images into zero-padded planes through register
+transposes. Plans take these paths where the whole copy would exceed the L2; real inputs that large
+take seconds in a test, so these plans lower the threshold to one byte (the weight gradient's parts
+still fit a quarter of the L2, as the kernel also requires). Every case is
+checked against ATen in float64 on every x86 code shape this CPU runs. Forward: items that cross
+images, rows wider than an item, strides, dilations, uneven padding, groups, one-row images, other
+dtypes, and channel-major items (which revisit rows the thread's buffer no longer holds). Weight
+gradient: parts of the reduction that split images, strides with dilation, 3-D, groups, uneven
+padding, other dtypes, with and without the bias gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+
+import pytest
+import torch
+
+from convgen.dispatch import dispatch
+from convgen.codegen.emit import emit
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import cpu_target, host_cpu, host_isas
+from convgen.dispatch.problem import TORCH_DTYPES, memory_format
+
+from reference import rel_err, tolerance
+
+
+def _problem(n, c, k, size, kernel, stride=1, pad=1, dil=1, groups=1, dtype=DType.F32, op=Op.FWD,
+             bias=True) -> ConvProblem:
+    r = len(size)
+    per_axis = lambda v: tuple(v) if isinstance(v, tuple) else (v,) * r
+    pads = tuple(p if isinstance(p, tuple) else (p, p) for p in per_axis(pad))
+    return ConvProblem(op=op, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=per_axis(stride),
+                       padding=pads, dilation=per_axis(dil), groups=groups, transposed=False,
+                       output_padding=(0,) * r, dtype=dtype, input_layout=Layout.CHANNELS_LAST,
+                       weight_layout=Layout.CHANNELS_LAST, output_layout=Layout.CHANNELS_LAST, bias=bias)
+
+
+CASES = [
+    ("3x3_images", dict(n=3, c=5, k=20, size=(7, 9), kernel=(3, 3))),              # items cross images
+    ("wide_rows", dict(n=2, c=6, k=16, size=(4, 150), kernel=(3, 3))),              # items inside one row
+    ("stride2_grouped", dict(n=2, c=6, k=10, size=(9, 11), kernel=(3, 3), stride=2, groups=2)),
+    ("dilated_uneven", dict(n=2, c=7, k=9, size=(10, 12), kernel=(3, 2), stride=(1, 2), pad=((2, 1), (0, 3)),
+                            dil=(2, 3))),
+    ("one_row", dict(n=3, c=8, k=12, size=(1, 37), kernel=(1, 5), pad=((0, 0), (2, 2)))),
+    ("bf16", dict(n=2, c=5, k=20, size=(7, 9), kernel=(3, 3), dtype=DType.BF16)),
+    ("f64", dict(n=2, c=5, k=20, size=(7, 9), kernel=(3, 3), dtype=DType.F64)),
+    ("channel_major", dict(n=2, c=9, k=48, size=(6, 40), kernel=(3, 3))),         # forced below
+]
+
+
+def _targets():
+    yield "host", host_cpu()
+    other = [isa for isa in ("avx2", "avx512") if isa in host_isas() and isa != host_cpu().isa]
+    if other:
+        yield "second", cpu_target(other[0], bf16_dot=False)
+
+
+def _plans():
+    for name, kw in CASES:
+        for which, target in _targets():
+            plan = lower(_problem(**kw), target, algorithm="lanes")
+            assert plan.tiling.copy_per_item > 0, f"{name}: the plan should copy rows per item"
+            tiling = dataclasses.replace(plan.tiling, copy_per_item=1,
+                                         channel_major=plan.tiling.channel_major or name == "channel_major")
+            yield (name, which), dataclasses.replace(plan, tiling=tiling)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    keyed = list(_plans())
+    return dict(zip([k for k, _ in keyed], zip([p for _, p in keyed], dispatch.load_plans([p for _, p in keyed]))))
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, t.dim()))
+
+
+@pytest.mark.parametrize("which", ["host", "second"])
+@pytest.mark.parametrize("name, kw", CASES, ids=[c[0] for c in CASES])
+def test_rows_copied_per_item_match_aten(kernels, name, kw, which):
+    if (name, which) not in kernels:
+        pytest.skip("this CPU runs one x86 code shape only (AVX2 without AVX-512): the host's runs instead")
+    plan, kernel = kernels[(name, which)]
+    text = emit(plan).text
+    assert "ROW_WINDOW = true" in text and "pad_row(x, win" in text
+    problem = plan.problem
+    tdt = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    x = _cl(torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt))
+    w = _cl(torch.randn(problem.weight_shape, generator=gen, dtype=torch.float64).to(tdt))
+    b = torch.randn(problem.k, generator=gen, dtype=torch.float64).to(tdt)
+    out = _cl(torch.full(problem.output_shape, float("nan"), dtype=tdt))
+    kernel({"input": x, "weight": w, "bias": b, "output": out}, problem.n, 2)
+    ref = torch.ops.aten.convolution(x.double(), w.double(), b.double(), list(problem.stride),
+                                     [lo for lo, _ in problem.padding], list(problem.dilation), False,
+                                     list(problem.output_padding), problem.groups) \
+        if all(lo == hi for lo, hi in problem.padding) else _uneven_reference(problem, x, w, b)
+    terms = problem.c // problem.groups * torch.Size(problem.kernel).numel()
+    assert not torch.isnan(out).any(), "outputs left unwritten"
+    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
+
+
+def _uneven_reference(problem, x, w, b):
+    """ATen's convolution of an input padded unevenly (explicit zero padding, then none)."""
+    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
+    xp = torch.nn.functional.pad(x.double(), flat)
+    return torch.ops.aten.convolution(xp, w.double(), b.double(), list(problem.stride), [0] * len(problem.kernel),
+                                      list(problem.dilation), False, list(problem.output_padding), problem.groups)
+
+
+def test_rows_per_item_only_where_they_apply():
+    target = cpu_target("avx512")
+    assert lower(_problem(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)), target, algorithm="lanes").tiling.copy_per_item
+    three_d = _problem(n=1, c=8, k=16, size=(4, 6, 6), kernel=(3, 3, 3))
+    assert lower(three_d, target, algorithm="lanes").tiling.copy_per_item == 0, "a depth window keeps the whole copy"
+    nchw = dataclasses.replace(_problem(n=2, c=8, k=16, size=(8, 8), kernel=(3, 3)), input_layout=Layout.CONTIGUOUS,
+                               weight_layout=Layout.CONTIGUOUS, output_layout=Layout.CONTIGUOUS)
+    assert lower(nchw, target, algorithm="lanes").tiling.copy_per_item == 0, "channel planes keep the whole copy"
+    in_place = _problem(n=2, c=8, k=16, size=(8, 8), kernel=(1, 1), pad=0)
+    assert lower(in_place, target, algorithm="lanes").tiling.copy_per_item == 0, "read in place, no copy at all"
+    big_weights = _problem(n=8, c=512, k=512, size=(7, 7), kernel=(3, 3))
+    plan = lower(big_weights, target, algorithm="lanes")
+    assert plan.tiling.channel_major and plan.tiling.copy_per_item == 0, "channel-major items keep the whole copy"
+
+
+# Weight gradient: 4 parts of the reduction (of 3 images: parts that split them), whole vectors of
+# input channels per item, output channels within one block
+WGRAD_CASES = [
+    ("3x3", dict(n=4, c=32, k=16, size=(9, 11), kernel=(3, 3))),
+    ("wide_rows", dict(n=4, c=32, k=16, size=(4, 45), kernel=(3, 3))),    # rows of several vectors of pixels
+    ("split_images", dict(n=3, c=64, k=16, size=(7, 9), kernel=(3, 3))),
+    ("stride2_dilated", dict(n=4, c=32, k=8, size=(10, 13), kernel=(3, 3), stride=2, pad=2, dil=2)),
+    ("3d", dict(n=4, c=32, k=16, size=(3, 5, 6), kernel=(3, 3, 3))),
+    ("grouped", dict(n=4, c=64, k=32, size=(7, 8), kernel=(3, 3), groups=2)),
+    ("uneven", dict(n=4, c=32, k=16, size=(8, 9), kernel=(3, 2), pad=((2, 0), (1, 0)))),
+    ("bf16", dict(n=4, c=32, k=16, size=(9, 11), kernel=(3, 3), dtype=DType.BF16)),
+    ("f64", dict(n=4, c=32, k=16, size=(9, 11), kernel=(3, 3), dtype=DType.F64)),
+]
+WGRAD_SPLITS = 4
+
+
+def _padded_plane(problem: ConvProblem) -> int:
+    """Words of one zero-padded plane, as the kernel's copy holds it."""
+    size = 1
+    for x, k, s, d, (lo, hi) in zip(problem.in_size, problem.kernel, problem.stride, problem.dilation,
+                                    problem.padding):
+        y = (x + lo + hi - (k - 1) * d - 1) // s + 1
+        size *= (y - 1) * s + (k - 1) * d + 1
+    return size
+
+
+def _largest_part(problem: ConvProblem, tiling) -> int:
+    """Bytes of the largest item's planes (the kernel's formula: channels x images x an odd-line stride)."""
+    acc = problem.dtype.accumulator.itemsize
+    taps, plane, line = math.prod(problem.kernel), _padded_plane(problem), 64 // acc
+    rows, steps = problem.c // problem.groups * taps, math.prod(problem.output_shape[2:])
+    words = 0
+    for r0 in range(0, rows, tiling.rb):
+        rn = min(tiling.rb, rows - r0)
+        for split in range(tiling.splits):
+            u0, u1 = problem.n * steps * split // tiling.splits, problem.n * steps * (split + 1) // tiling.splits
+            nch, nimg = (r0 + rn - 1) // taps - r0 // taps + 1, (u1 - 1) // steps - u0 // steps + 1
+            words = max(words, nch * (-(-nimg * plane // line) | 1) * line)
+    return words * acc
+
+
+def _wgrad_plans():
+    for name, kw in WGRAD_CASES:
+        for bias in (True, False):
+            problem = _problem(**kw, op=Op.BWD_WEIGHT, bias=bias)
+            for which, target in _targets():
+                plan = lower(problem, target, algorithm="lanes")
+                lanes, taps = plan.tiling.vector_lanes, math.prod(problem.kernel)
+                assert problem.k // problem.groups <= plan.tiling.nv * lanes, f"{name}: one block of output channels"
+                rb = math.lcm(taps * lanes, plan.tiling.kb)   # whole vectors of channels, whole tiles of rows
+                tiling = dataclasses.replace(plan.tiling, rb=rb, splits=WGRAD_SPLITS)
+                assert _largest_part(problem, tiling) * 4 <= target.l2_bytes, f"{name}: a part within a quarter L2"
+                yield (name, bias, which), dataclasses.replace(plan, tiling=dataclasses.replace(tiling, copy_per_item=1))
+
+
+@pytest.fixture(scope="module")
+def wgrad_kernels():
+    keyed = list(_wgrad_plans())
+    return dict(zip([k for k, _ in keyed], zip([p for _, p in keyed], dispatch.load_plans([p for _, p in keyed]))))
+
+
+@pytest.mark.parametrize("which", ["host", "second"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("name, kw", WGRAD_CASES, ids=[c[0] for c in WGRAD_CASES])
+def test_planes_per_item_match_aten(wgrad_kernels, name, kw, bias, which):
+    if (name, bias, which) not in wgrad_kernels:
+        pytest.skip("this CPU runs one x86 code shape only (AVX2 without AVX-512): the host's runs instead")
+    plan, kernel = wgrad_kernels[(name, bias, which)]
+    assert "fill_planes(x, lp, g" in emit(plan).text
+    problem = plan.problem
+    tdt = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"wgrad-{name}-{bias}".encode()))
+    x = _cl(torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt))
+    gy = _cl(torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt))
+    gw = _cl(torch.full(problem.weight_shape, float("nan"), dtype=tdt))
+    gb = torch.full((problem.k,), float("nan"), dtype=tdt)
+    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb if bias else None}, problem.n, 2)
+    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
+    _, ref_w, ref_b = torch.ops.aten.convolution_backward(
+        gy.double(), torch.nn.functional.pad(x.double(), flat), torch.empty(problem.weight_shape, dtype=torch.float64),
+        [problem.k], list(problem.stride), [0] * len(problem.kernel), list(problem.dilation), False,
+        list(problem.output_padding), problem.groups, [False, True, bias])
+    terms = problem.n * math.prod(problem.output_shape[2:])
+    assert rel_err(gw, ref_w) <= tolerance(tdt, terms), f"grad_weight rel err {rel_err(gw, ref_w):.2e}"
+    if bias:
+        assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+
+
+def test_planes_per_item_only_where_each_channel_is_turned_once():
+    target = cpu_target("avx512")
+    wgrad = lambda **kw: lower(_problem(op=Op.BWD_WEIGHT, **kw), target, algorithm="lanes").tiling.copy_per_item
+    assert wgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)), "r50_3x3_64's weight gradient turns its planes per item"
+    assert not wgrad(n=8, c=256, k=256, size=(14, 14), kernel=(3, 3)), "four blocks of output channels"
+    assert not wgrad(n=2, c=32, k=32, size=(16, 32, 32), kernel=(3, 3, 3)), "items of 140 rows: parts of channels"
+    assert not wgrad(n=8, c=64, k=64, size=(56, 56), kernel=(1, 1), pad=0), "read in place"
