@@ -1,13 +1,14 @@
 """Channels-last inputs copied per work item instead of whole up front (`Tiling.copy_per_item`).
 
-The lanes forward (no depth window) copies each item's zero-padded rows; the lanes weight
-gradient turns each item's channels and images into zero-padded planes through register
-transposes. Plans take these paths where the whole copy would exceed the L2; real inputs that large
+The lanes forward (no depth window) copies each item's zero-padded rows, and so does the stride-1
+lanes data gradient of its grad_output; the lanes weight gradient turns each item's channels and
+images into zero-padded planes through register transposes. Plans take these paths where the whole copy would exceed the L2; real inputs that large
 take seconds in a test, so these plans lower the threshold to one byte (the weight gradient's parts
 still fit a quarter of the L2, as the kernel also requires). Every case is
 checked against ATen in float64 on every x86 code shape this CPU runs. Forward: items that cross
 images, rows wider than an item, strides, dilations, uneven padding, groups, one-row images, other
-dtypes, and channel-major items (which revisit rows the thread's buffer no longer holds). Weight
+dtypes, and channel-major items (which revisit rows the thread's buffer no longer holds); the data
+gradient's alike. Weight
 gradient: parts of the reduction that split images, strides with dilation, 3-D, groups, uneven
 padding, other dtypes, with and without the bias gradient.
 """
@@ -115,6 +116,53 @@ def _uneven_reference(problem, x, w, b):
                                       list(problem.dilation), False, list(problem.output_padding), problem.groups)
 
 
+# Data gradient (stride 1): the forward's row cases where they apply
+DGRAD_CASES = [(name, kw) for name, kw in CASES if kw.get("stride", 1) == 1]
+
+
+def _dgrad_plans():
+    for name, kw in DGRAD_CASES:
+        for which, target in _targets():
+            plan = lower(_problem(**kw, op=Op.BWD_DATA, bias=False), target, algorithm="lanes")
+            assert plan.tiling.copy_per_item > 0, f"{name}: the plan should copy rows per item"
+            tiling = dataclasses.replace(plan.tiling, copy_per_item=1,
+                                         channel_major=plan.tiling.channel_major or name == "channel_major")
+            yield (name, which), dataclasses.replace(plan, tiling=tiling)
+
+
+@pytest.fixture(scope="module")
+def dgrad_kernels():
+    keyed = list(_dgrad_plans())
+    return dict(zip([k for k, _ in keyed], zip([p for _, p in keyed], dispatch.load_plans([p for _, p in keyed]))))
+
+
+@pytest.mark.parametrize("which", ["host", "second"])
+@pytest.mark.parametrize("name, kw", DGRAD_CASES, ids=[c[0] for c in DGRAD_CASES])
+def test_data_gradient_rows_copied_per_item_match_aten(dgrad_kernels, name, kw, which):
+    if (name, which) not in dgrad_kernels:
+        pytest.skip("this CPU runs one x86 code shape only (AVX2 without AVX-512): the host's runs instead")
+    plan, kernel = dgrad_kernels[(name, which)]
+    text = emit(plan).text
+    assert "ROW_WINDOW = true" in text and "pad_row(gy, win" in text
+    problem = plan.problem
+    tdt = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"dgrad-{name}".encode()))
+    gy = _cl(torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt))
+    w = _cl(torch.randn(problem.weight_shape, generator=gen, dtype=torch.float64).to(tdt))
+    gx = _cl(torch.full(problem.input_shape, float("nan"), dtype=tdt))
+    kernel({"grad_output": gy, "weight": w, "grad_input": gx}, problem.n, 2)
+    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
+    x = torch.nn.functional.pad(torch.empty(problem.input_shape, dtype=torch.float64), flat)
+    ref = torch.ops.aten.convolution_backward(
+        gy.double(), x, w.double(), None, list(problem.stride), [0] * len(problem.kernel), list(problem.dilation),
+        False, list(problem.output_padding), problem.groups, [True, False, False])[0]
+    crop = tuple(slice(lo, lo + size) for (lo, _), size in zip(problem.padding, problem.in_size))
+    ref = ref[(slice(None), slice(None)) + crop]
+    terms = problem.k // problem.groups * math.prod(problem.kernel)
+    assert not torch.isnan(gx).any(), "elements left unwritten"
+    assert rel_err(gx, ref) <= tolerance(tdt, terms), f"rel err {rel_err(gx, ref):.2e}"
+
+
 def test_rows_per_item_only_where_they_apply():
     target = cpu_target("avx512")
     assert lower(_problem(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)), target, algorithm="lanes").tiling.copy_per_item
@@ -128,6 +176,9 @@ def test_rows_per_item_only_where_they_apply():
     big_weights = _problem(n=8, c=512, k=512, size=(7, 7), kernel=(3, 3))
     plan = lower(big_weights, target, algorithm="lanes")
     assert plan.tiling.channel_major and plan.tiling.copy_per_item == 0, "channel-major items keep the whole copy"
+    dgrad = lambda **kw: lower(_problem(op=Op.BWD_DATA, bias=False, **kw), target, algorithm="lanes").tiling
+    assert dgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)).copy_per_item, "r50_3x3_64's data gradient"
+    assert not dgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3), stride=2).copy_per_item, "stride phases"
 
 
 # Weight gradient: 4 parts of the reduction (of 3 images: parts that split them), whole vectors of

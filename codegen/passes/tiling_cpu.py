@@ -306,8 +306,14 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # r50_3x3_256 5.95 / 6.21 and r50_3x3_512 7.97 / 8.47 (7x7 images: an item's rows span three).
     # Only copies larger than the L2 (which go out to memory): a smaller one stays cached, and odd_asym's
     # (1 MB) ran 0.17 ms whole against 0.23 per item (each thread's row buffer newly mapped per call).
-    row_window = t.l2_bytes if (fwd and not in_place and not channel_major and g.y_size[0] == 1 and reach[0] == 1
-                                and plan.layout_of("X") is Layout.CHANNELS_LAST and g.groups * g.cin_g > 1) else 0
+    # The stride-1 data gradient reads its channels-last grad_output the same way.
+    if fwd:
+        row_window = t.l2_bytes if (not in_place and not channel_major and g.y_size[0] == 1 and reach[0] == 1
+                                    and plan.layout_of("X") is Layout.CHANNELS_LAST and g.groups * g.cin_g > 1) else 0
+    else:
+        row_window = t.l2_bytes if (not in_place and not channel_major and g.x_size[0] == 1 and reach[0] == 1
+                                    and all(s == 1 for s in g.stride) and plan.layout_of("Y") is Layout.CHANNELS_LAST
+                                    and g.groups * g.cout_g > 1) else 0
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0
     own_ahead = bool(stream) and t.isa in OWN_AHEAD_ISAS
     planes = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS

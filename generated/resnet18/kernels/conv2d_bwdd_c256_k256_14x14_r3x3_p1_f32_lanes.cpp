@@ -368,27 +368,29 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
   for (int64_t gb = 0; gb < G * OBLK; ++gb) pack_block(w, wp + gb * RC * TAPS * NVV, gb);
 }
 
+// Padded row r (of n * EXD * EXH) of the channels-innermost copy, to dst (EXW * YGS words).
+static inline void pad_row(const T* __restrict gy, ACC* __restrict dst, int64_t r) {
+  const int64_t ph = r % EXH, pd = (r / EXH) % EXD, b = r / (EXH * EXD);
+  const int64_t od = pd - LOD, oh = ph - LOH;
+  if (od < 0 || od >= YD || oh < 0 || oh >= YH) {
+    for (int64_t m = 0; m < EXW * YGS; ++m) dst[m] = 0;
+    return;
+  }
+  for (int64_t m = 0; m < LOW * YGS; ++m) dst[m] = 0;
+  for (int64_t m = 0; m < YW; ++m) {
+    const T* src = gy + b * Y_SN + od * Y_SD + oh * Y_SH + m * Y_SW;   // the pixel's channels, in order
+    ACC* to = dst + (LOW + m) * YGS;
+    for (int64_t o = 0; o < YGC; ++o) to[o] = to_acc(src[o]);
+  }
+  for (int64_t m = (LOW + YW) * YGS; m < EXW * YGS; ++m) dst[m] = 0;
+}
+
 // The zero-padded grad_output of every image and channel (or pair of channels),
 // [b][g][RC][EXD][EXH][EXW], by rows.
 static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t n, int nthreads) {
   if constexpr (CH_INNER) {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < n * EXD * EXH; ++r) {
-      const int64_t ph = r % EXH, pd = (r / EXH) % EXD, b = r / (EXH * EXD);
-      const int64_t od = pd - LOD, oh = ph - LOH;
-      ACC* dst = yp + r * EXW * YGS;
-      if (od < 0 || od >= YD || oh < 0 || oh >= YH) {
-        for (int64_t m = 0; m < EXW * YGS; ++m) dst[m] = 0;
-        continue;
-      }
-      for (int64_t m = 0; m < LOW * YGS; ++m) dst[m] = 0;
-      for (int64_t m = 0; m < YW; ++m) {
-        const T* src = gy + b * Y_SN + od * Y_SD + oh * Y_SH + m * Y_SW;   // the pixel's channels, in order
-        ACC* to = dst + (LOW + m) * YGS;
-        for (int64_t o = 0; o < YGC; ++o) to[o] = to_acc(src[o]);
-      }
-      for (int64_t m = (LOW + YW) * YGS; m < EXW * YGS; ++m) dst[m] = 0;
-    }
+    for (int64_t r = 0; r < n * EXD * EXH; ++r) pad_row(gy, yp + r * EXW * YGS, r);
     return;
   }
   #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -407,13 +409,21 @@ static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t 
   }
 }
 
+// A stride-1 data gradient of a channels-last grad_output without a depth window, whose padded copy
+// would take 0 bytes or more, copies each work item's padded rows in its thread (as the
+// forward does; see lanes_fwd.cpp.j2) instead of the whole grad_output up front.
+constexpr bool ROW_WINDOW = false && CH_INNER && !IN_PLACE && EXD == 1 && PARTS == 1;
+// The padded row (of n * EXH) of the first row that input-gradient pixel p of image b reads.
+static inline int64_t window_row(int64_t b, int64_t p) { return b * EXH + (p / XW) % XH + LOH + PH - (KH - 1) * DH; }
+
 extern "C" int cg_conv2d_bwdd_c256_k256_14x14_r3x3_p1_f32_lanes(const T* __restrict gy, const T* __restrict w, const T* __restrict bias,
                             T* __restrict gx, int64_t n, int nthreads) {
   ACC* wp = LAZY_WEIGHTS ? nullptr
                          : (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * RC * TAPS * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   ACC* bp = (ACC*)std::aligned_alloc(64, (((size_t)G * OBLK * NVV) * sizeof(ACC) + 63) & ~(size_t)63);
-  ACC* yp = IN_PLACE ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
-  if ((!LAZY_WEIGHTS && !wp) || !bp || (!IN_PLACE && !yp)) {
+  const bool rows_each = ROW_WINDOW && (uint64_t)n * RB_SN * sizeof(ACC) >= 0u;
+  ACC* yp = IN_PLACE || rows_each ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
+  if ((!LAZY_WEIGHTS && !wp) || !bp || (!IN_PLACE && !rows_each && !yp)) {
     std::free(wp);
     std::free(bp);
     std::free(yp);
@@ -423,8 +433,15 @@ extern "C" int cg_conv2d_bwdd_c256_k256_14x14_r3x3_p1_f32_lanes(const T* __restr
   for (int64_t g = 0; g < G; ++g)
     for (int64_t c = 0; c < OBLK * NVV; ++c)
       bp[g * OBLK * NVV + c] = bias && c < CIN_G ? to_acc(bias[g * CIN_G + c]) : (ACC)0;
-  if (!IN_PLACE) pad_grad_output(gy, yp, n, nthreads);
-  const ACC* rs = IN_PLACE ? (const ACC*)gy : yp;
+  if (!IN_PLACE && !rows_each) pad_grad_output(gy, yp, n, nthreads);
+  const ACC* rs = IN_PLACE ? (const ACC*)gy : yp;   // (rows_each: each thread's rows, in the work loop)
+  int64_t win_rows = 0;   // rows_each: the most padded rows a work item reads
+  if (rows_each)
+    for (int64_t qbeg = 0; qbeg < n * XD * XH * XW; qbeg += QB) {
+      const int64_t last = (qbeg + QB < n * XD * XH * XW ? qbeg + QB : n * XD * XH * XW) - 1, pp = XD * XH * XW;
+      const int64_t rows = window_row(last / pp, last % pp) + (KH - 1) * DH + 1 - window_row(qbeg / pp, qbeg % pp);
+      win_rows = rows > win_rows ? rows : win_rows;
+    }
   T* out = gx;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   int64_t most = 0;                                 // pixels of the largest part, per image
