@@ -435,13 +435,6 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __re
       bp[g * OBLK * NVV + c] = bias && c < CIN_G ? to_acc(bias[g * CIN_G + c]) : (ACC)0;
   if (!IN_PLACE && !rows_each) pad_grad_output(gy, yp, n, nthreads);
   const ACC* rs = IN_PLACE ? (const ACC*)gy : yp;   // (rows_each: each thread's rows, in the work loop)
-  int64_t win_rows = 0;   // rows_each: the most padded rows a work item reads
-  if (rows_each)
-    for (int64_t qbeg = 0; qbeg < n * XD * XH * XW; qbeg += QB) {
-      const int64_t last = (qbeg + QB < n * XD * XH * XW ? qbeg + QB : n * XD * XH * XW) - 1, pp = XD * XH * XW;
-      const int64_t rows = window_row(last / pp, last % pp) + (KH - 1) * DH + 1 - window_row(qbeg / pp, qbeg % pp);
-      win_rows = rows > win_rows ? rows : win_rows;
-    }
   T* out = gx;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   int64_t most = 0;                                 // pixels of the largest part, per image

@@ -445,13 +445,6 @@ extern "C" int cg_conv2d_fwd_c256_k256_14x14_r3x3_p1_f32_lanes(const T* __restri
       bp[g * OBLK * NVV + k] = bias && k < COUT_G ? to_acc(bias[g * COUT_G + k]) : (ACC)0;
   if (!IN_PLACE && !rows_each) pad_input(x, xp, n, nthreads);
   const ACC* rs = IN_PLACE ? (const ACC*)x : xp;   // (rows_each: each thread's rows, in the work loop)
-  int64_t win_rows = 0;   // rows_each: the most padded rows a work item reads
-  if (rows_each)
-    for (int64_t qbeg = 0; qbeg < n * PLANE; qbeg += QB) {
-      const int64_t last = (qbeg + QB < n * PLANE ? qbeg + QB : n * PLANE) - 1;
-      const int64_t rows = window_row(last / PLANE, last % PLANE) + (KH - 1) * DH + 1 - window_row(qbeg / PLANE, qbeg % PLANE);
-      win_rows = rows > win_rows ? rows : win_rows;
-    }
   T* out = y;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   int64_t most = 0;                                 // pixels of the largest part, per image
