@@ -470,11 +470,37 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
 # 4.07, 576 at 14x14 3.8 against 6.2, 240 at 28x28 (5x5) 5.6 against 7.7; but 144 at 56x56 6.9
 # against 5.1, 32 at 112x112 8.1 against 5.4.
 PLANES_BELOW_WIDTH = 32
+# Wider rows take the planes too where both plane buffers fit in PLANES_L1_SHARE of the L1 and a
+# row is at most PLANES_ROW_VECTORS vectors (or the problem is 1-D: a plane is one row): the rows
+# kernel pays per row (each row's edge vectors read back from the copy just written, a
+# store-forwarding stall per load; the taps' sums added in memory), which few vectors per row do not
+# amortize. On the Intel AVX-512 host (L1 48 KB; f32, ms, rows against planes): 144 at 56x56 3.07
+# against 1.34, 128 at 40x40 1.79 against 0.55, 128 at 64x64 2.00 against 1.54, 64 at 80x80 1.46
+# against 1.37, 256 x 512 (1-D, 31 taps) 1.77 against 1.13; 32 at 112x112 stays on rows (1.16 against
+# 1.40). In the AVX2 shape (8 lanes) on that host: 40x40 1.34 against 1.09, the 1-D layer 3.63
+# against 1.89, but 56x56 (7 vectors a row) 2.28 against 2.73 and 64x64 2.74 against 3.17.
+PLANES_L1_SHARE = 0.75
+PLANES_ROW_VECTORS = 5
+
+
+def depthwise_plane_bytes(g, lanes: int, acc_bytes: int) -> int:
+    """Bytes of the depthwise weight gradient's two plane buffers (as depthwise_wgrad.cpp.j2 sizes them)."""
+    (kd, kh, kw), (dd, dh, dw), (pd, ph, pw) = g.kernel, g.dilation, g.pad_lo
+    (xd, xh, xw), (yd, yh, yw) = g.x_size, g.y_size
+    pitch, rh = max(yw + (kw - 1) * dw, pw + xw), max(yh + (kh - 1) * dh, ph + xh)
+    rd = max(yd + (kd - 1) * dd, pd + xd)
+    nvec = -(-((yd - 1) * rh * pitch + (yh - 1) * pitch + yw) // lanes)
+    reach = (kd - 1) * dd * rh * pitch + (kh - 1) * dh * pitch + (kw - 1) * dw
+    return (max(rd * rh * pitch, reach + nvec * lanes) + nvec * lanes) * acc_bytes
 
 
 def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
     g, p, t = plan.geometry, plan.problem, plan.target
-    if g.stride == (1, 1, 1) and g.groups > 1 and g.y_size[2] < PLANES_BELOW_WIDTH:
+    acc_bytes = p.dtype.accumulator.itemsize
+    if g.stride == (1, 1, 1) and g.groups > 1 and (
+            g.y_size[2] < PLANES_BELOW_WIDTH
+            or (depthwise_plane_bytes(g, lanes, acc_bytes) <= PLANES_L1_SHARE * t.l1_bytes
+                and (math.ceil(g.y_size[2] / lanes) <= PLANES_ROW_VECTORS or g.y_size[:2] == (1, 1)))):
         taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
         # taps per pass over the plane: their sums, the grad_output vector and one input vector
         # in registers, SPARE_REGISTERS left free
@@ -484,7 +510,11 @@ def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
         tiling = Tiling(vector_lanes=lanes, kb=tb, planes=True,
                         threads_hint="parallel over output channels; each item owns its channel's taps and "
                                      "reduces in a fixed order, so results do not depend on the thread count")
-        return plan.decide("tiling", f"unit strides: per image, input and grad_output planes copied into "
+        why = (f"output rows narrower than {PLANES_BELOW_WIDTH}" if g.y_size[2] < PLANES_BELOW_WIDTH else
+               f"both planes ({depthwise_plane_bytes(g, lanes, acc_bytes) >> 10} KB) fit in {PLANES_L1_SHARE:.0%} of the "
+               f"L1 and " + ("the problem is 1-D" if g.y_size[:2] == (1, 1) else
+                             f"a row is at most {PLANES_ROW_VECTORS} vectors"))
+        return plan.decide("tiling", f"unit strides, {why}: per image, input and grad_output planes copied into "
                                      f"zero-padded buffers of one row pitch, each tap a flat dot product of "
                                      f"vectors of {lanes}; {tb} taps per pass over the plane ({passes} "
                                      f"pass{'es' if passes > 1 else ''}); {tiling.threads_hint}", tiling=tiling)

@@ -1,0 +1,125 @@
+"""The depthwise weight gradient over whole planes for rows of 32 values and more.
+
+Unit-stride depthwise weight gradients take the planes kernel (each tap a flat dot product over a
+zero-padded plane) where the output rows are narrower than 32, and also where both plane buffers
+fit in three quarters of the L1 and a row is at most five vectors, or the problem is 1-D
+(codegen/passes/tiling_cpu.py, PLANES_L1_SHARE). Each case is checked against ATen in float64 with
+the results poisoned first, with and without the bias, natively where the CPU runs the code shape
+and, for AVX-512 on an AVX2-only CPU, with that code shape compiled for this host's ISA (as
+tests/test_variants.py does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+
+import pytest
+import torch
+
+from convgen.dispatch import dispatch
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
+from convgen.dispatch.problem import TORCH_DTYPES
+
+from reference import rel_err, tolerance
+
+L1, L2 = 48 * 1024, 2 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShapeForThisHost(Target):
+    """An x86 code shape compiled for this host's ISA (its loops in GCC vector code)."""
+
+    @property
+    def march_flags(self) -> tuple[str, ...]:
+        return host_cpu().march_flags
+
+    @property
+    def fma_asm(self) -> bool:
+        return False
+
+
+def _target(isa: str) -> Target:
+    if isa in host_isas():
+        return cpu_target(isa, L1, L2)
+    return _ShapeForThisHost(TargetKind.CPU, isa, 64 if isa == "avx512" else 32, 32 if isa == "avx512" else 16, L1, L2)
+
+
+def _problem(n, c, size, kernel, pad, dilation, dtype, bias) -> ConvProblem:
+    r = len(size)
+    return ConvProblem(op=Op.BWD_WEIGHT, n=n, c=c, k=c, in_size=size, kernel=kernel, stride=(1,) * r,
+                       padding=tuple(zip(pad, pad)), dilation=dilation, groups=c, transposed=False,
+                       output_padding=(0,) * r, dtype=dtype, input_layout=Layout.CONTIGUOUS,
+                       weight_layout=Layout.CONTIGUOUS, output_layout=Layout.CONTIGUOUS, bias=bias)
+
+
+# (name, isa, n, channels, input size, kernel, padding, dilation): each takes the planes in f32 and bf16
+CASES = [
+    ("2d_40_avx512", "avx512", 2, 5, (13, 40), (3, 3), (1, 1), (1, 1)),          # 3 vectors a row
+    ("2d_56_5x5_avx512", "avx512", 2, 3, (9, 56), (5, 5), (2, 2), (1, 1)),       # 4 vectors, 5x5
+    ("2d_75_asym_avx512", "avx512", 1, 3, (7, 75), (3, 2), (1, 0), (2, 1)),      # 5 vectors, a tail of 11
+    ("2d_37_avx2", "avx2", 2, 5, (11, 37), (3, 3), (1, 1), (1, 1)),              # 5 vectors of 8
+    ("1d_300_avx512", "avx512", 3, 6, (300,), (31,), (15,), (1,)),               # 1-D, 19 vectors
+    ("1d_517_dil_avx2", "avx2", 2, 4, (517,), (9,), (3,), (2,)),                 # 1-D, dilated, 65 vectors
+]
+DTYPES = [DType.F32, DType.F64, DType.BF16]
+
+
+def _plans():
+    for name, isa, *args in CASES:
+        for dtype in DTYPES:
+            for bias in (True, False):
+                yield (name, dtype, bias), lower(_problem(*args, dtype=dtype, bias=bias), _target(isa))
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    keyed = list(_plans())
+    return dict(zip([k for k, _ in keyed], zip([p for _, p in keyed], dispatch.load_plans([p for _, p in keyed]))))
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_depthwise_planes_match_aten(kernels, name, dtype, bias):
+    plan, kernel = kernels[(name, dtype, bias)]
+    problem = plan.problem
+    # f64 has half the lanes: its 2-D rows here are more than five vectors and stay on rows
+    width, lanes = problem.output_shape[-1], plan.tiling.vector_lanes
+    planes = len(problem.in_size) == 1 or math.ceil(width / lanes) <= 5
+    assert plan.algorithm == "depthwise" and plan.tiling.planes == planes, (plan.algorithm, plan.tiling)
+    tdt = TORCH_DTYPES[dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype.value}-{bias}".encode()))
+    x = torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt)
+    gy = torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt)
+    gw = torch.full(problem.weight_shape, float("nan"), dtype=tdt)
+    gb = torch.full((problem.k,), float("nan"), dtype=tdt)
+    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb if bias else None}, problem.n, 2)
+    conv = (list(problem.stride), [lo for lo, _ in problem.padding], list(problem.dilation), False,
+            list(problem.output_padding), problem.groups)
+    _, ref_w, ref_b = torch.ops.aten.convolution_backward(
+        gy.double(), x.double(), torch.empty(problem.weight_shape, dtype=torch.float64), [problem.k], *conv,
+        [False, True, bias])
+    terms = problem.n * math.prod(problem.output_shape[2:])
+    assert rel_err(gw, ref_w) <= tolerance(tdt, terms), f"grad_weight rel err {rel_err(gw, ref_w):.2e}"
+    if bias:
+        assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+
+
+def _tiling(isa, size, kernel=(3, 3), pad=(1, 1), c=8, l1=L1):
+    problem = _problem(2, c, size, kernel, pad, (1,) * len(size), DType.F32, True)
+    return lower(problem, cpu_target(isa, l1, L2)).tiling
+
+
+def test_planes_only_where_they_fit_and_rows_are_short():
+    assert _tiling("avx512", (56, 56)).planes                       # 4 vectors a row, 25 KB
+    assert not _tiling("avx2", (56, 56)).planes                     # 7 vectors of 8: rows
+    assert not _tiling("avx512", (56, 56), l1=32 * 1024).planes     # 25 KB above 24 KB
+    assert not _tiling("avx512", (112, 112)).planes                 # 7 vectors, 100 KB
+    assert not _tiling("avx512", (96, 96)).planes                   # 6 vectors a row
+    assert _tiling("avx2", (2048,), kernel=(9,), pad=(4,)).planes   # 1-D: one row a plane
+    assert not _tiling("avx2", (16000,), kernel=(9,), pad=(4,)).planes   # 1-D, 125 KB
+    assert _tiling("avx2", (20, 20)).planes                         # narrower than 32: as before
