@@ -276,6 +276,26 @@ def test_a_bundle_for_another_isa_this_cpu_runs_names_convgen_isa(built_bundle, 
     _refused(_copy(built_bundle, tmp_path, edit), "set CONVGEN_ISA=generic")
 
 
+def test_a_bundle_for_another_isa_this_cpu_runs_serves_where_no_compiler_is_reachable(tmp_path, monkeypatch):
+    """A bundle generated for a narrower ISA level (here generic x86-64) on a CPU that runs it, with no
+    compiler to JIT with: the bundle is the only way to run, so it serves, its own kernels."""
+    from convgen.codegen.target import cpu_target
+    out = tmp_path / "generic"
+    problems = convgen.collect(aot_models.mixed(), aot_models.example_input())
+    aot.generate(problems, out, name="mixed_generic", target=cpu_target("generic"))
+    aot.build(out)
+    assert json.loads((out / "manifest.json").read_text())["target"]["isa"] == "generic"
+    _refused(out, "set CONVGEN_ISA=generic")   # a compiler here: the JIT's kernels stay in charge
+    no_cxx = {"CXX": str(tmp_path / "no-such-compiler"), "PATH": "/nonexistent"}
+    served = run_step(tmp_path, out, env=no_cxx)
+    assert served["stats"]["builds"] == 0 and served["stats"]["bundle_hits"] > 0
+    assert "refused" not in served["stderr"]
+    exact, single = torch_gradients(torch.float64, monkeypatch), torch_gradients(torch.float32, monkeypatch)
+    for name, ref in exact.items():
+        ours, theirs = rel_err(served["grads"][name], ref), rel_err(single[name], ref)
+        assert ours <= max(2 * theirs, tolerance(torch.float32)), f"{name}: {ours:.1e} vs torch f32 {theirs:.1e}"
+
+
 def test_a_bundle_with_vdpbf16ps_kernels_is_refused_where_the_cpu_lacks_it(built_bundle, tmp_path, monkeypatch):
     """A bundle generated on an AVX512-BF16 host (bf16 pairs in vdpbf16ps) would fault elsewhere."""
     from convgen.codegen import target as target_mod
