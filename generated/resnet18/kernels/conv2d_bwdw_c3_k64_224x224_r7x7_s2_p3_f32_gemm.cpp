@@ -205,12 +205,12 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
   for (int l = 0; l < V; ++l) total += lanes[l];
   return total;
 }
-// The V values of v as stored values (T), at once: bf16 rounded to nearest even (NaN kept, quiet)
-// in vector code, the same bits as from_acc lane by lane; other types lane by lane.
+// The V values of v as stored values (T), at once: one vector store where T is ACC (f32, f64;
+// written lane by lane, the AVX-512 shape, built without SLP vectorization, stored them as V scalar
+// moves), bf16 rounded to nearest even (NaN kept, quiet) in vector code, the same bits as from_acc
+// lane by lane; f16 lane by lane.
 static inline void vstore_t(T* out, vec v) {
-  ACC lanes[V];
-  vstore(lanes, v);
-  for (int l = 0; l < V; ++l) out[l] = from_acc(lanes[l]);
+  std::memcpy(out, &v, sizeof v);
 }
 // cnt consecutive values of src stored as T at dst: whole vectors through vstore_t, the rest one by
 // one. A scalar loop of from_acc is what GCC would otherwise vectorize, for bf16 at a quarter of the
