@@ -97,8 +97,7 @@ class Tiling:
     pairs: bool = False      # lanes (bf16): the reduction in pairs of channels, two bf16 products per f32
                              # lane and step (vdpbf16ps), from copies that interleave the pairs
     stream_bytes: int = 0    # lanes forward: outputs of at least this many bytes per call are written with
-                             # non-temporal stores, past the caches (0: never), or with own_ahead:
-    own_ahead: bool = False  # their lines requested for writing (prefetchw) a tile ahead, stored cached
+                             # non-temporal stores, past the caches (0: never)
     copy_per_item: int = 0   # lanes forward (channels-last input, no depth window) and weight gradient (channels-
                              # last input): where the padded copy of the whole input would take at least this
                              # many bytes per call, each work item's thread copies the part it reads instead

@@ -1,9 +1,8 @@
-"""The lanes forward's stores of large outputs (channels last, outputs of several L2s per call):
-non-temporal, or with `own_ahead` cached stores to lines requested for writing a tile ahead.
+"""The lanes forward's non-temporal stores of large outputs (channels last, outputs of several L2s
+per call).
 
 Real outputs that large take seconds in a test, so these plans lower the threshold to one byte:
-every call then takes the large-output path (each of the two, whichever the target would choose),
-checked against ATen in float64 with the output poisoned first (an unwritten line shows as NaN).
+every call then takes the large-output path, checked against ATen in float64 with the output poisoned first (an unwritten line shows as NaN).
 The plan's own rule is checked too: it streams only where every tile store covers whole 64-byte
 lines, on x86 targets.
 """
@@ -48,20 +47,15 @@ def _targets():
         yield "avx512", cpu_target("avx512", bf16_dot=False)
 
 
-MODES = ["stream", "own_ahead"]
-
-
-def _streaming(problem: ConvProblem, target, mode: str):
+def _streaming(problem: ConvProblem, target):
     plan = lower(problem, target, algorithm="lanes")
     assert plan.tiling.stream_bytes > 0, "the plan should stream this channels-last output"
-    return dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, stream_bytes=1,
-                                                                own_ahead=mode == "own_ahead"))
+    return dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, stream_bytes=1))
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    keys = [(_problem(**kw, dtype=dt), target, mode)
-            for _, kw in CASES for dt in DTYPES for _, target in _targets() for mode in MODES]
+    keys = [(_problem(**kw, dtype=dt), target) for _, kw in CASES for dt in DTYPES for _, target in _targets()]
     plans = [_streaming(*key) for key in keys]
     return dict(zip(keys, zip(plans, dispatch.load_plans(plans))))
 
@@ -73,19 +67,15 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned_output"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
 @pytest.mark.parametrize("name, kw", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("which", ["host", "avx512"])
-def test_streamed_output_matches_aten(kernels, which, mode, name, kw, dtype, aligned):
+def test_streamed_output_matches_aten(kernels, which, name, kw, dtype, aligned):
     targets = dict(_targets())
     if which not in targets:
         pytest.skip("this CPU does not run AVX-512 code: the host target's streaming kernels run instead")
     problem = _problem(**kw, dtype=dtype)
-    plan, kernel = kernels[(problem, targets[which], mode)]
+    plan, kernel = kernels[(problem, targets[which])]
     text = emit(plan).text
-    if mode == "stream":
-        assert "vstream_t(dst + o0" in text and "_mm_sfence()" in text
-    else:
-        assert "__builtin_prefetch(d + v * V, 1, 3)" in text and "vstream_t" not in text
+    assert "vstream_t(dst + o0" in text and "_mm_sfence()" in text
     tdt = TORCH_DTYPES[dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype.value}".encode()))
     x = _cl(torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt))
@@ -114,10 +104,10 @@ def test_no_streaming_where_stores_would_split_lines(kw, why):
     assert lower(_problem(**kw), host_cpu(), algorithm="lanes").tiling.stream_bytes == 0, why
 
 
-def test_large_outputs_owned_ahead_only_on_avx512():
+def test_large_outputs_streamed_on_both_x86_shapes():
     problem = _problem(n=2, c=8, k=64, size=(8, 8), kernel=(3, 3))
-    assert lower(problem, cpu_target("avx512"), algorithm="lanes").tiling.own_ahead
-    assert not lower(problem, cpu_target("avx2"), algorithm="lanes").tiling.own_ahead
+    for isa in ("avx512", "avx2"):
+        assert lower(problem, cpu_target(isa), algorithm="lanes").tiling.stream_bytes > 0, isa
 
 
 def test_streaming_only_for_channels_last_outputs_on_x86():

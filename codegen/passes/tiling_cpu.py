@@ -315,10 +315,9 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                     and all(s == 1 for s in g.stride) and plan.layout_of("Y") is Layout.CHANNELS_LAST
                                     and g.groups * g.cout_g > 1) else 0
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0
-    own_ahead = bool(stream) and t.isa in OWN_AHEAD_ISAS
     planes = plan.layout_of("Y" if fwd else "X") is Layout.CONTIGUOUS
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
-                    pairs=pairs, stream_bytes=stream, own_ahead=own_ahead, copy_per_item=row_window, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
+                    pairs=pairs, stream_bytes=stream, copy_per_item=row_window, threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")
     what = "output" if fwd else "input"
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
@@ -335,9 +334,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                  + (f"{'output' if fwd else 'input-gradient'} channel planes stored {lanes} pixels x {lanes} channels at a "
                                     f"time, transposed in registers; " if planes else "")
                                  + (f"outputs of {stream >> 20} MB or more per call (they cannot stay in the L2) "
-                                    + ("owned a tile ahead of their stores (prefetchw), so the stores find their "
-                                       "lines in L1; " if own_ahead else
-                                       "written with non-temporal stores (a cached store first reads each line); ")
+                                    "written with non-temporal stores (a cached store first reads each line); "
                                     if stream else "") +
                                  f"{tiling.threads_hint}", tiling=tiling)
 
@@ -354,15 +351,10 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
 # r50_1x1_64_256 7.86 / 7.99; bf16 6.63 / 12.25, its values rounded one by one; unet3d alone 10.2 /
 # 9.2), so they keep cached stores too.
 STREAM_L2S = 4   # outputs of at least this many L2s per call
-# ISA levels whose large outputs are owned ahead instead: each tile's output lines are requested for
-# writing (prefetchw) while the tile before it computes, and stored through the caches when final.
-# On the Xeon (AVX-512, 2 threads, channels last, kernel alone, ms, non-temporal / owned ahead):
-# r50_1x1_64_256 4.87 / 4.07 (its FMAs alone, the stores sent to one L1-resident line: 3.05),
-# r50_stem 4.19 / 3.68; a plain cached store there ran 5.85, and stores owned only once their tile
-# began 4.88 / 4.63 against a tile ahead (two tiles ahead: no better). Below the threshold owning ahead
-# gained nothing (r50_3x3_64 6.29 / 6.27, unet3d 6.23 / 6.28; data gradients 0.95-1.02x).
-# AVX2 code, the default on Zen 3 and Zen 4, keeps the non-temporal stores measured there.
-OWN_AHEAD_ISAS = ("avx512",)
+# On the Xeon (AVX-512, 2 threads, channels last, kernel alone, ms, lines owned a tile ahead with
+# prefetchw and stored cached / non-temporal): r50_1x1_64_256 3.30-3.38 / 3.03-3.10, r50_stem
+# 3.35-3.37 / 3.26-3.32, with every store a vector store. (Owning ahead had measured better, 4.07
+# against 4.87, while the AVX-512 shape stored each vector as 16 scalar moves; it was dropped.)
 
 # Channel-plane (contiguous) outputs of the lanes forward and data gradient: the tile holds a
 # pixel's channels in a vector, a plane wants a channel's pixels together. V pixels that are
