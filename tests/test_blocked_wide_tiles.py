@@ -8,7 +8,6 @@ that code shape compiled for this host's ISA (as tests/test_variants.py does).
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 
 import pytest
@@ -17,27 +16,13 @@ import torch
 from convgen.dispatch import dispatch
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
-from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
+from convgen.codegen.target import cpu_target
 from convgen.dispatch.problem import TORCH_DTYPES
 
+from code_shapes import x86_shape
 from reference import rel_err, tolerance
 
-
-@dataclasses.dataclass(frozen=True)
-class _Avx512ShapeForThisHost(Target):
-    """The AVX-512 code shape compiled for this host's ISA (its tiles in GCC vector code)."""
-
-    @property
-    def march_flags(self) -> tuple[str, ...]:
-        return host_cpu().march_flags
-
-    @property
-    def fma_asm(self) -> bool:
-        return False
-
-
-TARGET = (cpu_target("avx512", 48 * 1024, 2 * 1024 * 1024) if "avx512" in host_isas() else
-          _Avx512ShapeForThisHost(TargetKind.CPU, "avx512", 64, 32, 48 * 1024, 2 * 1024 * 1024))
+TARGET = x86_shape("avx512", 48 * 1024, 2 * 1024 * 1024)
 
 
 def _problem(op, n, c, k, size, kernel, stride, pad, transposed, dtype) -> ConvProblem:

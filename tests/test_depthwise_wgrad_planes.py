@@ -11,7 +11,6 @@ tests/test_variants.py does).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
 
@@ -21,31 +20,17 @@ import torch
 from convgen.dispatch import dispatch
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
-from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
+from convgen.codegen.target import Target, cpu_target
 from convgen.dispatch.problem import TORCH_DTYPES
 
+from code_shapes import x86_shape
 from reference import rel_err, tolerance
 
 L1, L2 = 48 * 1024, 2 * 1024 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class _ShapeForThisHost(Target):
-    """An x86 code shape compiled for this host's ISA (its loops in GCC vector code)."""
-
-    @property
-    def march_flags(self) -> tuple[str, ...]:
-        return host_cpu().march_flags
-
-    @property
-    def fma_asm(self) -> bool:
-        return False
-
-
 def _target(isa: str) -> Target:
-    if isa in host_isas():
-        return cpu_target(isa, L1, L2)
-    return _ShapeForThisHost(TargetKind.CPU, isa, 64 if isa == "avx512" else 32, 32 if isa == "avx512" else 16, L1, L2)
+    return x86_shape(isa, L1, L2)
 
 
 def _problem(n, c, size, kernel, pad, dilation, dtype, bias) -> ConvProblem:

@@ -23,6 +23,7 @@ from convgen.codegen.pipeline import lower
 from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
 from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
+from code_shapes import x86_shape
 from reference import rel_err, tolerance
 
 # (name, n, c, k, size, kernel, stride, padding pairs, dilation, groups, transposed, output_padding)
@@ -154,27 +155,12 @@ def target_variants(target: Target, suffix: str, names=None):
 PORTABLE_VARIANTS = target_variants(PORTABLE, "portable", PORTABLE_PROBLEMS)
 
 
-class _Avx512ShapeForThisHost(Target):
-    """The AVX-512 code shape (16-lane f32 vectors, tiles sized for 32 registers) compiled for
-    this host's ISA: GCC splits each 64-byte vector into what the host has, so a CPU without
-    AVX-512 runs the same generated code and checks its results. Its tiles step in GCC vector
-    code: the zmm assembly step cannot run on such a CPU."""
-
-    @property
-    def march_flags(self) -> tuple[str, ...]:
-        return host_cpu().march_flags
-
-    @property
-    def fma_asm(self) -> bool:
-        return False
-
-
 # The AVX-512 code shape: natively where the CPU runs it (the default on AVX-512 CPUs but AMD Zen 4),
-# its tiles stepped in assembly on zmm registers; else compiled for this host as above.
+# its tiles stepped in assembly on zmm registers; else compiled for this host's ISA in C vector code
+# (tests/code_shapes.py: GCC splits each 64-byte vector into what the host has).
 # Where that is the host's own target (VARIANTS), the AVX2 shape takes its place, natively: every
 # host checks both x86 code shapes.
-SECOND_SHAPE = (cpu_target("avx512") if "avx512" in host_isas() else
-          _Avx512ShapeForThisHost(TargetKind.CPU, "avx512", 64, 32))
+SECOND_SHAPE = x86_shape("avx512")
 if host_cpu().isa == "avx512":
     SECOND_SHAPE = cpu_target("avx2")
 SECOND_SHAPE_VARIANTS = target_variants(SECOND_SHAPE, SECOND_SHAPE.isa)

@@ -1,0 +1,34 @@
+"""An x86 code shape as a test target: natively where this CPU runs its ISA, else compiled for this host.
+
+A shape whose ISA the CPU lacks (AVX-512 on an AVX2-only CPU) is built with the host's -march:
+GCC splits each wide vector into what the host has, so the same generated code runs and its
+results are checked. Its tiles step in GCC vector code there: the assembly step (zmm registers)
+cannot run on such a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from convgen.codegen.target import ISA_WIDTHS, Target, TargetKind, cpu_target, host_cpu, host_isas
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeForThisHost(Target):
+    """A code shape (vector width, registers, caches) compiled for this host's ISA, in C vector code."""
+
+    @property
+    def march_flags(self) -> tuple[str, ...]:
+        return host_cpu().march_flags
+
+    @property
+    def fma_asm(self) -> bool:
+        return False
+
+
+def x86_shape(isa: str, l1_bytes: int = 32 * 1024, l2_bytes: int = 1024 * 1024) -> Target:
+    """The target of code shape `isa` ("avx512", "avx2"), native where this CPU runs it."""
+    if isa in host_isas():
+        return cpu_target(isa, l1_bytes, l2_bytes)
+    return ShapeForThisHost(TargetKind.CPU, isa, ISA_WIDTHS[isa], 32 if isa == "avx512" else 16,
+                            l1_bytes=l1_bytes, l2_bytes=l2_bytes)
