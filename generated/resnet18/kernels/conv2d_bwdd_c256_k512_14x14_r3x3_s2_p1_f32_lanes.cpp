@@ -469,10 +469,37 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __re
       for (int64_t u = 0; u < 2 * TPP && u < 2 * ntaps; ++u) lt[u] = toff[u];
       const ACC* rsi = rs;   // where this item's windows are read, rbase words before them
       int64_t rbase = 0;
-      for (int64_t i = 0; i < QB; ++i) {
-        const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
-        ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part)) - rbase;
+      switch (part) {
+        case 0: {
+          constexpr int64_t part_ = 0;
+          for (int64_t i = 0; i < QB; ++i) {
+            const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
+            ro[i] = read_at(part_, q / part_pixels(part_), g, q % part_pixels(part_)) - rbase;
+          }
+        } break;
+        case 1: {
+          constexpr int64_t part_ = 1;
+          for (int64_t i = 0; i < QB; ++i) {
+            const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
+            ro[i] = read_at(part_, q / part_pixels(part_), g, q % part_pixels(part_)) - rbase;
+          }
+        } break;
+        case 2: {
+          constexpr int64_t part_ = 2;
+          for (int64_t i = 0; i < QB; ++i) {
+            const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
+            ro[i] = read_at(part_, q / part_pixels(part_), g, q % part_pixels(part_)) - rbase;
+          }
+        } break;
+        case 3: {
+          constexpr int64_t part_ = 3;
+          for (int64_t i = 0; i < QB; ++i) {
+            const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
+            ro[i] = read_at(part_, q / part_pixels(part_), g, q % part_pixels(part_)) - rbase;
+          }
+        } break;
       }
+
       const ACC* wk;
       if constexpr (LAZY_WEIGHTS) {
         if (g * OBLK + oblk != packed) {
@@ -486,7 +513,26 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __re
       // Channels innermost: pixel i's valid channels, a vector at a time, once its sums are final.
       auto store_pixel = [&](int64_t i) {
         const int64_t q = qbeg + i;
-        T* dst = out + write_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        T* dst;
+        switch (part) {
+          case 0: {
+            constexpr int64_t part_ = 0;
+            dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+          } break;
+          case 1: {
+            constexpr int64_t part_ = 1;
+            dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+          } break;
+          case 2: {
+            constexpr int64_t part_ = 2;
+            dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+          } break;
+          case 3: {
+            constexpr int64_t part_ = 3;
+            dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+          } break;
+        }
+
         const vec* tt = tot + (i / PB) * NV * PB + i % PB;
         for (int64_t v = 0; v < NV; ++v) {
           const int64_t o0 = oblk * NVV + v * V;
@@ -2478,10 +2524,37 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __re
         // and evict each other's lines before they are whole).
         const int64_t np = qend - qbeg;
         int64_t wa[QB];
-        for (int64_t i = 0; i < np; ++i) {
-          const int64_t q = qbeg + i;
-          wa[i] = write_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        switch (part) {
+          case 0: {
+            constexpr int64_t part_ = 0;
+            for (int64_t i = 0; i < np; ++i) {
+                const int64_t q = qbeg + i;
+                wa[i] = write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+              }
+          } break;
+          case 1: {
+            constexpr int64_t part_ = 1;
+            for (int64_t i = 0; i < np; ++i) {
+                const int64_t q = qbeg + i;
+                wa[i] = write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+              }
+          } break;
+          case 2: {
+            constexpr int64_t part_ = 2;
+            for (int64_t i = 0; i < np; ++i) {
+                const int64_t q = qbeg + i;
+                wa[i] = write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+              }
+          } break;
+          case 3: {
+            constexpr int64_t part_ = 3;
+            for (int64_t i = 0; i < np; ++i) {
+                const int64_t q = qbeg + i;
+                wa[i] = write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+              }
+          } break;
         }
+
         for (int64_t v = 0; v < NV; ++v) {
           const int64_t o0 = oblk * NVV + v * V;
           if (o0 >= OC) break;

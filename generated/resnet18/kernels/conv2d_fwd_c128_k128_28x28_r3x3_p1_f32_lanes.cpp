@@ -479,10 +479,14 @@ extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restri
       for (int64_t u = 0; u < 2 * TPP && u < 2 * ntaps; ++u) lt[u] = toff[u];
       const ACC* rsi = rs;   // where this item's windows are read, rbase words before them
       int64_t rbase = 0;
-      for (int64_t i = 0; i < QB; ++i) {
-        const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
-        ro[i] = read_at(part, q / part_pixels(part), g, q % part_pixels(part)) - rbase;
+      {
+        const int64_t part_ = part;
+        for (int64_t i = 0; i < QB; ++i) {
+            const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
+            ro[i] = read_at(part_, q / part_pixels(part_), g, q % part_pixels(part_)) - rbase;
+          }
       }
+
       const ACC* wk;
       if constexpr (LAZY_WEIGHTS) {
         if (g * OBLK + oblk != packed) {
@@ -496,7 +500,12 @@ extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restri
       // Channels innermost: pixel i's valid channels, a vector at a time, once its sums are final.
       auto store_pixel = [&](int64_t i) {
         const int64_t q = qbeg + i;
-        T* dst = out + write_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        T* dst;
+        {
+          const int64_t part_ = part;
+          dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+        }
+
         const vec* tt = tot + (i / PB) * NV * PB + i % PB;
         for (int64_t v = 0; v < NV; ++v) {
           const int64_t o0 = oblk * NVV + v * V;
@@ -713,10 +722,14 @@ extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restri
         // and evict each other's lines before they are whole).
         const int64_t np = qend - qbeg;
         int64_t wa[QB];
-        for (int64_t i = 0; i < np; ++i) {
-          const int64_t q = qbeg + i;
-          wa[i] = write_at(part, q / part_pixels(part), g, q % part_pixels(part));
+        {
+          const int64_t part_ = part;
+          for (int64_t i = 0; i < np; ++i) {
+                const int64_t q = qbeg + i;
+                wa[i] = write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
+              }
         }
+
         for (int64_t v = 0; v < NV; ++v) {
           const int64_t o0 = oblk * NVV + v * V;
           if (o0 >= OC) break;
