@@ -208,7 +208,7 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
 // moves), bf16 rounded to nearest even (NaN kept, quiet) in vector code, the same bits as from_acc
 // lane by lane; f16 lane by lane.
 static inline void vstore_t(T* out, vec v) {
-  std::memcpy(out, &v, sizeof v);
+  vstore(out, v);
 }
 // cnt consecutive values of src stored as T at dst: whole vectors through vstore_t, the rest one by
 // one. A scalar loop of from_acc is what GCC would otherwise vectorize, for bf16 at a quarter of the
