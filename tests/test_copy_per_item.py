@@ -1,16 +1,18 @@
 """Channels-last inputs copied per work item instead of whole up front (`Tiling.copy_per_item`).
 
 The lanes forward (no depth window) copies each item's zero-padded rows, and so does the stride-1
-lanes data gradient of its grad_output; the lanes weight gradient turns each item's channels and
-images into zero-padded planes through register transposes. Plans take these paths where the whole copy would exceed the L2; real inputs that large
-take seconds in a test, so these plans lower the threshold to one byte (the weight gradient's parts
-still fit a quarter of the L2, as the kernel also requires). Every case is
+lanes data gradient of its grad_output; the lanes weight gradient turns each item's channels, one
+image at a time, into zero-padded planes through register transposes (an item then takes every
+block of output channels). Plans take these paths where the whole copy would exceed the L2; real
+inputs that large take seconds in a test, so these plans lower the threshold to one byte (the weight
+gradient's planes of an image still fit a quarter of the L2, as the kernel also requires). Every case is
 checked against ATen in float64 on every x86 code shape this CPU runs. Forward: items that cross
 images, rows wider than an item, strides, dilations, uneven padding, groups, one-row images, other
 dtypes, and channel-major items (which revisit rows the thread's buffer no longer holds); the data
 gradient's alike. Weight
-gradient: parts of the reduction that split images, strides with dilation, 3-D, groups, uneven
-padding, other dtypes, with and without the bias gradient.
+gradient: parts of the reduction that split images, several blocks of output channels, strides
+with dilation, 3-D, groups, uneven padding, other dtypes, with and without the bias gradient, and
+its item layout with the whole copy (below the threshold: chunks still stop at each image's end).
 """
 
 from __future__ import annotations
@@ -182,9 +184,11 @@ def test_rows_per_item_only_where_they_apply():
 
 
 # Weight gradient: 4 parts of the reduction (of 3 images: parts that split them), whole vectors of
-# input channels per item, output channels within one block
+# whole vectors of input channels per item
 WGRAD_CASES = [
     ("3x3", dict(n=4, c=32, k=16, size=(9, 11), kernel=(3, 3))),
+    ("blocks", dict(n=3, c=32, k=144, size=(9, 11), kernel=(3, 3))),      # several blocks, the last one partial
+    ("blocks_stride2", dict(n=2, c=64, k=96, size=(13, 10), kernel=(3, 3), stride=2)),
     ("wide_rows", dict(n=4, c=32, k=16, size=(4, 45), kernel=(3, 3))),    # rows of several vectors of pixels
     ("split_images", dict(n=3, c=64, k=16, size=(7, 9), kernel=(3, 3))),
     ("stride2_dilated", dict(n=4, c=32, k=8, size=(10, 13), kernel=(3, 3), stride=2, pad=2, dil=2)),
@@ -208,18 +212,10 @@ def _padded_plane(problem: ConvProblem) -> int:
 
 
 def _largest_part(problem: ConvProblem, tiling) -> int:
-    """Bytes of the largest item's planes (the kernel's formula: channels x images x an odd-line stride)."""
+    """Bytes of an item's planes of one image (the kernel's formula: its channels x an odd-line stride)."""
     acc = problem.dtype.accumulator.itemsize
-    taps, plane, line = math.prod(problem.kernel), _padded_plane(problem), 64 // acc
-    rows, steps = problem.c // problem.groups * taps, math.prod(problem.output_shape[2:])
-    words = 0
-    for r0 in range(0, rows, tiling.rb):
-        rn = min(tiling.rb, rows - r0)
-        for split in range(tiling.splits):
-            u0, u1 = problem.n * steps * split // tiling.splits, problem.n * steps * (split + 1) // tiling.splits
-            nch, nimg = (r0 + rn - 1) // taps - r0 // taps + 1, (u1 - 1) // steps - u0 // steps + 1
-            words = max(words, nch * (-(-nimg * plane // line) | 1) * line)
-    return words * acc
+    taps, line = math.prod(problem.kernel), 64 // acc
+    return tiling.rb // taps * (-(-_padded_plane(problem) // line) | 1) * line * acc
 
 
 def _wgrad_plans():
@@ -231,11 +227,13 @@ def _wgrad_plans():
                 target = dataclasses.replace(target, bf16_dot=False)
                 plan = lower(problem, target, algorithm="lanes")
                 lanes, taps = plan.tiling.vector_lanes, math.prod(problem.kernel)
-                assert problem.k // problem.groups <= plan.tiling.nv * lanes, f"{name}: one block of output channels"
                 rb = math.lcm(taps * lanes, plan.tiling.kb)   # whole vectors of channels, whole tiles of rows
                 tiling = dataclasses.replace(plan.tiling, rb=rb, splits=WGRAD_SPLITS)
                 assert _largest_part(problem, tiling) * 4 <= target.l2_bytes, f"{name}: a part within a quarter L2"
-                yield (name, bias, which), dataclasses.replace(plan, tiling=dataclasses.replace(tiling, copy_per_item=1))
+                # one byte: each item's planes; 2**40: the whole copy, in the same item layout
+                for threshold in (1, 1 << 40):
+                    yield (name, bias, which, threshold), dataclasses.replace(
+                        plan, tiling=dataclasses.replace(tiling, copy_per_item=threshold))
 
 
 @pytest.fixture(scope="module")
@@ -244,13 +242,14 @@ def wgrad_kernels():
     return dict(zip([k for k, _ in keyed], zip([p for _, p in keyed], dispatch.load_plans([p for _, p in keyed]))))
 
 
+@pytest.mark.parametrize("threshold", [1, 1 << 40], ids=["planes", "whole_copy"])
 @pytest.mark.parametrize("which", ["host", "second"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("name, kw", WGRAD_CASES, ids=[c[0] for c in WGRAD_CASES])
-def test_planes_per_item_match_aten(wgrad_kernels, name, kw, bias, which):
-    if (name, bias, which) not in wgrad_kernels:
+def test_planes_per_item_match_aten(wgrad_kernels, name, kw, bias, which, threshold):
+    if (name, bias, which, threshold) not in wgrad_kernels:
         pytest.skip("this CPU runs one x86 code shape only (AVX2 without AVX-512): the host's runs instead")
-    plan, kernel = wgrad_kernels[(name, bias, which)]
+    plan, kernel = wgrad_kernels[(name, bias, which, threshold)]
     assert "fill_planes(x, lp, g" in emit(plan).text
     problem = plan.problem
     tdt = TORCH_DTYPES[problem.dtype]
@@ -275,6 +274,6 @@ def test_planes_per_item_only_where_each_channel_is_turned_once():
     target = cpu_target("avx512")
     wgrad = lambda **kw: lower(_problem(op=Op.BWD_WEIGHT, **kw), target, algorithm="lanes").tiling.copy_per_item
     assert wgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)), "r50_3x3_64's weight gradient turns its planes per item"
-    assert not wgrad(n=8, c=256, k=256, size=(14, 14), kernel=(3, 3)), "four blocks of output channels"
+    assert wgrad(n=8, c=128, k=128, size=(56, 56), kernel=(3, 3), stride=2), "r50_3x3_128_s2: two blocks in each item"
     assert not wgrad(n=2, c=32, k=32, size=(16, 32, 32), kernel=(3, 3, 3)), "items of 140 rows: parts of channels"
     assert not wgrad(n=8, c=64, k=64, size=(56, 56), kernel=(1, 1), pad=0), "read in place"

@@ -407,11 +407,24 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     pc = max(lanes, (t.l1_bytes // 2) // (nv * lanes * acc_bytes))
     per_channel = taps if taps <= WGRAD_ROWS else pb
     rb = min(math.ceil(rows / pb) * pb, math.ceil(max(1, WGRAD_ROWS // per_channel) * per_channel / pb) * pb)
-    items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / rb)
-    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
-    splits = _splits(items, partial_bytes)
     unit = p.dtype.accumulator is p.dtype
     in_place = ("X",) if _windows_inside(g) and unit else ()
+    # A channels-last input is turned into planes by each item's thread, its channels one image at a
+    # time, V pixels x V channels through register transposes, where the whole copy would exceed the
+    # L2 (and an item's planes of an image fit a quarter of it): the whole copy went out to memory and
+    # came back, its value-by-value gather a value per cycle. Only where every item takes whole
+    # vectors of channels (all their taps); an item then takes every block of output channels, so each
+    # channel and image is turned once (turned again per block, the transposes sat idle or were
+    # repeated: Xeon, AVX-512, 2 threads, kernel alone, ms, whole / per item: r50_3x3_64 7.26 / 6.93;
+    # without those conditions unet3d 7.52 / 9.53, r50_3x3_256 6.64 / 9.90, r50_3x3_128_s2 10.8 /
+    # 11.6).
+    per_item = (t.l2_bytes if "X" not in in_place and not pairs and plan.layout_of("X") is Layout.CHANNELS_LAST
+                and g.groups * g.cin_g > 1 and rb % taps == 0 and (rb // taps) % lanes == 0
+                and g.cin_g % lanes == 0 else 0)
+    blocks = 1 if per_item else math.ceil(g.cout_g / (nv * lanes))   # blocks of output channels over the items
+    items = g.groups * blocks * math.ceil(rows / rb)
+    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+    splits = _splits(items, partial_bytes)
     # A channels-last grad_output is read in place (GY_IN_PLACE in templates/cpu/lanes_wgrad.cpp.j2)
     # where each pixel's channel block is already one run and either the pixels hold one block
     # (their lines then fill every L1 set) or an item's rows are all the rows (grad_output is read
@@ -424,17 +437,6 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     gy_in_place = (unit and not pairs and plan.layout_of("Y") is Layout.CHANNELS_LAST
                    and g.cout_g % (nv * lanes) == 0 and (g.groups * g.cout_g == nv * lanes or rb >= rows))
     in_place += ("Y",) if gy_in_place else ()
-    # A channels-last input is turned into planes by each item's thread, its channels and images only,
-    # V pixels x V channels at a time through register transposes, where the whole copy would exceed
-    # the L2 (and the largest item's part fits a quarter of it): the whole copy went out to memory and
-    # came back, its value-by-value gather a value per cycle. Only where every item takes whole
-    # vectors of channels (all their taps) and one block of output channels takes them all, so each
-    # channel and image is turned once: elsewhere the transposes sat idle or were repeated per block
-    # (Xeon, AVX-512, 2 threads, kernel alone, ms, whole / per item: r50_3x3_64 7.26 / 6.93; without
-    # those conditions unet3d 7.52 / 9.53, r50_3x3_256 6.64 / 9.90, r50_3x3_128_s2 10.8 / 11.6).
-    per_item = (t.l2_bytes if "X" not in in_place and not pairs and plan.layout_of("X") is Layout.CHANNELS_LAST
-                and g.groups * g.cin_g > 1 and g.cout_g <= nv * lanes and rb % taps == 0
-                and (rb // taps) % lanes == 0 and g.cin_g % lanes == 0 else 0)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
                     copy_per_item=per_item,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
@@ -449,7 +451,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
                                  f"{'read in place (channels last, whole channel blocks)' if gy_in_place else 'packed pixel-major once per call'}; input "
-                                 f"{'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels and images, by its thread where the whole copy would take {per_item >> 20} MB or more and a part fits the L2, else copied once' if per_item else 'copied once, zero-padded'}; "
+                                 f"{'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits a quarter of the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "
                                     "with its neighbour a stride along); " if pairs else "")

@@ -343,6 +343,7 @@ static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int 
     for (int64_t m = hi; m < XWP; ++m) dst[m] = 0;
   }
 }
+constexpr bool PER_ITEM = false;
 
 // grad_output packed to [g][channel block][b][step][NVV] (zero past the group's channels; with
 // pairs, a step's two pixels in one word, zero for a virtual pixel); with a bias gradient, each
@@ -396,6 +397,8 @@ static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double
 extern "C" int cg_conv2d_bwdw_c128_k256_28x28_r1x1_s2_f32_lanes(const T* __restrict gy, const T* __restrict x, T* __restrict gw,
 int64_t n, int nthreads) {
   const int64_t np = n * STEPS;   // reduction steps of the batch
+  // An item takes KN blocks of output channels (all with PER_ITEM, else one of KI)
+  constexpr int64_t KN = PER_ITEM ? KBLK : 1, KI = KBLK / KN;
   ACC* gyt = GY_IN_PLACE ? nullptr : (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   constexpr bool local = false;
   ACC* xp = IN_PLACE || local ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
@@ -408,148 +411,164 @@ int64_t n, int nthreads) {
     if (!GY_IN_PLACE || bs) pack_grad_output(gy, gyt, bs, n, nthreads);
     if (!IN_PLACE && !local) pad_input(x, xp, n, nthreads);
   }
-  const ACC* xs = IN_PLACE ? (const ACC*)x : xp;
-  const int64_t items = failed ? 0 : G * KBLK * RBLK * SPLITS;
+  const ACC* xs_all = IN_PLACE ? (const ACC*)x : xp;
+  const int64_t items = failed ? 0 : G * KI * RBLK * SPLITS;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
-    vec* tot = (vec*)scratch(RB * NV * V);             // the item's sums so far, [row tile][NV][PB]
+    vec* tot = (vec*)scratch(KN * RB * NV * V);        // the item's sums so far, [block][row tile][NV][PB]
     int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * (2 * PC + 2 * RB));   // chunk pixels' windows, rows' offsets
     int64_t* wo = at ? at + PC + RB : nullptr;                                     // (input, then weight gradient),
     int64_t* gat = at ? at + PC + 2 * RB : nullptr;                                // chunk pixels' grad_output (GY_IN_PLACE)
-    ACC* kr = (ACC*)std::malloc(sizeof(ACC) * NVV * RB);                       // the item's sums, [channel][row]
-    if (items && (!tot || !at || !kr)) failed = 1;
+    ACC* kr = (ACC*)std::malloc(sizeof(ACC) * NVV * RB);                       // a block's sums, [channel][row]
+    ACC* lp = nullptr;
+    if (items && (!tot || !at || !kr || (local && !lp))) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      if (!tot || !at || !kr) continue;
+      if (!tot || !at || !kr || (local && !lp)) continue;
       const int64_t split = item % SPLITS, rblk = (item / SPLITS) % RBLK;
-      const int64_t kblk = (item / (SPLITS * RBLK)) % KBLK, g = item / (SPLITS * RBLK * KBLK);
+      const int64_t kb0 = (item / (SPLITS * RBLK)) % KI * KN, g = item / (SPLITS * RBLK * KI);
       const int64_t r0 = rblk * RB, rn = CT - r0 < RB ? CT - r0 : RB;
+      // where the rows are read: the whole copy (or the input in place), or the item's planes of an image
+      int64_t row_base = g * CIN_G * RB_SC, sc = RB_SC, img = RB_SN;
       int64_t* ro = at + PC;
       for (int64_t r = 0; r < RB; ++r) {   // rows past the group's end repeat its last row
         const int64_t q = r0 + (r < rn ? r : rn - 1);
-        ro[r] = g * CIN_G * RB_SC + channel_tap_offset(q, RB_SC, DD * RB_SD, DH * RB_SH, DW * RB_SW);
+        ro[r] = row_base + channel_tap_offset(q, sc, DD * RB_SD, DH * RB_SH, DW * RB_SW);
       }
-      for (int64_t i = 0; i < RB * NV; ++i) tot[i] = vbroadcast(0);
-      const ACC* gk = GY_IN_PLACE ? (const ACC*)gy + (g * COUT_G + kblk * NVV) * Y_SC : gyt + (g * KBLK + kblk) * np * NVV;
+      const ACC* xs = local ? lp : xs_all;
+      for (int64_t i = 0; i < KN * RB * NV; ++i) tot[i] = vbroadcast(0);
       const int64_t u0 = np * split / SPLITS, u1 = np * (split + 1) / SPLITS;
-      for (int64_t q0 = u0; q0 < u1; q0 += PC) {
-        const int64_t nq = u1 - q0 < PC ? u1 - q0 : PC;
-        for (int64_t i = 0; i < nq; ++i) {   // (with pairs, the window of the step's first pixel)
-          const int64_t q = q0 + i, b = q / STEPS, p = q % STEPS * PIX;
-          const int64_t ow = p % YWE, oh = (p / YWE) % YH, od = p / (YWE * YH);
-          at[i] = b * RB_SN + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
-          if constexpr (GY_IN_PLACE) gat[i] = b * Y_SN + od * Y_SD + oh * Y_SH + ow * Y_SW;
-        }
-        const ACC* gq = GY_IN_PLACE ? gk : gk + q0 * NVV;
-        for (int64_t rt = 0; rt < RB; rt += PB) {
-          const ACC* px[PB];
-          for (int64_t j = 0; j < PB; ++j) px[j] = xs + ro[rt + j];
-          // this chunk's partial sums acc{v}_{j} (channel vector v, row j), added to the totals
-          // after (two-level summation)
-          vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0);
-          vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0);
-          vec acc2_0 = vbroadcast(0), acc2_1 = vbroadcast(0), acc2_2 = vbroadcast(0);
-          vec acc3_0 = vbroadcast(0), acc3_1 = vbroadcast(0), acc3_2 = vbroadcast(0);
-          for (int64_t i = 0; i < nq; ++i) {
-            const ACC* gi = GY_IN_PLACE ? gq + gat[i] : gq + i * NVV;
-            const int64_t a = at[i];
-            {
-              const vec h0_ = vbroadcast(*(px[0] + a));
-              const vec h1_ = vbroadcast(*(px[1] + a));
-              const vec h2_ = vbroadcast(*(px[2] + a));
-              {
-                vec s_;
-                asm("vmovups %[v], %[s]\n\t"
-                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
-                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
-                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
-                    : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
-                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 0 * V)));
-              }
-              {
-                vec s_;
-                asm("vmovups %[v], %[s]\n\t"
-                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
-                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
-                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
-                    : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
-                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 1 * V)));
-              }
-              {
-                vec s_;
-                asm("vmovups %[v], %[s]\n\t"
-                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
-                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
-                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
-                    : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
-                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 2 * V)));
-              }
-              {
-                vec s_;
-                asm("vmovups %[v], %[s]\n\t"
-                    "vfmadd231ps %[s], %[h0], %[a0]\n\t"
-                    "vfmadd231ps %[s], %[h1], %[a1]\n\t"
-                    "vfmadd231ps %[s], %[h2], %[a2]\n\t"
-                    : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
-                    : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 3 * V)));
-              }
-            }
+      // the reduction in chunks of PC steps; with PER_ITEM, none crossing an image's end
+      for (int64_t qa = u0; qa < u1;) {
+        const int64_t qb = PER_ITEM && (qa / STEPS + 1) * STEPS < u1 ? (qa / STEPS + 1) * STEPS : u1;
+        for (int64_t q0 = qa; q0 < qb; q0 += PC) {
+          const int64_t nq = qb - q0 < PC ? qb - q0 : PC;
+          for (int64_t i = 0; i < nq; ++i) {   // (with pairs, the window of the step's first pixel)
+            const int64_t q = q0 + i, b = q / STEPS, p = q % STEPS * PIX;
+            const int64_t ow = p % YWE, oh = (p / YWE) % YH, od = p / (YWE * YH);
+            at[i] = b * img + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
+            if constexpr (GY_IN_PLACE) gat[i] = b * Y_SN + od * Y_SD + oh * Y_SH + ow * Y_SW;
+          }
+          for (int64_t kk = 0; kk < KN; ++kk) {
+            const int64_t kblk = kb0 + kk;
+            const ACC* gk = GY_IN_PLACE ? (const ACC*)gy + (g * COUT_G + kblk * NVV) * Y_SC : gyt + (g * KBLK + kblk) * np * NVV;
+            const ACC* gq = GY_IN_PLACE ? gk : gk + q0 * NVV;
+            for (int64_t rt = 0; rt < RB; rt += PB) {
+              const ACC* px[PB];
+              for (int64_t j = 0; j < PB; ++j) px[j] = xs + ro[rt + j];
+              // this chunk's partial sums acc{v}_{j} (channel vector v, row j), added to the totals
+              // after (two-level summation)
+              vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0);
+              vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0);
+              vec acc2_0 = vbroadcast(0), acc2_1 = vbroadcast(0), acc2_2 = vbroadcast(0);
+              vec acc3_0 = vbroadcast(0), acc3_1 = vbroadcast(0), acc3_2 = vbroadcast(0);
+              for (int64_t i = 0; i < nq; ++i) {
+                const ACC* gi = GY_IN_PLACE ? gq + gat[i] : gq + i * NVV;
+                const int64_t a = at[i];
+                {
+                  const vec h0_ = vbroadcast(*(px[0] + a));
+                  const vec h1_ = vbroadcast(*(px[1] + a));
+                  const vec h2_ = vbroadcast(*(px[2] + a));
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 0 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 1 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 2 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(gi + 3 * V)));
+                  }
+                }
 
+              }
+              vec* tt = tot + (kk * RB + rt) * NV;
+              tt[0] += acc0_0;
+              tt[1] += acc0_1;
+              tt[2] += acc0_2;
+              tt[3] += acc1_0;
+              tt[4] += acc1_1;
+              tt[5] += acc1_2;
+              tt[6] += acc2_0;
+              tt[7] += acc2_1;
+              tt[8] += acc2_2;
+              tt[9] += acc3_0;
+              tt[10] += acc3_1;
+              tt[11] += acc3_2;
+            }
           }
-          vec* tt = tot + rt * NV;
-          tt[0] += acc0_0;
-          tt[1] += acc0_1;
-          tt[2] += acc0_2;
-          tt[3] += acc1_0;
-          tt[4] += acc1_1;
-          tt[5] += acc1_2;
-          tt[6] += acc2_0;
-          tt[7] += acc2_1;
-          tt[8] += acc2_2;
-          tt[9] += acc3_0;
-          tt[10] += acc3_1;
-          tt[11] += acc3_2;
         }
+        qa = qb;
       }
-      if constexpr (W_SC == 1 && W_SW > 1) {
-        // Channels-last weights: the item's sums turned output-channel major (kr[channel][row])
-        // and written one output channel at a time, a tap's channels together. Row by row, the
-        // NVV channels of a row lie a whole filter apart, which for power-of-two filter sizes
-        // falls into a few L1 sets (r50_3x3_512, Zen 4, 2 threads: 14.3 ms against 15.5).
-        for (int64_t r = 0; r < rn; ++r) {
-          const vec* tt = tot + (r / PB) * PB * NV + r % PB;
-          for (int64_t v = 0; v < NV; ++v) {
-            ACC lanes[V];
-            vstore(lanes, tt[v * PB]);
-            for (int64_t l = 0; l < V; ++l) kr[(v * V + l) * RB + r] = lanes[l];
+      for (int64_t kk = 0; kk < KN; ++kk) {
+        const int64_t kblk = kb0 + kk;
+        const vec* tk = tot + kk * RB * NV;
+        if constexpr (W_SC == 1 && W_SW > 1) {
+          // Channels-last weights: the block's sums turned output-channel major (kr[channel][row])
+          // and written one output channel at a time, a tap's channels together. Row by row, the
+          // NVV channels of a row lie a whole filter apart, which for power-of-two filter sizes
+          // falls into a few L1 sets (r50_3x3_512, Zen 4, 2 threads: 14.3 ms against 15.5).
+          for (int64_t r = 0; r < rn; ++r) {
+            const vec* tt = tk + (r / PB) * PB * NV + r % PB;
+            for (int64_t v = 0; v < NV; ++v) {
+              ACC lanes[V];
+              vstore(lanes, tt[v * PB]);
+              for (int64_t l = 0; l < V; ++l) kr[(v * V + l) * RB + r] = lanes[l];
+            }
+            wo[r] = channel_tap_offset(r0 + r, W_SC, W_SD, W_SH, W_SW);
           }
-          wo[r] = channel_tap_offset(r0 + r, W_SC, W_SD, W_SH, W_SW);
-        }
-        for (int64_t kk = 0; kk < NVV && kblk * NVV + kk < COUT_G; ++kk) {
-          const int64_t k = kblk * NVV + kk;
-          const ACC* src = kr + kk * RB;
-          if (SPLITS > 1) {
-            ACC* dst = part + (split * G * COUT_G + g * COUT_G + k) * CT + r0;
-            for (int64_t r = 0; r < rn; ++r) dst[r] = src[r];
-          } else {
-            T* dst = gw + (g * COUT_G + k) * W_SN;
-            for (int64_t r = 0; r < rn; ++r) dst[wo[r]] = from_acc(src[r]);
+          for (int64_t kc = 0; kc < NVV && kblk * NVV + kc < COUT_G; ++kc) {
+            const int64_t k = kblk * NVV + kc;
+            const ACC* src = kr + kc * RB;
+            if (SPLITS > 1) {
+              ACC* dst = part + (split * G * COUT_G + g * COUT_G + k) * CT + r0;
+              for (int64_t r = 0; r < rn; ++r) dst[r] = src[r];
+            } else {
+              T* dst = gw + (g * COUT_G + k) * W_SN;
+              for (int64_t r = 0; r < rn; ++r) dst[wo[r]] = from_acc(src[r]);
+            }
           }
-        }
-      } else {   // contiguous weights: a row's (channel, tap) is adjacent to the next row's
-        for (int64_t r = 0; r < rn; ++r) {
-          const int64_t q = r0 + r, at = channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW);
-          const vec* tt = tot + (r / PB) * PB * NV + r % PB;
-          for (int64_t v = 0; v < NV; ++v) {
-            ACC lanes[V];
-            vstore(lanes, tt[v * PB]);
-            for (int64_t l = 0; l < V; ++l) {
-              const int64_t k = kblk * NVV + v * V + l;
-              if (k >= COUT_G) break;
-              if (SPLITS > 1)
-                part[(split * G * COUT_G + g * COUT_G + k) * CT + q] = lanes[l];
-              else
-                gw[(g * COUT_G + k) * W_SN + at] = from_acc(lanes[l]);
+        } else {   // contiguous weights: a row's (channel, tap) is adjacent to the next row's
+          for (int64_t r = 0; r < rn; ++r) {
+            const int64_t q = r0 + r, at = channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW);
+            const vec* tt = tk + (r / PB) * PB * NV + r % PB;
+            for (int64_t v = 0; v < NV; ++v) {
+              ACC lanes[V];
+              vstore(lanes, tt[v * PB]);
+              for (int64_t l = 0; l < V; ++l) {
+                const int64_t k = kblk * NVV + v * V + l;
+                if (k >= COUT_G) break;
+                if (SPLITS > 1)
+                  part[(split * G * COUT_G + g * COUT_G + k) * CT + q] = lanes[l];
+                else
+                  gw[(g * COUT_G + k) * W_SN + at] = from_acc(lanes[l]);
+              }
             }
           }
         }
@@ -568,6 +587,7 @@ int64_t n, int nthreads) {
     std::free(tot);
     std::free(at);
     std::free(kr);
+    std::free(lp);
   }
   std::free(gyt);
   std::free(xp);
