@@ -133,13 +133,22 @@ static inline void vtranspose(vec* r) {
   }
 }
 // Runs of stored values transposed into packed weights: for words c < cw and taps t < taps,
+// Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
+// one vector of V doubles is kept on the stack; V >= 2 on every target).
+typedef double dhalf __attribute__((vector_size(V / 2 * sizeof(double))));
+static inline void add_double(dhalf& lo, dhalf& hi, vec v) {
+  lo += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), dhalf);
+  hi += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), dhalf);
+}
 // dst[(c * taps + t) * nb + j] = word (c, t) of run j (run j at src + j * stride; runs from `runs`
 // on read as zeros; nb a multiple of V). Unpaired, word (c, t) is the run's value c * taps + t and
 // cw = n; `paired` (bf16 on vdpbf16ps), it holds the values of channels 2c (low half) and 2c + 1
 // (high half; zero past the n channels) at tap t, and cw = (n + 1) / 2. V runs are read V values
 // at a time and transposed in registers, so dst is written V channels at a time; value by value,
 // the copy would gather a word from each run (r50_3x3_512's lanes forward spent 9% of its time so
-// in f32, 11% in bf16 pairs).
+// in f32, 11% in bf16 pairs). With `sums` (unpaired, n = 1), each run's values are also summed in
+// order in double as they are stored, to sums[j] (j < runs): a second pass over dst read it back
+// from memory where it outgrows the L2 (r50_stem's weight gradient, 3.2 MB per image: 8% of it).
 // bf16 pairs: one 32-bit lane holds two bf16 values of consecutive reduced channels, the even
 // channel in the low half (vdpbf16ps's layout). pair_of packs two stored values into one lane.
 static inline ACC pair_of(T lo, T hi) {
@@ -149,7 +158,8 @@ static inline ACC pair_of(T lo, T hi) {
   return f;
 }
 static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, int64_t taps, const T* __restrict src,
-                                   int64_t stride, int64_t runs, bool paired, int64_t ds = 0) {
+                                   int64_t stride, int64_t runs, bool paired, int64_t ds = 0,
+                                   double* __restrict sums = nullptr) {
   typedef uint32_t bits_v __attribute__((vector_size(sizeof(vec))));
   const int64_t cw = paired ? (n + 1) / 2 : n;
   if (ds == 0) ds = nb;   // words between consecutive positions' blocks in dst
@@ -157,6 +167,7 @@ static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, i
     for (int64_t c = 0; c < cw; ++c) {
       const T* lo = src + (paired ? 2 * c : c) * taps;   // run 0's values of word c, then the pair's odd channel's
       const bool odd = paired && 2 * c + 1 < n;
+      dhalf s_lo = {}, s_hi = {};   // (sums: each run's values in order, in double)
       int64_t t = 0;
       for (; t + V <= taps; t += V) {
         vec a[V], b[V];
@@ -174,22 +185,21 @@ static inline void pack_transposed(ACC* __restrict dst, int64_t nb, int64_t n, i
           }
         }
         for (int64_t m = 0; m < V; ++m) vstore(dst + (c * taps + t + m) * ds + j0, a[m]);
+        if (sums)
+          for (int64_t m = 0; m < V; ++m) add_double(s_lo, s_hi, a[m]);
       }
-      for (; t < taps; ++t)
+      for (; t < taps; ++t) {
         for (int64_t k = 0; k < V; ++k) {
           const T* at = lo + (j0 + k) * stride + t;
           dst[(c * taps + t) * ds + j0 + k] = j0 + k >= runs ? (ACC)0
                                               : paired         ? pair_of(at[0], odd ? at[taps] : (T)0)
                                                                : to_acc(at[0]);
         }
+        if (sums) add_double(s_lo, s_hi, vload(dst + (c * taps + t) * ds + j0));
+      }
+      if (sums)   // (unpaired, n = 1: one word per run)
+        for (int64_t k = 0; k < V && j0 + k < runs; ++k) sums[j0 + k] = k < V / 2 ? s_lo[k] : s_hi[k - V / 2];
     }
-}
-// Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
-// one vector of V doubles is kept on the stack; V >= 2 on every target).
-typedef double dhalf __attribute__((vector_size(V / 2 * sizeof(double))));
-static inline void add_double(dhalf& lo, dhalf& hi, vec v) {
-  lo += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), dhalf);
-  hi += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), dhalf);
 }
 static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, then hi's
   double lanes[V];
