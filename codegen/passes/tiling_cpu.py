@@ -47,10 +47,34 @@ ASM_FMA_PER_LOAD = 12 / 7
 # (the data gradient of a 7x7 stride-2 kernel reaches 3-4 grad_output rows per input row, 8 rows
 # copy 7; a 3x3 forward reads 3 input rows per output row, 8 rows copy 10).
 BLOCKED_ROWS = 8
-# Rows (input channel, tap) per work item of the lanes weight gradient: on Zen 3, 144 rows with
-# 256-pixel chunks ran r50_3x3_512 in 16.3 ms against 21.6 with 36 rows and 128-pixel chunks
+# Rows (input channel, tap) per work item of the lanes weight gradient, at most: on Zen 3, 144 rows
+# with 256-pixel chunks ran r50_3x3_512 in 16.3 ms against 21.6 with 36 rows and 128-pixel chunks
 # (r50_3x3_64 15.9 against 19.0; deeplab_dil2 within noise).
 WGRAD_ROWS = 144
+# With 32 registers (AVX-512): every row block reads the whole reduction's grad_output again, its
+# chunk (half the L1) amortized over the block's row tiles, so fewer, larger blocks win (the sums,
+# RB x NV vectors, stay in the L2), as long as the parts of the reduction that fewer items then
+# take (MIN_ITEMS) keep their partial sums within PARTS_L2_SHARE of the L2: a call allocates them
+# afresh and adds them in a last pass. Xeon, f32, 2 threads, kernel alone, ms, 144 rows / these:
+# NCHW r50_stem 7.21 / 5.31 (147 rows: 102 + 45 rows before, one thread with twice the other's
+# work), c3d_stem 16.5 / 12.4, c1d_64_k5 3.39 / 2.64, unet3d 10.4 / 9.05, odd_asym 0.36 / 0.30,
+# vgg_64_64 32.6 / 28.9, r50_3x3_64 9.19 / 8.58, wavenet_1d 16.0 / 15.3; channels last r50_stem
+# 5.31 / 3.93, unet3d 8.08 / 7.02; but in four parts (partial sums of 2-9 MB) channels-last
+# dcgan_tconv 2.76 / 4.04 and r50_3x3_256 6.55 / 8.36, which keep 144.
+WGRAD_ROWS_EVEX = 576
+PARTS_L2_SHARE = 0.75
+
+
+def wgrad_row_block(rows: int, taps: int, pb: int, most: int) -> int:
+    """Rows per work item of the lanes weight gradient (a multiple of the tile's PB): the fewest
+    blocks of at most about `most` rows, of whole input channels (all their taps, so the rows of a
+    chunk share their input lines) where a channel's taps fit, and as equal as whole channels and
+    tiles allow. Items run in a static schedule: a short last block left one thread a block's
+    work behind (r50_stem's 147 rows as 102 + 45)."""
+    unit = taps if taps <= most else pb          # rows per block step: a channel's taps, or a tile
+    units = math.ceil(rows / unit)
+    blocks = math.ceil(units / max(1, most // unit))
+    return min(math.ceil(rows / pb) * pb, math.ceil(math.ceil(units / blocks) * unit / pb) * pb)
 # Pointwise (1x1) GEMM: a register tile of MR channels x this many vectors of pixels, and at most
 # this many pixels per work item (the kernel takes fewer when the batch gives too few items).
 POINTWISE_VECTORS = 2
@@ -405,8 +429,15 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
     # input lines.
     pc = max(lanes, (t.l1_bytes // 2) // (nv * lanes * acc_bytes))
-    per_channel = taps if taps <= WGRAD_ROWS else pb
-    rb = min(math.ceil(rows / pb) * pb, math.ceil(max(1, WGRAD_ROWS // per_channel) * per_channel / pb) * pb)
+    rb = wgrad_row_block(rows, taps, pb, WGRAD_ROWS)
+    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+    if t.evex_tiles:
+        # larger blocks where the parts of the reduction that fewer items then take keep all their
+        # partial sums within PARTS_L2_SHARE of the L2
+        big = wgrad_row_block(rows, taps, pb, WGRAD_ROWS_EVEX)
+        items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / big)
+        if _splits(items, partial_bytes) * partial_bytes <= PARTS_L2_SHARE * t.l2_bytes:
+            rb = big
     unit = p.dtype.accumulator is p.dtype
     in_place = ("X",) if _windows_inside(g) and unit else ()
     # A channels-last input is turned into planes by each item's thread, its channels one image at a
@@ -423,7 +454,6 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                 and g.cin_g % lanes == 0 else 0)
     blocks = 1 if per_item else math.ceil(g.cout_g / (nv * lanes))   # blocks of output channels over the items
     items = g.groups * blocks * math.ceil(rows / rb)
-    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
     splits = _splits(items, partial_bytes)
     # A channels-last grad_output is read in place (GY_IN_PLACE in templates/cpu/lanes_wgrad.cpp.j2)
     # where each pixel's channel block is already one run and either the pixels hold one block
