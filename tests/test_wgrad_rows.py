@@ -1,0 +1,79 @@
+"""Row blocks of the lanes weight gradient (`wgrad_row_block` in codegen/passes/tiling_cpu.py).
+
+A work item takes RB (input channel, tap) rows; items run in a static schedule, so blocks must be
+as equal as whole channels and tiles allow (a short last block left one thread with twice the
+other's work), of whole channels where a channel's taps fit, and no more than needed. On AVX-512
+the blocks grow to WGRAD_ROWS_EVEX rows where the parts of the reduction that fewer items need
+keep their partial sums within PARTS_L2_SHARE of the L2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.passes import tiling_cpu
+from convgen.codegen.passes.tiling_cpu import wgrad_row_block
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import cpu_target
+
+
+def _blocks(rows: int, rb: int) -> list[int]:
+    return [min(rb, rows - r0) for r0 in range(0, rows, rb)]
+
+
+@pytest.mark.parametrize("most", [144, 576])
+def test_blocks_equal_whole_and_few(most):
+    for channels, taps, pb in itertools.product([1, 3, 5, 16, 17, 64, 128, 512], [1, 3, 9, 16, 27, 49, 147, 200],
+                                                [1, 3, 6, 14]):
+        rows = channels * taps
+        rb = wgrad_row_block(rows, taps, pb, most)
+        where = f"{channels} channels x {taps} taps, PB {pb}, at most {most}: RB {rb}"
+        assert rb % pb == 0, f"{where}: not whole tiles"
+        blocks = _blocks(rows, rb)
+        unit = taps if taps <= most else pb
+        # no more blocks than rows of at most `most` (in whole units) need, each within a tile of
+        # an equal share
+        least = math.ceil(math.ceil(rows / unit) / max(1, most // unit))
+        assert len(blocks) <= least, f"{where}: {len(blocks)} blocks, {least} would do"
+        assert rb <= math.ceil(max(most // unit, 1) * unit / pb) * pb, f"{where}: blocks too large"
+        # and the last at least 3/4 of the others, or within a tile per block of an equal share
+        assert 4 * blocks[-1] >= 3 * rb or blocks[-1] >= rows / len(blocks) - len(blocks) * pb, \
+            f"{where}: blocks {blocks} unequal"
+
+
+def test_r50_stem_rows_not_102_and_45():
+    blocks = _blocks(147, wgrad_row_block(147, 49, 6, 144))
+    assert blocks == [78, 69], "three channels of 49 taps in two blocks: equal shares of the rows"
+    assert _blocks(384, wgrad_row_block(384, 3, 6, 144)) == [132, 132, 120], "wavenet_1d: three equal blocks"
+    assert _blocks(2048, wgrad_row_block(2048, 16, 6, 144)) == [138] * 14 + [116], \
+        "128 channels of 16 taps: not 14 blocks of 9 channels and one of 2"
+    assert wgrad_row_block(147, 49, 6, 576) >= 147, "one block on AVX-512"
+
+
+def _problem(c, k, size, kernel, stride=1, pad=1, layout=Layout.CONTIGUOUS):
+    r = len(size)
+    return ConvProblem(op=Op.BWD_WEIGHT, n=8, c=c, k=k, in_size=size, kernel=kernel, stride=(stride,) * r,
+                       padding=((pad, pad),) * r, dilation=(1,) * r, groups=1, transposed=False,
+                       output_padding=(0,) * r, dtype=DType.F32, input_layout=layout, weight_layout=layout,
+                       output_layout=layout, bias=True)
+
+
+def test_larger_blocks_only_where_the_parts_stay_in_the_l2():
+    target = cpu_target("avx512", 48 * 1024, 2 << 20)
+    plan = lambda p: lower(p, target, algorithm="lanes").tiling
+    stem = plan(_problem(3, 64, (224, 224), (7, 7), stride=2, pad=3))
+    assert stem.rb >= 147, "r50_stem: all 147 rows in one block"
+    big = plan(_problem(256, 256, (14, 14), (3, 3), layout=Layout.CHANNELS_LAST))
+    rows = 256 * 9
+    parts = tiling_cpu._splits(math.ceil(256 / (big.nv * big.vector_lanes)) * math.ceil(
+        rows / wgrad_row_block(rows, 9, big.kb, tiling_cpu.WGRAD_ROWS_EVEX)), 256 * rows * 4)
+    assert parts * 256 * rows * 4 > tiling_cpu.PARTS_L2_SHARE * target.l2_bytes, "the case's premise"
+    assert big.rb == wgrad_row_block(rows, 9, big.kb, tiling_cpu.WGRAD_ROWS), \
+        "r50_3x3_256: its partial sums would outgrow the L2, so it keeps the smaller blocks"
+    avx2 = lower(_problem(3, 64, (224, 224), (7, 7), stride=2, pad=3), cpu_target("avx2", 48 * 1024, 2 << 20),
+                 algorithm="lanes").tiling
+    assert avx2.rb == wgrad_row_block(147, 49, avx2.kb, tiling_cpu.WGRAD_ROWS), "AVX2 keeps WGRAD_ROWS"
