@@ -489,6 +489,8 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         return "blocked", f"{WHY['blocked']}; strided rows ({scores})"
     if wide and columns <= 2 * lanes and channels >= WIDE_LANES_MIN_CHANNELS:
         return "lanes", f"{WHY['lanes']}; rows of at most two vectors, {channels} channels ({scores})"
+    if wide and g.stride == (1, 1, 1) and columns <= 4 * lanes and channels >= WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS:
+        return "lanes", f"{WHY['lanes']}; unit strides, rows of at most four vectors, {channels} channels ({scores})"
     if blocked < LANES_OVER_BLOCKED * by_channels:
         return "lanes", f"{WHY['lanes']}; {scores}"
     return "blocked", f"{WHY['blocked']}; {scores}"
@@ -500,6 +502,16 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
 # r50_3x3_128 7.04 / 6.36; r18_3x3_128 6.84 / 6.44 (64 channels at 28 stayed blocked: c3d_64
 # 0.98x and 0.93x lanes' time; tconv_s1 even).
 WIDE_LANES_MIN_CHANNELS = 128
+# With unit strides, rows of up to four vectors take lanes from 64 channels: since the AVX-512 shape
+# stores whole vectors (vstore_t; its channel-plane stores had been 16 scalar moves each), lanes ran
+# faster there (Xeon, f32 NCHW, 2 threads, kernel alone, blocked / lanes time, four runs): forward
+# r50_3x3_64 1.15, 1.18, 1.06, 1.03; c3d_64 1.15, 1.08, 1.07, 1.10; vgg_256_256 1.11, 1.21, 1.09,
+# 1.09; odd_nobias 1.27, 1.25, 1.11, 1.09; tconv_s1 1.25, 1.22, 1.06, 1.25; data gradient
+# r50_3x3_64 0.99, 1.21, 0.98, 1.27; vgg_256_256 1.08, 1.19, 1.28, 1.04; odd_nobias 1.16, 1.13,
+# 0.99, 0.99; c3d_64 1.00, 1.03, 1.01, 0.95; tconv_s1 1.29, 1.25, 1.11, 1.09. Not from 32 channels
+# (unet3d's data gradient 0.83, 0.94) nor on wider rows (vgg_64_64, 224 wide, 0.87; n1_big, 128
+# wide, 0.78 and 1.07).
+WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
 
 
 # Candidate algorithms per kernel op, the heuristic's default first.
