@@ -138,7 +138,6 @@ static inline void vtranspose(vec* r) {
     r[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
   }
 }
-// Runs of stored values transposed into packed weights: for words c < cw and taps t < taps,
 // Sums in double: a vector's two halves as two vectors of V / 2 doubles (native registers, where
 // one vector of V doubles is kept on the stack; V >= 2 on every target).
 typedef double dhalf __attribute__((vector_size(V / 2 * sizeof(double))));
@@ -146,6 +145,7 @@ static inline void add_double(dhalf& lo, dhalf& hi, vec v) {
   lo += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), dhalf);
   hi += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), dhalf);
 }
+// Runs of stored values transposed into packed weights: for words c < cw and taps t < taps,
 // dst[(c * taps + t) * nb + j] = word (c, t) of run j (run j at src + j * stride; runs from `runs`
 // on read as zeros; nb a multiple of V). Unpaired, word (c, t) is the run's value c * taps + t and
 // cw = n; `paired` (bf16 on vdpbf16ps), it holds the values of channels 2c (low half) and 2c + 1
