@@ -77,3 +77,24 @@ def test_larger_blocks_only_where_the_parts_stay_in_the_l2():
     avx2 = lower(_problem(3, 64, (224, 224), (7, 7), stride=2, pad=3), cpu_target("avx2", 48 * 1024, 2 << 20),
                  algorithm="lanes").tiling
     assert avx2.rb == wgrad_row_block(147, 49, avx2.kb, tiling_cpu.WGRAD_ROWS), "AVX2 keeps WGRAD_ROWS"
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("layout", [Layout.CONTIGUOUS, Layout.CHANNELS_LAST], ids=["nchw", "channels_last"])
+def test_larger_blocks_keep_their_parts_in_the_l2(isa, layout):
+    """Wherever a plan took blocks larger than WGRAD_ROWS allows, its parts' partial sums fit the
+    share of the L2, counted with the items the plan really has (per-item planes take every block of
+    output channels in one item: fewer items, more parts)."""
+    target = cpu_target(isa, 48 * 1024, 2 << 20, bf16_dot=True)   # AVX2 with AVX512-VL: 32 registers too
+    assert target.evex_tiles
+    for c, k, size, kernel, stride in [(128, 128, (56, 56), (3, 3), 2), (128, 128, (28, 28), (3, 3), 1),
+                                       (64, 64, (8, 28, 28), (3, 3, 3), 1), (3, 64, (224, 224), (7, 7), 2),
+                                       (64, 64, (56, 56), (3, 3), 1), (256, 256, (14, 14), (3, 3), 1)]:
+        problem = _problem(c, k, size, kernel, stride=stride, layout=layout)
+        tiling = lower(problem, target, algorithm="lanes").tiling
+        taps, rows = math.prod(kernel), c * math.prod(kernel)
+        if tiling.rb == wgrad_row_block(rows, taps, tiling.kb, tiling_cpu.WGRAD_ROWS):
+            continue
+        partial = k * rows * 4
+        assert tiling.splits * partial <= tiling_cpu.PARTS_L2_SHARE * target.l2_bytes, \
+            f"{c}->{k} {size} {kernel}: {tiling.rb} rows in {tiling.splits} parts of {partial} bytes"

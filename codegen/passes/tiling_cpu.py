@@ -433,17 +433,10 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
     # input lines.
     pc = max(lanes, (t.l1_bytes // 2) // (nv * lanes * acc_bytes))
-    rb = wgrad_row_block(rows, taps, pb, WGRAD_ROWS)
-    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
-    if t.evex_tiles:
-        # larger blocks where the parts of the reduction that fewer items then take keep all their
-        # partial sums within PARTS_L2_SHARE of the L2
-        big = wgrad_row_block(rows, taps, pb, WGRAD_ROWS_EVEX)
-        items = g.groups * math.ceil(g.cout_g / (nv * lanes)) * math.ceil(rows / big)
-        if _splits(items, partial_bytes) * partial_bytes <= PARTS_L2_SHARE * t.l2_bytes:
-            rb = big
     unit = p.dtype.accumulator is p.dtype
     in_place = ("X",) if _windows_inside(g) and unit else ()
+    partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+
     # A channels-last input is turned into planes by each item's thread, its channels one image at a
     # time, V pixels x V channels through register transposes, where the whole copy would exceed the
     # L2 (and an item's planes of an image fit a quarter of it): the whole copy went out to memory and
@@ -453,11 +446,25 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     # repeated: Xeon, AVX-512, 2 threads, kernel alone, ms, whole / per item: r50_3x3_64 7.26 / 6.93;
     # without those conditions unet3d 7.52 / 9.53, r50_3x3_256 6.64 / 9.90, r50_3x3_128_s2 10.8 /
     # 11.6).
-    per_item = (t.l2_bytes if "X" not in in_place and not pairs and plan.layout_of("X") is Layout.CHANNELS_LAST
+    def per_item_for(rb: int) -> int:
+        return (t.l2_bytes if "X" not in in_place and not pairs and plan.layout_of("X") is Layout.CHANNELS_LAST
                 and g.groups * g.cin_g > 1 and rb % taps == 0 and (rb // taps) % lanes == 0
                 and g.cin_g % lanes == 0 else 0)
-    blocks = 1 if per_item else math.ceil(g.cout_g / (nv * lanes))   # blocks of output channels over the items
-    items = g.groups * blocks * math.ceil(rows / rb)
+
+    def items_for(rb: int) -> int:
+        """Work items for blocks of rb rows (with per-item planes, each item takes every block of
+        output channels)."""
+        blocks = 1 if per_item_for(rb) else math.ceil(g.cout_g / (nv * lanes))
+        return g.groups * blocks * math.ceil(rows / rb)
+
+    rb = wgrad_row_block(rows, taps, pb, WGRAD_ROWS)
+    if t.evex_tiles:
+        # larger blocks where the parts of the reduction that fewer items then take keep all their
+        # partial sums within PARTS_L2_SHARE of the L2
+        big = wgrad_row_block(rows, taps, pb, WGRAD_ROWS_EVEX)
+        if _splits(items_for(big), partial_bytes) * partial_bytes <= PARTS_L2_SHARE * t.l2_bytes:
+            rb = big
+    per_item, items = per_item_for(rb), items_for(rb)
     splits = _splits(items, partial_bytes)
     # A channels-last grad_output is read in place (GY_IN_PLACE in templates/cpu/lanes_wgrad.cpp.j2)
     # where each pixel's channel block is already one run and either the pixels hold one block
