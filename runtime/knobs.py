@@ -10,6 +10,7 @@ names the variable, the value and what would be accepted.
 | CXX                    | cxx()              | c++                                       |
 | CONVGEN_LOCK_TIMEOUT   | lock_timeout_s()   | 600 seconds                               |
 | CONVGEN_BUILD_JOBS     | build_jobs()       | os.cpu_count()                            |
+| CONVGEN_SCRATCH_MB     | scratch_mb()       | 256 (0: no pool of CPU buffers)           |
 | CONVGEN_VERBOSE        | verbose()          | off                                       |
 | CONVGEN_TUNE           | tune()             | off                                       |
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
@@ -80,6 +81,12 @@ def lock_timeout_s() -> float:
 def build_jobs() -> int:
     """How many compiles ninja runs in parallel (CONVGEN_BUILD_JOBS, default all CPUs)."""
     return _number("CONVGEN_BUILD_JOBS", os.cpu_count() or 1, int, minimum=1)
+
+
+def scratch_mb() -> int:
+    """How many MB of freed CPU kernel buffers (copies, packs, partial sums) the process keeps for
+    the next call (CONVGEN_SCRATCH_MB, default 256; 0: every call allocates and frees its own)."""
+    return _number("CONVGEN_SCRATCH_MB", 256, int, minimum=0)
 
 
 def _flag(name: str) -> bool:

@@ -57,7 +57,8 @@ def run_step(tmp_path, bundle_dir, *, env=None, batch=2, load="api", model="mixe
         with convgen.enabled({enabled}):
             grads = aot_models.step({"" if enabled else "convgen.convert"}(aot_models.{model}()), {batch},
                                     {model == "channels_last"})
-        torch.save({{"grads": grads, "stats": convgen.stats()}}, {str(result)!r})
+        from convgen.devices import cpu
+        torch.save({{"grads": grads, "stats": convgen.stats(), "pool": cpu._pool is not None}}, {str(result)!r})
     """)
     cache = tmp_path / f"cache-{os.urandom(4).hex()}"
     full_env = {**os.environ, "CONVGEN_CACHE_DIR": str(cache), **(env or {})}
@@ -213,6 +214,7 @@ def test_a_bundle_serves_a_plain_model_inside_enabled(built_bundle, tmp_path):
 def test_a_bundle_runs_without_a_compiler(built_bundle, tmp_path):
     served = run_step(tmp_path, built_bundle, env={"CXX": str(tmp_path / "no-such-compiler"), "PATH": "/nonexistent"})
     assert served["stats"]["builds"] == 0 and served["stats"]["bundle_hits"] > 0
+    assert served["pool"], "the bundle's kernels did not share their pool of large buffers"
 
 
 def test_a_bundle_serves_any_batch_size(built_bundle, tmp_path):

@@ -9,11 +9,13 @@ call but the tensors, for callers that repeat a call signature (api/ops.py's For
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 from typing import Callable, Container, Mapping, Sequence
 
 import torch
 
+from .. import knobs
 from ..codegen.errors import BuildError
 from ..codegen.source import KernelSource
 
@@ -34,6 +36,33 @@ def load_entry(source: KernelSource, path: Path, what: str, library=None):
     return lib, fn
 
 
+# The process's pool of large kernel buffers (templates/cpu/common.h.j2): every CPU kernel library
+# carries one; the first library loaded that has one serves every kernel (it is never unloaded).
+_pool: tuple[ctypes.CDLL, int, int] | None = None
+_pool_lock = threading.Lock()
+
+
+def share_pool(library: ctypes.CDLL, entry: str) -> bool:
+    """Point kernel `entry` of `library` at the process's pool of large buffers (the copies, packs
+    and partial sums of a call, kept for the next call instead of coming back as fresh pages), with
+    a budget of CONVGEN_SCRATCH_MB; False where the kernel predates the pool or the budget is 0
+    (it then allocates and frees its buffers every call)."""
+    global _pool
+    own, use = getattr(library, f"{entry}_pool", None), getattr(library, f"{entry}_use_pool", None)
+    budget = knobs.scratch_mb() << 20
+    if own is None or use is None or not budget:
+        return False
+    with _pool_lock:
+        if _pool is None:
+            take, give = ctypes.c_void_p(), ctypes.c_void_p()
+            own.argtypes, own.restype = [ctypes.POINTER(ctypes.c_void_p)] * 2, None
+            own(ctypes.byref(take), ctypes.byref(give))
+            _pool = (library, take.value, give.value)
+        use.argtypes, use.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64], None
+        use(_pool[1], _pool[2], budget)
+    return True
+
+
 class Kernel:
     """A loaded kernel entry: call it with tensors by role, the batch size and a thread count.
 
@@ -48,8 +77,12 @@ class Kernel:
             self._owner = served.owner  # keeps the bundle's module alive
             prototype = ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[kind] for kind, _ in source.signature))
             self._fn = prototype(served.address)   # as ctypes.CDLL would give it
+            library = served.owner.library()
+            if library is not None:
+                share_pool(library, source.entry)
             return
         self._lib, self._fn = load_entry(source, path, "the artifact")
+        share_pool(self._lib, source.entry)
 
     @property
     def address(self) -> int:

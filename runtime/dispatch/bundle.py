@@ -21,6 +21,7 @@ serve tensors on a device of a bundled arch, and the simulator (CONVGEN_SIM) for
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import importlib.util
@@ -128,6 +129,16 @@ class Bundle:
         for entry in manifest["problems"]:
             if entry["kernel"] is not None:
                 self._by_key.setdefault(ConvProblem.from_dict(entry["problem"]).kernel_key(), by_name[entry["kernel"]])
+
+    def library(self) -> "ctypes.CDLL | None":
+        """The bundle's module as a C library (its kernels' other exports, e.g. their pool's), or
+        None where it cannot be opened so."""
+        if not hasattr(self, "_library"):
+            try:
+                self._library = ctypes.CDLL(self.module.__file__)
+            except (OSError, AttributeError, TypeError):
+                self._library = None
+        return self._library
 
     def __repr__(self) -> str:
         return f"<convgen bundle {self.name}: {len(self.manifest['kernels'])} kernels for {self.target.name()}, {self.path}>"

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <omp.h>
 
 namespace {
@@ -76,13 +77,118 @@ static inline int64_t channel_tap_offset(int64_t r, int64_t sc, int64_t sd, int6
 static inline int64_t ow_begin(int64_t kw) { return clamp64(ceildiv(PW - kw * DW, SW), 0, YW); }
 static inline int64_t ow_end(int64_t kw) { return clamp64(floordiv(XW - 1 + PW - kw * DW, SW) + 1, 0, YW); }
 
+// Every buffer a call takes (padded copies, packs, partial sums, per-thread scratch) is a block:
+// 64-byte aligned, its capacity in a 64-byte header ahead of it. glibc hands a block of many MB
+// back to the system when it is freed (or trims the heap's top), so the next call's copy comes as
+// fresh pages, a page fault each 4 KB (about 1 us apiece in a VM): wavenet_1d's weight gradient
+// faulted 8000 times a call for its two 16.8 MB copies. The runtime therefore points every kernel
+// at one process-wide pool (`use_pool` below, runtime/devices/cpu.py), which keeps freed blocks of
+// 256 KB or more, up to a budget (CONVGEN_SCRATCH_MB), for the next call of any kernel. A kernel
+// that is not given one (a bundle's, or one called from C) allocates and frees each time.
+typedef void* (*take_fn)(size_t);
+typedef void (*give_fn)(void*, size_t);
+static take_fn pool_take = nullptr;   // the process's pool, when the runtime gave one
+static give_fn pool_give = nullptr;
+static size_t pool_budget = 0;        // bytes the pool may keep, passed with each block given back
+constexpr size_t BLOCK_HEAD = 64;
+
+// A new block of `bytes` (a multiple of 64) usable bytes, or nullptr.
+static inline void* new_block(size_t bytes) {
+  char* base = (char*)std::aligned_alloc(64, BLOCK_HEAD + bytes);
+  if (!base) return nullptr;
+  std::memcpy(base, &bytes, sizeof bytes);
+  return base + BLOCK_HEAD;
+}
+static inline size_t block_bytes(const void* p) {
+  size_t bytes;
+  std::memcpy(&bytes, (const char*)p - BLOCK_HEAD, sizeof bytes);
+  return bytes;
+}
+static inline void free_block(void* p) { std::free((char*)p - BLOCK_HEAD); }
+
+// A buffer of at least `bytes` bytes, 64-byte aligned (nullptr when out of memory); free it with release().
+static inline void* acquire(size_t bytes) {
+  bytes = ((bytes > 0 ? bytes : 1) + 63) & ~(size_t)63;
+  return pool_take ? pool_take(bytes) : new_block(bytes);
+}
+static inline void release(void* p) {
+  if (!p) return;
+  if (pool_give) pool_give(p, pool_budget);
+  else free_block(p);
+}
+
 // Per-thread scratch, allocated once per parallel region.
 static inline ACC* scratch(int64_t elems) {
-  size_t bytes = ((size_t)(elems > 0 ? elems : 1) * sizeof(ACC) + 63) & ~(size_t)63;
-  return (ACC*)std::aligned_alloc(64, bytes);
+  return (ACC*)acquire((size_t)(elems > 0 ? elems : 1) * sizeof(ACC));
+}
+
+// The pool itself (every kernel library carries one; the runtime uses the first library's for all):
+// up to POOL_SLOTS free blocks, best fit, smaller than twice the request (a much larger block is
+// left for a larger request); blocks below POOL_MIN go back to malloc, which keeps them cheaply.
+constexpr int POOL_SLOTS = 16;
+constexpr size_t POOL_MIN = 256 * 1024;
+static std::atomic<bool> pool_busy{false};
+static void* pool_slot[POOL_SLOTS];
+static int pool_count = 0;
+static size_t pool_held = 0;
+static inline void pool_lock() {
+  while (pool_busy.exchange(true, std::memory_order_acquire))
+    while (pool_busy.load(std::memory_order_relaxed)) {}
+}
+static inline void pool_unlock() { pool_busy.store(false, std::memory_order_release); }
+static void* pool_take_block(size_t bytes) {
+  if (bytes >= POOL_MIN) {
+    pool_lock();
+    int best = -1;
+    for (int i = 0; i < pool_count; ++i) {
+      const size_t have = block_bytes(pool_slot[i]);
+      if (have >= bytes && have / 2 < bytes && (best < 0 || have < block_bytes(pool_slot[best]))) best = i;
+    }
+    void* got = nullptr;
+    if (best >= 0) {
+      got = pool_slot[best];
+      pool_held -= block_bytes(got);
+      pool_slot[best] = pool_slot[--pool_count];
+    }
+    pool_unlock();
+    if (got) return got;
+  }
+  return new_block(bytes);
+}
+// A block back: kept, the oldest ones freed to stay within `budget` bytes and POOL_SLOTS blocks.
+static void pool_give_block(void* p, size_t budget) {
+  const size_t bytes = block_bytes(p);
+  if (bytes < POOL_MIN || bytes > budget) {
+    free_block(p);
+    return;
+  }
+  void* evicted[POOL_SLOTS];
+  int gone = 0;
+  pool_lock();
+  while (pool_count > 0 && (pool_count == POOL_SLOTS || pool_held + bytes > budget)) {
+    evicted[gone++] = pool_slot[0];
+    pool_held -= block_bytes(pool_slot[0]);
+    for (int i = 1; i < pool_count; ++i) pool_slot[i - 1] = pool_slot[i];
+    --pool_count;
+  }
+  pool_slot[pool_count++] = p;
+  pool_held += bytes;
+  pool_unlock();
+  for (int i = 0; i < gone; ++i) free_block(evicted[i]);
 }
 
 }  // namespace
+
+// This library's pool, and the pool (with its budget in bytes) that this kernel's buffers come from.
+extern "C" void cg_conv2d_bwdw_c64_k128_56x56_r1x1_s2_f32_lanes_pool(void** take, void** give) {
+  *take = (void*)&pool_take_block;
+  *give = (void*)&pool_give_block;
+}
+extern "C" void cg_conv2d_bwdw_c64_k128_56x56_r1x1_s2_f32_lanes_use_pool(void* take, void* give, uint64_t budget) {
+  pool_take = (take_fn)take;
+  pool_give = (give_fn)give;
+  pool_budget = (size_t)budget;
+}
 constexpr int V = 8;   // lanes of one 32-byte vector of ACC
 typedef ACC vec __attribute__((vector_size(32)));
 static inline vec vload(const ACC* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
@@ -406,13 +512,13 @@ int64_t n, int nthreads) {
   const int64_t np = n * STEPS;   // reduction steps of the batch
   // An item takes KN blocks of output channels (all with PER_ITEM, else one of KI)
   constexpr int64_t KN = PER_ITEM ? KBLK : 1, KI = KBLK / KN;
-  ACC* gyt = GY_IN_PLACE ? nullptr : (ACC*)std::aligned_alloc(64, (((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* gyt = GY_IN_PLACE ? nullptr : (ACC*)acquire((((size_t)G * KBLK * np * NVV + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   constexpr bool local = false;
-  ACC* xp = IN_PLACE || local ? nullptr : (ACC*)std::malloc(((size_t)n * RB_SN + 1) * sizeof(ACC));
+  ACC* xp = IN_PLACE || local ? nullptr : (ACC*)acquire(((size_t)n * RB_SN + 1) * sizeof(ACC));
   double* bs = nullptr;
   // With SPLITS > 1 every part of the reduction writes its sums here, [part][k][row], and a last
   // loop adds the parts in order: the same bits for any thread count.
-  ACC* part = SPLITS > 1 ? (ACC*)std::malloc(sizeof(ACC) * (size_t)(SPLITS * G * COUT_G * CT + 1)) : nullptr;
+  ACC* part = SPLITS > 1 ? (ACC*)acquire(sizeof(ACC) * (size_t)(SPLITS * G * COUT_G * CT + 1)) : nullptr;
   int failed = (!GY_IN_PLACE && !gyt) || (!IN_PLACE && !local && !xp) || (SPLITS > 1 && !part);
   if (!failed) {
     if (!GY_IN_PLACE || bs) pack_grad_output(gy, gyt, bs, n, nthreads);
@@ -423,10 +529,10 @@ int64_t n, int nthreads) {
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
     vec* tot = (vec*)scratch(KN * RB * NV * V);        // the item's sums so far, [block][row tile][NV][PB]
-    int64_t* at = (int64_t*)std::malloc(sizeof(int64_t) * (2 * PC + 2 * RB));   // chunk pixels' windows, rows' offsets
+    int64_t* at = (int64_t*)acquire(sizeof(int64_t) * (2 * PC + 2 * RB));   // chunk pixels' windows, rows' offsets
     int64_t* wo = at ? at + PC + RB : nullptr;                                     // (input, then weight gradient),
     int64_t* gat = at ? at + PC + 2 * RB : nullptr;                                // chunk pixels' grad_output (GY_IN_PLACE)
-    ACC* kr = (ACC*)std::malloc(sizeof(ACC) * NVV * RB);                       // a block's sums, [channel][row]
+    ACC* kr = (ACC*)acquire(sizeof(ACC) * NVV * RB);                       // a block's sums, [channel][row]
     ACC* lp = nullptr;
     if (items && (!tot || !at || !kr || (local && !lp))) failed = 1;
     #pragma omp for schedule(static)
@@ -574,14 +680,14 @@ int64_t n, int nthreads) {
         gw[k * W_SN + channel_tap_offset(q, W_SC, W_SD, W_SH, W_SW)] = from_acc(total);
       }
     }
-    std::free(tot);
-    std::free(at);
-    std::free(kr);
-    std::free(lp);
+    release(tot);
+    release(at);
+    release(kr);
+    release(lp);
   }
-  std::free(gyt);
-  std::free(xp);
-  std::free(bs);
-  std::free(part);
+  release(gyt);
+  release(xp);
+  release(bs);
+  release(part);
   return failed;
 }
