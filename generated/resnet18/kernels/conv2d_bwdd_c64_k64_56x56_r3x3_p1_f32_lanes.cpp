@@ -439,6 +439,17 @@ static constexpr int64_t reach_offset(int64_t part, int64_t t) {
   reaches(part, t, off);
   return off;
 }
+// With every stride 1 (one part): the kd taps [r[0], r[1]) and kh taps [r[2], r[3]) at which
+// input-gradient pixel p of an image reads inside grad_output rather than its zero padding
+// (lanes_body.j2 skips the taps that no pixel of a tile reads inside).
+constexpr bool SKIP_TAPS = PARTS == 1;
+static inline void pixel_taps(int64_t p, int64_t* r) {
+  const int64_t ih = (p / XW) % XH, id = p / (XW * XH);
+  r[0] = clamp64(ceildiv(id + PD - (YD - 1), DD), 0, KD);
+  r[1] = clamp64(floordiv(id + PD, DD) + 1, r[0], KD);
+  r[2] = clamp64(ceildiv(ih + PH - (YH - 1), DH), 0, KH);
+  r[3] = clamp64(floordiv(ih + PH, DH) + 1, r[2], KH);
+}
 static inline int64_t part_taps(int64_t part, int64_t* toff) {
   int64_t nt = 0;
   for (int64_t t = 0; t < TAPS; ++t) {
@@ -631,6 +642,27 @@ extern "C" int cg_conv2d_bwdd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restric
       for (int64_t t = 0; t < tiles; ++t)
         for (int64_t v = 0; v < NV; ++v)
           for (int64_t j = 0; j < PB; ++j) tot[(t * NV + v) * PB + j] = vload(bp + (g * OBLK + oblk) * NVV + v * V);
+      // Per tile, the kd and kh taps that some pixel of it reads inside the input (SKIP_TAPS): the
+      // others read only zero padding, and a tile at the first or last rows (or planes) skips them.
+      int64_t live[4 * TILES];
+      for (int64_t t = 0; t < tiles; ++t) {
+        int64_t* lv = live + 4 * t;
+        lv[0] = lv[2] = 0;
+        lv[1] = KD;
+        lv[3] = KH;
+        if constexpr (SKIP_TAPS) {
+          lv[0] = KD, lv[1] = 0, lv[2] = KH, lv[3] = 0;
+          for (int64_t i = t * PB; i < (t + 1) * PB && qbeg + i < qend; ++i) {
+            int64_t r[4];
+            pixel_taps((qbeg + i) % part_pixels(part), r);
+            if (r[0] == r[1] || r[2] == r[3]) continue;   // it reads only padding
+            lv[0] = r[0] < lv[0] ? r[0] : lv[0];
+            lv[1] = r[1] > lv[1] ? r[1] : lv[1];
+            lv[2] = r[2] < lv[2] ? r[2] : lv[2];
+            lv[3] = r[3] > lv[3] ? r[3] : lv[3];
+          }
+        }
+      }
       // A part that fewer taps reach than the kernel has (a phase of a strided data gradient) takes
       // proportionally more channels per chunk: the same weight bytes in L1 and products per partial
       // sum, and fewer partial sums to add into the totals.
@@ -646,6 +678,65 @@ extern "C" int cg_conv2d_bwdd_c64_k64_56x56_r3x3_p1_f32_lanes(const T* __restric
           vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0);
           vec acc2_0 = vbroadcast(0), acc2_1 = vbroadcast(0), acc2_2 = vbroadcast(0);
           vec acc3_0 = vbroadcast(0), acc3_1 = vbroadcast(0), acc3_2 = vbroadcast(0);
+          // (a loop of its own: sharing the loop below, the two tap walks' registers were allocated
+          // worse for both, with accumulators moved between registers and one spilled)
+          const int64_t* lv = live + 4 * t;
+          if (SKIP_TAPS && PARTS == 1 && !(lv[0] == 0 && lv[1] == KD && lv[2] == 0 && lv[3] == KH))
+            for (int64_t c = c0; c < c1; ++c) {   // a tile at the edge: the kd and kh taps some pixel reads inside
+              const ACC* wc = wk + c * TAPS * NVV;
+              const int64_t rc = c * RB_SC;
+              for (int64_t kd = lv[0]; kd < lv[1]; ++kd)
+                for (int64_t kh = lv[2]; kh < lv[3]; ++kh)
+                  #pragma GCC unroll 32
+                  for (int64_t kw = 0; kw < KW; ++kw)
+              {
+                const int64_t tap_ = (kd * KH + kh) * KW + kw, off_ = rc + tap_off(kd, kh, kw);
+                {
+                  const vec h0_ = vbroadcast(*(px[0] + off_));
+                  const vec h1_ = vbroadcast(*(px[1] + off_));
+                  const vec h2_ = vbroadcast(*(px[2] + off_));
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc0_0), [a1] "+x"(acc0_1), [a2] "+x"(acc0_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 0 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc1_0), [a1] "+x"(acc1_1), [a2] "+x"(acc1_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 1 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc2_0), [a1] "+x"(acc2_1), [a2] "+x"(acc2_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 2 * V)));
+                  }
+                  {
+                    vec s_;
+                    asm("vmovups %[v], %[s]\n\t"
+                        "vfmadd231ps %[s], %[h0], %[a0]\n\t"
+                        "vfmadd231ps %[s], %[h1], %[a1]\n\t"
+                        "vfmadd231ps %[s], %[h2], %[a2]\n\t"
+                        : [a0] "+x"(acc3_0), [a1] "+x"(acc3_1), [a2] "+x"(acc3_2), [s] "=&x"(s_)
+                        : [h0] "x"(h0_), [h1] "x"(h1_), [h2] "x"(h2_), [v] "m"(*(const ACC(*)[V])(wc + tap_ * NVV + 3 * V)));
+                  }
+                }
+
+              }
+
+            }
+          else
           for (int64_t c = c0; c < c1; ++c) {
             const ACC* wc = wk + c * TAPS * NVV;
             const int64_t rc = c * RB_SC;

@@ -1,0 +1,98 @@
+"""Lanes tiles skip the taps that read only zero padding (SKIP_TAPS, templates/cpu/lanes_body.j2).
+
+A tile of the lanes forward (or stride-1 data gradient) whose pixels all lie where a kd or kh tap
+falls into the padding leaves that tap out; the others still read the padded copy. Checked against
+ATen in float64, forced onto lanes, NCHW and channels last: padding wider than the kernel's reach
+(border pixels read nothing but padding: forward outputs are the bias), 3-D, dilation with padding,
+uneven padding, rows wider than a tile, 1x1 kernels with padding, small images whose tiles span
+several rows, and bf16 and f64.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from convgen.codegen.emit import emit
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import host_cpu
+from convgen.dispatch import dispatch
+from convgen.dispatch.problem import TORCH_DTYPES, memory_format
+
+from reference import rel_err, tolerance
+
+CASES = [
+    ("pad_beyond_reach", dict(n=2, c=5, k=20, size=(5, 6), kernel=(3, 3), pad=3)),
+    ("3d", dict(n=2, c=6, k=18, size=(4, 5, 6), kernel=(3, 3, 3), pad=1)),
+    ("dilated", dict(n=2, c=7, k=17, size=(9, 10), kernel=(3, 3), pad=2, dil=2)),
+    ("uneven", dict(n=2, c=5, k=16, size=(7, 9), kernel=(3, 2), pad=((2, 0), (0, 3)), dil=(1, 2))),
+    ("wide_rows", dict(n=1, c=4, k=32, size=(4, 70), kernel=(3, 3), pad=1)),
+    ("1x1_padded", dict(n=2, c=8, k=16, size=(6, 7), kernel=(1, 1), pad=1)),
+    ("3d_tall_kernel", dict(n=1, c=3, k=16, size=(3, 4, 4), kernel=(5, 3, 1), pad=(2, 1, 0))),
+    ("bf16", dict(n=2, c=6, k=20, size=(6, 8), kernel=(3, 3), pad=1, dtype=DType.BF16)),
+    ("f64", dict(n=2, c=5, k=12, size=(6, 8), kernel=(3, 3), pad=1, dtype=DType.F64)),
+]
+LAYOUTS = [Layout.CONTIGUOUS, Layout.CHANNELS_LAST]
+
+
+def _problem(op, layout, n, c, k, size, kernel, pad=1, dil=1, dtype=DType.F32) -> ConvProblem:
+    r = len(size)
+    per_axis = lambda v: tuple(v) if isinstance(v, tuple) else (v,) * r
+    pads = tuple(p if isinstance(p, tuple) else (p, p) for p in per_axis(pad))
+    return ConvProblem(op=op, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=(1,) * r, padding=pads,
+                       dilation=per_axis(dil), groups=1, transposed=False, output_padding=(0,) * r, dtype=dtype,
+                       input_layout=layout, weight_layout=layout, output_layout=layout, bias=op is Op.FWD)
+
+
+def _keys():
+    return [(name, layout, op) for name, _ in CASES for layout in LAYOUTS for op in (Op.FWD, Op.BWD_DATA)]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    plans = [lower(_problem(op, layout, **dict(CASES)[name]), host_cpu(), algorithm="lanes")
+             for name, layout, op in _keys()]
+    return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
+
+
+def _tensor(shape, tdt, layout, gen):
+    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(tdt)
+    return t.contiguous(memory_format=memory_format(layout, t.dim()))
+
+
+def _padded(x, problem):
+    """x zero-padded as the problem says, for an ATen reference without padding (which takes only even padding)."""
+    return torch.nn.functional.pad(x, [side for lo, hi in reversed(problem.padding) for side in (lo, hi)])
+
+
+@pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=["fwd", "bwd_data"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("name", [name for name, _ in CASES])
+def test_tiles_that_skip_padding_taps_match_aten(kernels, name, layout, op):
+    plan, kernel = kernels[(name, layout, op)]
+    assert plan.algorithm == "lanes" and "constexpr bool SKIP_TAPS" in emit(plan).text
+    p = plan.problem
+    tdt = TORCH_DTYPES[p.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{layout}{op}".encode()))
+    x, w = _tensor(p.input_shape, tdt, layout, gen), _tensor(p.weight_shape, tdt, layout, gen)
+    zero = [0] * len(p.kernel)
+    args = (list(p.stride), zero, list(p.dilation), False, zero, 1)
+    terms = p.c * torch.Size(p.kernel).numel() if op is Op.FWD else p.k * torch.Size(p.kernel).numel()
+    if op is Op.FWD:
+        b = torch.randn(p.k, generator=gen, dtype=torch.float64).to(tdt)
+        out = torch.full(p.output_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
+        kernel({"input": x, "weight": w, "bias": b, "output": out}, p.n, 2)
+        ref = torch.ops.aten.convolution(_padded(x.double(), p), w.double(), b.double(), *args)
+    else:
+        gy = _tensor(p.output_shape, tdt, layout, gen)
+        out = torch.full(p.input_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
+        kernel({"grad_output": gy, "weight": w, "grad_input": out}, p.n, 2)
+        xp = _padded(x.double(), p)
+        full = torch.ops.aten.convolution_backward(gy.double(), xp, w.double(), None, *args, (True, False, False))[0]
+        inner = tuple(slice(lo, lo + size) for (lo, _), size in zip(p.padding, p.in_size))
+        ref = full[(slice(None), slice(None)) + inner]
+    assert not torch.isnan(out).any(), "outputs left unwritten"
+    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
