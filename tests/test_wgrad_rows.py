@@ -98,3 +98,25 @@ def test_larger_blocks_keep_their_parts_in_the_l2(isa, layout):
         partial = k * rows * 4
         assert tiling.splits * partial <= tiling_cpu.PARTS_L2_SHARE * target.l2_bytes, \
             f"{c}->{k} {size} {kernel}: {tiling.rb} rows in {tiling.splits} parts of {partial} bytes"
+
+
+def test_parts_of_the_reduction_keep_a_chunk_of_one_image():
+    """`_splits`: the reduction is cut into more parts only while the items are too few for the
+    threads and, past four items, every part keeps a whole chunk of one image's pixels."""
+    assert tiling_cpu._splits(1, 1 << 10) == tiling_cpu.MAX_SPLITS
+    assert tiling_cpu._splits(1, 1 << 10, chunks=100) == tiling_cpu.MAX_SPLITS
+    assert tiling_cpu._splits(1, 1 << 10, chunks=3) == 4, "four items at least, whatever the image"
+    assert tiling_cpu._splits(1, 1 << 10, chunks=0) == 4
+    assert tiling_cpu._splits(2, 1 << 10, chunks=4) == 4
+    assert tiling_cpu._splits(16, 1 << 10, chunks=1) == 1
+    for items, chunks in itertools.product([1, 2, 3, 5, 8, 16], [0, 1, 2, 3, 4, 7, 8, 9, 64]):
+        splits = tiling_cpu._splits(items, 1 << 10, chunks)
+        assert splits == 1 or items * splits // 2 < 4 or splits <= chunks, (items, chunks, splits)
+        assert items * splits >= min(4, items * tiling_cpu.MAX_SPLITS), (items, chunks, splits)
+    # a small image takes few parts (odd_asym: 741 pixels an image, chunks of 192)
+    problem = ConvProblem(op=Op.BWD_WEIGHT, n=3, c=17, k=31, in_size=(37, 41), kernel=(5, 3), stride=(2, 1),
+                          padding=((2, 2), (1, 1)), dilation=(1, 2), groups=1, transposed=False,
+                          output_padding=(0, 0), dtype=DType.F32, input_layout=Layout.CONTIGUOUS,
+                          weight_layout=Layout.CONTIGUOUS, output_layout=Layout.CONTIGUOUS, bias=True)
+    plan = lower(problem, cpu_target("avx512"), algorithm="lanes")
+    assert plan.tiling.splits == 4, plan.tiling

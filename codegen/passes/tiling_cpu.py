@@ -436,6 +436,8 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     unit = p.dtype.accumulator is p.dtype
     in_place = ("X",) if _windows_inside(g) and unit else ()
     partial_bytes = g.groups * g.cout_g * rows * acc_bytes
+    # chunks of the reduction in one image (with pairs, a step takes two pixels)
+    chunks = max(1, math.prod(g.y_size) // (2 if pairs else 1) // pc)
 
     # A channels-last input is turned into planes by each item's thread, its channels one image at a
     # time, V pixels x V channels through register transposes, where the whole copy would exceed the
@@ -465,7 +467,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
         if _splits(items_for(big), partial_bytes) * partial_bytes <= PARTS_L2_SHARE * t.l2_bytes:
             rb = big
     per_item, items = per_item_for(rb), items_for(rb)
-    splits = _splits(items, partial_bytes)
+    splits = _splits(items, partial_bytes, chunks)
     # A channels-last grad_output is read in place (GY_IN_PLACE in templates/cpu/lanes_wgrad.cpp.j2)
     # where each pixel's channel block is already one run and either the pixels hold one block
     # (their lines then fill every L1 set) or an item's rows are all the rows (grad_output is read
@@ -637,12 +639,18 @@ def _depthwise_planes(plan: Plan, lanes: int) -> Plan:
                        tiling=tiling)
 
 
-def _splits(items: int, partial_bytes: int) -> int:
+def _splits(items: int, partial_bytes: int, chunks: int | None = None) -> int:
     """Fixed parts a weight-gradient reduction is cut into (their partial sums added in order):
     doubled while the work items are too few for the threads, up to MAX_SPLITS and PARTIAL_BYTES
-    of partial sums."""
+    of partial sums, and (given `chunks`, the chunks of the reduction in one image) past four items
+    only while every part keeps a whole chunk for a batch of one: parts of a few hundred pixels spent
+    more on their own sums than they shared out (odd_asym, 741 pixels an image, 3 images, one item,
+    8 parts / 4: Xeon, 2 threads, kernel alone, ms, NCHW 0.194 / 0.181 and 0.192 / 0.178, channels
+    last 0.241 / 0.225 and 0.242 / 0.225; small_all 1.05-1.09x), but fewer than four items left a
+    thread idle (small_all in one part: 0.81-0.84x)."""
     splits = 1
-    while items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES:
+    while (items * splits < MIN_ITEMS and splits < MAX_SPLITS and (splits * 2) * partial_bytes <= PARTIAL_BYTES
+           and (chunks is None or items * splits < 4 or splits * 2 <= chunks)):
         splits *= 2
     return splits
 

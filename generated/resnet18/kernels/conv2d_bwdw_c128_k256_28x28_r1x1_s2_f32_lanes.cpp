@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows); candidates ['lanes', 'gemm', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
-//   [tiling] register tile 4 vectors of 8 output channels x 3 (input channel, tap) rows (1.01 useful); 129 of the 128 rows per work item, 8 items x 2 parts of the reduction, chunks of 128 pixels; grad_output packed pixel-major once per call; input read in place; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
+//   [tiling] register tile 4 vectors of 8 output channels x 3 (input channel, tap) rows (1.01 useful); 129 of the 128 rows per work item, 8 items x 1 parts of the reduction, chunks of 128 pixels; grad_output packed pixel-major once per call; input read in place; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient with output channels in the vector lanes: gW[k][(c, tap)] = sum over pixels p of
 // gY[k][p] * X[c][window(p) + tap]. grad_output is first packed pixel-major per block of NV x V
 // channels, so each pixel's channels are one aligned run. A register tile holds NV vectors of
@@ -357,7 +357,7 @@ constexpr int64_t NVV = NV * V, KBLK = (COUT_G + NVV - 1) / NVV;
 constexpr int64_t TAPS = KD * KH * KW, CT = CIN_G * TAPS;    // (input channel, tap) rows per group
 constexpr int64_t RB = 129, RBLK = (CT + RB - 1) / RB;   // rows per work item (a multiple of PB)
 constexpr int64_t PC = 128;                         // pixels per chunk of the reduction
-constexpr int64_t SPLITS = 2;                 // the reduction is cut into this many fixed parts
+constexpr int64_t SPLITS = 1;                 // the reduction is cut into this many fixed parts
 // bf16 on vdpbf16ps (PAIRS): the reduction steps over pairs of horizontally adjacent output pixels.
 // Rows of odd width get a virtual last pixel whose grad_output is zero (YWE columns per row), so
 // pairs never cross rows; the input copy holds at each position its value and the one SW further
