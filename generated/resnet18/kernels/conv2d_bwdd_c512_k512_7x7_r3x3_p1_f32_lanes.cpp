@@ -645,12 +645,9 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
       // Per tile, the kd and kh taps that some pixel of it reads inside the input (SKIP_TAPS): the
       // others read only zero padding, and a tile at the first or last rows (or planes) skips them.
       int64_t live[4 * TILES];
-      for (int64_t t = 0; t < tiles; ++t) {
-        int64_t* lv = live + 4 * t;
-        lv[0] = lv[2] = 0;
-        lv[1] = KD;
-        lv[3] = KH;
-        if constexpr (SKIP_TAPS) {
+      if constexpr (SKIP_TAPS)
+        for (int64_t t = 0; t < tiles; ++t) {
+          int64_t* lv = live + 4 * t;
           lv[0] = KD, lv[1] = 0, lv[2] = KH, lv[3] = 0;
           for (int64_t i = t * PB; i < (t + 1) * PB && qbeg + i < qend; ++i) {
             int64_t r[4];
@@ -662,7 +659,6 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
             lv[3] = r[3] > lv[3] ? r[3] : lv[3];
           }
         }
-      }
       // A part that fewer taps reach than the kernel has (a phase of a strided data gradient) takes
       // proportionally more channels per chunk: the same weight bytes in L1 and products per partial
       // sum, and fewer partial sums to add into the totals.
