@@ -495,18 +495,11 @@ static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double
       // only the bias sums: each pixel's NVV channels are one run, added V at a time in double, in
       // pixel order (the same sums as below; one scalar add at a time, each waiting for the last
       // through memory, took 3% of unet3d's channels-last weight gradient)
-      typedef ACC ahalf __attribute__((vector_size(V / 2 * sizeof(ACC))));
       dhalf lo[NV] = {}, hi[NV] = {};
       const ACC* base = (const ACC*)gy + b * Y_SN + (g * COUT_G + kblk * NVV) * Y_SC;
       for (int64_t p = 0; p < STEPS; ++p) {
         const ACC* src = base + p / (YW * YH) * Y_SD + (p / YW) % YH * Y_SH + p % YW * Y_SW;
-        for (int64_t v = 0; v < NV; ++v) {
-          ahalf a, c;
-          std::memcpy(&a, src + v * V, sizeof a);
-          std::memcpy(&c, src + v * V + V / 2, sizeof c);
-          lo[v] += __builtin_convertvector(a, dhalf);
-          hi[v] += __builtin_convertvector(c, dhalf);
-        }
+        for (int64_t v = 0; v < NV; ++v) add_double(lo[v], hi[v], vload(src + v * V));
       }
       for (int64_t j = 0; j < NVV && kblk * NVV + j < COUT_G; ++j)
         bs[(g * COUT_G + kblk * NVV + j) * n + b] = j % V < V / 2 ? lo[j / V][j % V] : hi[j / V][j % V - V / 2];
