@@ -16,7 +16,7 @@ import jinja2
 
 from .errors import ConvgenError
 from .ir import DType, Layout
-from .plan import Geometry, KOp, Plan, Tiling, asm_tile_registers
+from .plan import Geometry, KOp, Plan, Tiling, asm_tile_registers, row_tile_taps
 from .source import KernelSource
 from .target import TargetKind
 from .version import generator_version
@@ -87,6 +87,8 @@ class KernelContext:
     fma_asm: str              # "ps" / "pd": register tiles step in x86 FMA3 assembly; "": in portable C
     evex: bool = False        # those assembly tiles may use all 32 vector registers (Target.evex_tiles)
     l2_bytes: int = 0         # the target's L2 (per core)
+    row_classes: tuple = ()   # lanes tiles within rows (Tiling.row_split): (the row's tiles, and per kw tap
+                              # the pixels of each that read inside) for each pattern (plan.row_tile_taps)
 
 
 def _context(plan: Plan, entry: str) -> KernelContext:
@@ -115,7 +117,19 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          x_row_copy=bool(plan.tiling and "X-row" in plan.tiling.in_place),
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
-                         fma_asm=fma_suffix(plan), evex=evex_tile(plan), l2_bytes=plan.target.l2_bytes)
+                         fma_asm=fma_suffix(plan), evex=evex_tile(plan), l2_bytes=plan.target.l2_bytes,
+                         row_classes=_row_classes(plan))
+
+
+def _row_classes(plan: Plan) -> tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], ...]:
+    """The tiles of a row grouped by their pixels that read inside per kw tap: (tiles, pixels per kw)
+    for each group, in order of first tile (one case of the kernel's code each)."""
+    if not isinstance(plan.tiling, Tiling) or not plan.tiling.row_split:
+        return ()
+    groups: dict = {}
+    for k, per_kw in enumerate(row_tile_taps(plan.geometry, plan.kop is KOp.FWD, plan.tiling.row_split)):
+        groups.setdefault(per_kw, []).append(k)
+    return tuple((tuple(ks), per_kw) for per_kw, ks in groups.items())
 
 
 def _lanes(plan: Plan) -> int:

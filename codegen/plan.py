@@ -72,6 +72,27 @@ def asm_tile_registers(nv: int, pb: int) -> int:
     return nv * pb + min(nv, pb) + 1
 
 
+def row_tile_taps(g: Geometry, fwd: bool, split: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """For a lanes kernel whose register tiles lie within one row (`split`: the row's tile sizes, in
+    order), per tile of the row and kw tap, the tile's pixels that read inside the input at that tap
+    (forward: output pixel w reads input column w * SW + kw * DW - PW; stride-1 data gradient: input
+    pixel w reads grad_output column w + PW - kw * DW); the others would read zero padding."""
+    out, start = [], 0
+    for size in split:
+        per_kw = []
+        for kw in range(g.kernel[2]):
+            cols = []
+            for j in range(size):
+                w = start + j
+                at = w * g.stride[2] + kw * g.dilation[2] - g.pad_lo[2] if fwd else w + g.pad_lo[2] - kw * g.dilation[2]
+                if 0 <= at < (g.x_size[2] if fwd else g.y_size[2]):
+                    cols.append(j)
+            per_kw.append(tuple(cols))
+        out.append(tuple(per_kw))
+        start += size
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiling:
     vector_lanes: int        # SIMD lanes of the accumulator type on the target
@@ -102,6 +123,9 @@ class Tiling:
                              # last input): where the padded copy of the whole input would take at least this
                              # many bytes per call, each work item's thread copies the part it reads instead
                              # (forward: its padded rows; weight gradient: its channels' planes) (0: never)
+    row_split: tuple[int, ...] = ()   # lanes forward and stride-1 data gradient: the sizes of the register tiles
+                             # that split each row (work items of whole rows, a tap's padding skipped pixel
+                             # by pixel); empty: tiles of kb pixels run across rows
 
 
 @dataclasses.dataclass(frozen=True)

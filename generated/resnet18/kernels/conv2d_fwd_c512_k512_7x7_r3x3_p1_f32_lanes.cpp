@@ -15,7 +15,9 @@
 // Forward convolution with output channels in the vector lanes. A register tile holds NV vectors
 // of output channels (NV x V channels) x PB output pixels; per input channel and tap it loads NV
 // weight vectors and broadcasts one input value per pixel. Pixels are numbered across rows (and
-// images), so narrow or odd widths waste no lanes, and any stride or dilation is just an address.
+// images), so narrow or odd widths waste no lanes, and any stride or dilation is just an address;
+// where the padding's products are worth leaving out (Tiling.row_split), tiles lie within rows and
+// each tap steps only the pixels that read inside the input.
 // Padding comes from a zero-padded copy of the input (taken in place when no padding is needed).
 #include <cstdint>
 #include <cstdlib>
@@ -574,6 +576,9 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
   const ACC* rs = IN_PLACE ? (const ACC*)x : xp;   // (rows_each: each thread's rows, in the work loop)
   T* out = y;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
+  auto tile_first = [](int64_t t) { return t * PB; };
+  auto tile_size = [](int64_t) { return PB; };
+  auto slot = [](int64_t i) { return i / PB * NV * PB + i % PB; };
   int64_t most = 0;                                 // pixels of the largest part, per image
   for (int64_t part = 0; part < PARTS; ++part) most = part_pixels(part) > most ? part_pixels(part) : most;
   const int64_t qblocks = (n * most + QB - 1) / QB;
@@ -599,7 +604,8 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
       const int64_t g = item / (OBLK * PARTS * qblocks);
       const int64_t pixels = n * part_pixels(part), qbeg = qb * QB;
       if (qbeg >= pixels) continue;
-      const int64_t qend = qbeg + QB < pixels ? qbeg + QB : pixels, tiles = (qend - qbeg + PB - 1) / PB;
+      const int64_t qend = qbeg + QB < pixels ? qbeg + QB : pixels;
+      const int64_t tiles = (qend - qbeg + PB - 1) / PB;
       int64_t* toff = ro + QB;
       const int64_t ntaps = part_taps(part, toff);
       int64_t lt[2 * TPP + 2];   // this part's (tap, offset) pairs, as locals (TPP of them when uniform)
@@ -633,7 +639,7 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
           dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
         }
 
-        const vec* tt = tot + (i / PB) * NV * PB + i % PB;
+        const vec* tt = tot + slot(i);
         for (int64_t v = 0; v < NV; ++v) {
           const int64_t o0 = oblk * NVV + v * V;
           if (o0 >= OC) break;
@@ -659,7 +665,7 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
         for (int64_t t = 0; t < tiles; ++t) {
           int64_t* lv = live + 4 * t;
           lv[0] = KD, lv[1] = 0, lv[2] = KH, lv[3] = 0;
-          for (int64_t i = t * PB; i < (t + 1) * PB && qbeg + i < qend; ++i) {
+          for (int64_t i = tile_first(t); i < tile_first(t) + tile_size(t) && qbeg + i < qend; ++i) {
             int64_t r[4];
             pixel_taps((qbeg + i) % part_pixels(part), r);
             if (r[0] == r[1] || r[2] == r[3]) continue;   // it reads only padding
@@ -914,7 +920,7 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
           // next tiles' FMAs, rather than all at the end of the item (a burst of stores that the
           // FMAs cannot hide).
           if (OUT_SC == 1 && c1 == RC)
-            for (int64_t i = t * PB; i < (t + 1) * PB && i < qend - qbeg; ++i) store_pixel(i);
+            for (int64_t i = tile_first(t); i < tile_first(t) + tile_size(t) && i < qend - qbeg; ++i) store_pixel(i);
         }
       }
       if constexpr (OUT_SC != 1) {
@@ -946,7 +952,7 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
           int64_t i = 0;
           for (; i + V <= np; i += V) {
             vec r[V];
-            for (int64_t k = 0; k < V; ++k) r[k] = tot[((i + k) / PB * NV + v) * PB + (i + k) % PB];
+            for (int64_t k = 0; k < V; ++k) r[k] = tot[slot(i + k) + v * PB];
             bool run = true;
             for (int64_t k = 1; k < V; ++k) run = run && wa[i + k] == wa[i] + k;
             if (!run) {
@@ -956,7 +962,7 @@ extern "C" int cg_conv2d_fwd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict
             vtranspose(r);
             for (int64_t l = 0; l < no; ++l) vstore_t(dst + l * OUT_SC + wa[i], r[l]);
           }
-          for (; i < np; ++i) scatter(i, tot[(i / PB * NV + v) * PB + i % PB]);
+          for (; i < np; ++i) scatter(i, tot[slot(i) + v * PB]);
         }
       }
     }

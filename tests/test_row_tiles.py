@@ -1,0 +1,155 @@
+"""Lanes register tiles within rows (Tiling.row_split, templates/cpu/lanes_body.j2).
+
+Where the planner splits each output row (stride-1 data gradient: each input-gradient row) into
+tiles, a work item takes whole rows, and each kw tap steps only the tile's pixels that read inside
+the input: the kernel is generated with the padding's pixels left out. Checked against ATen in
+float64, forced onto lanes with given splits (even ones as the planner makes, and odd ones: tiles
+of one pixel, one tile a row), NCHW and channels last, forward and data gradient: padding, padding
+beyond the kernel's reach (pixels that read nothing but padding), dilation, uneven padding, stride
+(forward), 3-D, 1-D, kernels of more than 32 taps (tap loops not unrolled), items of several rows
+that run across images, bf16 and f64. And the planner's choice on ResNet-50 layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import pytest
+import torch
+
+from convgen.codegen.emit import emit
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.plan import asm_tile_registers, row_tile_taps
+from convgen.codegen.target import cpu_target, host_cpu
+from convgen.dispatch import dispatch
+from convgen.dispatch.problem import TORCH_DTYPES, memory_format
+
+from reference import rel_err, tolerance
+
+# name, problem, split of a row of width w (None: even tiles of at most the plan's kb), rows per work item
+CASES = [
+    ("pad1", dict(n=2, c=5, k=20, size=(6, 14), kernel=(3, 3), pad=1), None, 2),
+    ("pad_beyond_reach", dict(n=2, c=5, k=20, size=(5, 6), kernel=(3, 3), pad=3), lambda w: (3, w - 5, 2), 1),
+    ("dilated", dict(n=2, c=7, k=17, size=(9, 10), kernel=(3, 3), pad=2, dil=2), None, 3),
+    ("uneven", dict(n=2, c=5, k=16, size=(7, 9), kernel=(3, 2), pad=((2, 0), (0, 3)), dil=(1, 2)), lambda w: (1, 5, w - 8, 2), 2),
+    ("strided", dict(n=2, c=6, k=18, size=(9, 11), kernel=(3, 3), pad=1, stride=2), lambda w: (2, 2, w - 4), 2),
+    ("3d", dict(n=2, c=6, k=18, size=(4, 5, 6), kernel=(3, 3, 3), pad=1), lambda w: (4, w - 4), 3),
+    ("1d", dict(n=3, c=4, k=20, size=(37,), kernel=(5,), pad=2), lambda w: (6,) * (w // 6) + (w % 6,), 1),
+    ("tiles_of_one", dict(n=2, c=5, k=16, size=(4, 7), kernel=(3, 3), pad=1), lambda w: (1, w - 2, 1), 1),
+    ("one_tile_a_row", dict(n=3, c=5, k=16, size=(3, 5), kernel=(3, 3), pad=1), lambda w: (w,), 2),
+    ("taps_49", dict(n=1, c=3, k=16, size=(8, 9), kernel=(7, 7), pad=3), None, 1),
+    ("bf16", dict(n=2, c=6, k=20, size=(6, 8), kernel=(3, 3), pad=1, dtype=DType.BF16), None, 2),
+    ("f64", dict(n=2, c=5, k=12, size=(6, 8), kernel=(3, 3), pad=1, dtype=DType.F64), None, 2),
+]
+LAYOUTS = [Layout.CONTIGUOUS, Layout.CHANNELS_LAST]
+
+
+def _problem(op, layout, n, c, k, size, kernel, pad=1, dil=1, stride=1, dtype=DType.F32) -> ConvProblem:
+    r = len(size)
+    per_axis = lambda v: tuple(v) if isinstance(v, tuple) else (v,) * r
+    pads = tuple(p if isinstance(p, tuple) else (p, p) for p in per_axis(pad))
+    return ConvProblem(op=op, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=per_axis(stride), padding=pads,
+                       dilation=per_axis(dil), groups=1, transposed=False, output_padding=(0,) * r, dtype=dtype,
+                       input_layout=layout, weight_layout=layout, output_layout=layout, bias=op is Op.FWD)
+
+
+def _keys():
+    return [(name, layout, op) for name, spec, _, _ in CASES for layout in LAYOUTS[:1 if len(spec["size"]) == 1 else 2]
+            for op in (Op.FWD, Op.BWD_DATA) if op is Op.FWD or spec.get("stride", 1) == 1]
+
+
+def _row_plan(name, layout, op):
+    _, spec, split, rows = next(case for case in CASES if case[0] == name)
+    plan = lower(_problem(op, layout, **spec), host_cpu(), algorithm="lanes")
+    g, t = plan.geometry, plan.tiling
+    width = g.y_size[2] if op is Op.FWD else g.x_size[2]
+    if split is None:
+        tiles = -(-width // t.kb)
+        split = tuple(width // tiles + (1 if i < width % tiles else 0) for i in range(tiles))
+    else:
+        split = split(width)
+    assert sum(split) == width and min(split) > 0 and asm_tile_registers(t.nv, max(split)) <= 32
+    tiling = dataclasses.replace(t, row_split=split, kb=max(split), cols=rows * width)
+    return dataclasses.replace(plan, tiling=tiling)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    plans = [_row_plan(*key) for key in _keys()]
+    return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
+
+
+def _tensor(shape, tdt, layout, gen):
+    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(tdt)
+    return t.contiguous(memory_format=memory_format(layout, t.dim()))
+
+
+def _padded(x, problem):
+    """x zero-padded as the problem says, for an ATen reference without padding (which takes only even padding)."""
+    return torch.nn.functional.pad(x, [side for lo, hi in reversed(problem.padding) for side in (lo, hi)])
+
+
+@pytest.mark.parametrize("key", _keys(), ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}-{k[2].value}")
+def test_tiles_within_rows_match_aten(kernels, key):
+    name, layout, op = key
+    plan, kernel = kernels[key]
+    text = emit(plan).text
+    assert plan.algorithm == "lanes" and "switch (t % TPR)" in text
+    p = plan.problem
+    tdt = TORCH_DTYPES[p.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{layout}{op}".encode()))
+    x, w = _tensor(p.input_shape, tdt, layout, gen), _tensor(p.weight_shape, tdt, layout, gen)
+    zero = [0] * len(p.kernel)
+    args = (list(p.stride), zero, list(p.dilation), False, zero, 1)
+    terms = p.c * torch.Size(p.kernel).numel() if op is Op.FWD else p.k * torch.Size(p.kernel).numel()
+    if op is Op.FWD:
+        b = torch.randn(p.k, generator=gen, dtype=torch.float64).to(tdt)
+        out = torch.full(p.output_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
+        kernel({"input": x, "weight": w, "bias": b, "output": out}, p.n, 2)
+        ref = torch.ops.aten.convolution(_padded(x.double(), p), w.double(), b.double(), *args)
+    else:
+        gy = _tensor(p.output_shape, tdt, layout, gen)
+        out = torch.full(p.input_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
+        kernel({"grad_output": gy, "weight": w, "grad_input": out}, p.n, 2)
+        xp = _padded(x.double(), p)
+        full = torch.ops.aten.convolution_backward(gy.double(), xp, w.double(), None, *args, (True, False, False))[0]
+        inner = tuple(slice(lo, lo + size) for (lo, _), size in zip(p.padding, p.in_size))
+        ref = full[(slice(None), slice(None)) + inner]
+    assert not torch.isnan(out).any(), "outputs left unwritten"
+    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
+
+
+def test_pixels_that_read_padding_are_left_out():
+    """Per tile and kw tap, the pixels that read inside: a 3 x 3 forward with padding 1 over a row of
+    14 in tiles of 5, 5, 4 leaves out the row's first pixel at kw 0 and its last at kw 2; its data
+    gradient (grad_output read at w + 1 - kw) the other way round."""
+    plan = lower(_problem(Op.FWD, Layout.CHANNELS_LAST, n=1, c=16, k=16, size=(14, 14), kernel=(3, 3)), host_cpu(),
+                 algorithm="lanes")
+    assert row_tile_taps(plan.geometry, True, (5, 5, 4)) == (
+        ((1, 2, 3, 4), (0, 1, 2, 3, 4), (0, 1, 2, 3, 4)), ((0, 1, 2, 3, 4),) * 3, ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2)))
+    assert row_tile_taps(plan.geometry, False, (5, 5, 4)) == (
+        ((0, 1, 2, 3, 4), (0, 1, 2, 3, 4), (1, 2, 3, 4)), ((0, 1, 2, 3, 4),) * 3, ((0, 1, 2), (0, 1, 2, 3), (0, 1, 2, 3)))
+
+
+@pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=["fwd", "bwd_data"])
+def test_planner_splits_rows_where_padding_costs(op):
+    """ResNet-50's 3 x 3 layer at 14 x 14 (9% of its products read padding) takes tiles within rows;
+    at 112 x 112 (1%) tiles keep running across rows; 1 x 1 layers have no padding to skip; nor does
+    the 16-register AVX2 shape split rows."""
+    target = cpu_target("avx512", 48 * 1024, 2 << 20)
+
+    def plan(size, kernel, pad):
+        return lower(ConvProblem(op=op, n=8, c=256, k=256, in_size=size, kernel=kernel, stride=(1, 1),
+                                 padding=((pad, pad),) * 2, dilation=(1, 1), groups=1, transposed=False,
+                                 output_padding=(0, 0), dtype=DType.F32, input_layout=Layout.CHANNELS_LAST,
+                                 weight_layout=Layout.CHANNELS_LAST, output_layout=Layout.CHANNELS_LAST,
+                                 bias=op is Op.FWD), target, algorithm="lanes").tiling
+
+    t = plan((14, 14), (3, 3), 1)
+    assert t.row_split == (5, 5, 4) and t.kb == 5 and t.cols % 14 == 0
+    assert plan((112, 112), (3, 3), 1).row_split == ()
+    assert plan((14, 14), (1, 1), 0).row_split == ()
+    target = cpu_target("avx2", 32 * 1024, 512 * 1024)   # 16 registers: tiles of 3 pixels, kept across rows
+    assert plan((14, 14), (3, 3), 1).row_split == ()
