@@ -263,9 +263,11 @@ def _row_split(g, fwd: bool, nv: int, pb: int) -> tuple[int, ...]:
     ROW_TILES_GAIN of that or less. Xeon, AVX-512, 2 threads, kernel alone, across rows / within:
     channels last, forward and data gradient, r50_3x3_256 (estimate 0.94) 1.05x / 1.04x, r50_3x3_512
     (0.84) 1.13x / 1.04x, unet3d (0.97) 1.03x / 1.03x, deeplab_dil2 (0.96) 1.02x / 1.03x, incep_1x7
-    (0.88) 1.10x / 1.11x, r50_3x3_128_s2 (forward, 0.984) 1.02x, odd_asym (forward, 0.97) 0.96-1.01x,
-    NCHW r50_3x3_512 1.08x / 1.07x; left out: r50_3x3_64 (0.987) 1.02x / 1.01x, vgg_256_256 (0.987)
-    0.99x / 0.99x."""
+    (0.88) 1.10x / 1.11x, r50_3x3_128_s2 (forward, 0.984) 1.02x, r50_3x3_64 (0.987) 1.02-1.04x /
+    1.01-1.02x, c3d_s2 (forward, 0.986) 1.01-1.02x, odd_asym (forward, 0.97) 0.96-1.01x, NCHW
+    r50_3x3_512 1.08x / 1.07x. Work items of a whole number of rows nearest the pixels of an item
+    across rows (not fewer: vgg_256_256, 56 x 56, items of one row read 3 input rows per output row
+    where 96 pixels read 2.2, and ran 0.98x / 0.99x; of two rows 1.00x / 1.00x)."""
     tw = g.y_size[2] if fwd else g.x_size[2]
     if tw > ROW_TILES_MAX_WIDTH:
         return ()
@@ -307,7 +309,7 @@ def _row_split(g, fwd: bool, nv: int, pb: int) -> tuple[int, ...]:
     return split if rows <= ROW_TILES_GAIN * flat else ()
 
 
-ROW_TILES_GAIN = 0.985    # tiles within rows where they are estimated to take at most this much of the time
+ROW_TILES_GAIN = 0.99     # tiles within rows where they are estimated to take at most this much of the time
 FMA_LATENCY_CYCLES = 4   # a tile step's floor: each accumulator takes one FMA, 4 cycles after its last
 
 
@@ -390,9 +392,9 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # of 3 pixels even smaller: deeplab_dil2 forward 0.93x, r50_3x3_256 0.98x on the Xeon)
     split = (_row_split(g, fwd, nv, pb) if border and registers >= 32 and (fwd or all(s == 1 for s in g.stride))
              else ())
-    if split:   # work items of whole rows
+    if split:   # work items of whole rows, as many as nearest the pixels of an item across rows
         pb = max(split)
-        qb = max(1, qb // sum(split)) * sum(split)
+        qb = max(1, (qb + sum(split) // 2) // sum(split)) * sum(split)
     run_bytes = window(qb) * acc_bytes
     steps = math.ceil(reduced / 2) if pairs else reduced
     chunk_bytes = t.l1_bytes if t.l1_bytes >= 48 * 1024 else t.l1_bytes // 2
