@@ -8,8 +8,9 @@ inputs that large take seconds in a test, so these plans lower the threshold to 
 gradient's planes of an image still fit a quarter of the L2, as the kernel also requires). Every case is
 checked against ATen in float64 on every x86 code shape this CPU runs. Forward: items that cross
 images, rows wider than an item, strides, dilations, uneven padding, groups, one-row images, other
-dtypes, and channel-major items (which revisit rows the thread's buffer no longer holds); the data
-gradient's alike. Weight
+dtypes, channel-major items (which revisit rows the thread's buffer no longer holds), and 3-D (an
+item's rows span its planes; strides, dilation, uneven padding, bf16); the data gradient's alike
+(without 3-D). Weight
 gradient: parts of the reduction that split images, several blocks of output channels, strides
 with dilation, 3-D, groups, uneven padding, other dtypes, with and without the bias gradient, and
 its item layout with the whole copy (below the threshold: chunks still stop at each image's end).
@@ -55,6 +56,11 @@ CASES = [
     ("bf16", dict(n=2, c=5, k=20, size=(7, 9), kernel=(3, 3), dtype=DType.BF16)),
     ("f64", dict(n=2, c=5, k=20, size=(7, 9), kernel=(3, 3), dtype=DType.F64)),
     ("channel_major", dict(n=2, c=9, k=48, size=(6, 40), kernel=(3, 3))),         # forced below
+    # a depth window (forward only): an item's rows run from its first plane to its last
+    ("3d", dict(n=2, c=16, k=20, size=(5, 6, 7), kernel=(3, 3, 3))),               # items cross planes, images
+    ("3d_strided_dilated", dict(n=2, c=17, k=18, size=(7, 8, 9), kernel=(3, 2, 3), stride=(2, 1, 2), dil=(2, 1, 1),
+                                pad=((2, 1), (0, 1), (1, 1)))),
+    ("3d_bf16", dict(n=2, c=32, k=16, size=(4, 5, 6), kernel=(3, 3, 3), dtype=DType.BF16)),
 ]
 
 
@@ -118,8 +124,8 @@ def _uneven_reference(problem, x, w, b):
                                       list(problem.dilation), False, list(problem.output_padding), problem.groups)
 
 
-# Data gradient (stride 1): the forward's row cases where they apply
-DGRAD_CASES = [(name, kw) for name, kw in CASES if kw.get("stride", 1) == 1]
+# Data gradient (stride 1, no depth window): the forward's row cases where they apply
+DGRAD_CASES = [(name, kw) for name, kw in CASES if kw.get("stride", 1) == 1 and len(kw["size"]) < 3]
 
 
 def _dgrad_plans():

@@ -542,6 +542,7 @@ static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t 
 // would take 0 bytes or more, copies each work item's padded rows in its thread (as the
 // forward does; see lanes_fwd.cpp.j2) instead of the whole grad_output up front.
 constexpr bool ROW_WINDOW = false && CH_INNER && !IN_PLACE && EXD == 1 && PARTS == 1;
+constexpr int64_t WIN_REACH = (KH - 1) * DH + 1;   // rows a pixel's window reads
 // The padded row (of n * EXH) of the first row that input-gradient pixel p of image b reads.
 static inline int64_t window_row(int64_t b, int64_t p) { return b * EXH + (p / XW) % XH + LOH + PH - (KH - 1) * DH; }
 

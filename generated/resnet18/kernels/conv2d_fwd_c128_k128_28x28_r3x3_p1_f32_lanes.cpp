@@ -462,14 +462,19 @@ static void pad_input(const T* __restrict x, ACC* __restrict xp, int64_t n, int 
   }
 }
 constexpr int64_t OUT_SC = Y_SC;
-// A channels-last input without a depth window, whose padded copy would take 0 bytes or
-// more, is not copied whole up front: each thread copies the padded rows its work item reads into a
-// buffer of its own, which stays in its L2, keeping the rows it already holds (consecutive items
-// share most of theirs). A whole copy that large goes out to memory and comes back (5% of
-// r50_3x3_64's channels-last forward on the Xeon); a smaller one stays cached.
-constexpr bool ROW_WINDOW = false && CH_INNER && !IN_PLACE && XDP == 1;
-// The padded row (of n * XHP) where the window of output pixel p of image b starts.
-static inline int64_t window_row(int64_t b, int64_t p) { return b * XHP + (p / YW) % YH * SH; }
+// A channels-last input whose padded copy would take 0 bytes or more is not copied whole
+// up front: each thread copies the padded rows its work item reads into a buffer of its own, which
+// stays in its L2, keeping the rows it already holds (consecutive items share most of theirs). A
+// whole copy that large goes out to memory and comes back (5% of r50_3x3_64's channels-last forward
+// on the Xeon); a smaller one stays cached. With a depth window the rows are those from the item's
+// first plane's first row to its last plane's last (the planes between whole), WIN_REACH rows past
+// the first row of the last pixel's window.
+constexpr bool ROW_WINDOW = false && CH_INNER && !IN_PLACE;
+constexpr int64_t WIN_REACH = (KD - 1) * DD * XHP + (KH - 1) * DH + 1;
+// The padded row (of n * XDP * XHP) where the window of output pixel p of image b starts.
+static inline int64_t window_row(int64_t b, int64_t p) {
+  return (b * XDP + p / (YW * YH) * SD) * XHP + (p / YW) % YH * SH;
+}
 
 static inline int64_t part_pixels(int64_t) { return PLANE; }
 // Where pixel p of image b reads its window (group g's channel 0), and where it is written.
