@@ -9,8 +9,7 @@ gradient's planes of an image still fit a quarter of the L2, as the kernel also 
 checked against ATen in float64 on every x86 code shape this CPU runs. Forward: items that cross
 images, rows wider than an item, strides, dilations, uneven padding, groups, one-row images, other
 dtypes, channel-major items (which revisit rows the thread's buffer no longer holds), and 3-D (an
-item's rows span its planes; strides, dilation, uneven padding, bf16); the data gradient's alike
-(without 3-D). Weight
+item's rows span its planes; strides, dilation, uneven padding, bf16); the data gradient's alike. Weight
 gradient: parts of the reduction that split images, several blocks of output channels, strides
 with dilation, 3-D, groups, uneven padding, other dtypes, with and without the bias gradient, and
 its item layout with the whole copy (below the threshold: chunks still stop at each image's end).
@@ -124,8 +123,8 @@ def _uneven_reference(problem, x, w, b):
                                       list(problem.dilation), False, list(problem.output_padding), problem.groups)
 
 
-# Data gradient (stride 1, no depth window): the forward's row cases where they apply
-DGRAD_CASES = [(name, kw) for name, kw in CASES if kw.get("stride", 1) == 1 and len(kw["size"]) < 3]
+# Data gradient (stride 1): the forward's row cases where they apply
+DGRAD_CASES = [(name, kw) for name, kw in CASES if kw.get("stride", 1) == 1]
 
 
 def _dgrad_plans():

@@ -415,7 +415,8 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # (the planes between whole): per item where three such windows (the thread's buffer) take at most
     # half the L2, and pixels at least a line. unet3d's forward (a 5.3 MB copy, windows of 310 KB; Xeon,
     # 2 MB L2, kernel alone, whole copy / per item) 1.01-1.02x at 2 threads, 1.03x at 1, bf16 1.00x;
-    # c3d_stem's 3 channels 0.99x.
+    # c3d_stem's 3 channels 0.99x. The stride-1 data gradient's grad_output alike: unet3d 1.00-1.01x at
+    # 2 threads, 1.03-1.04x at 1.
     padded = [(y - 1) * st + r for y, st, r in zip(g.y_size, g.stride, reach)]
     item_rows = math.ceil(qb / out_w) + reach[1]
     depth_rows = (reach[0] - 1) * padded[1] + item_rows
@@ -425,7 +426,12 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
                                     and (flat_window or (pixel_bytes >= 64 and 3 * depth_rows * padded[2] * pixel_bytes <= t.l2_bytes // 2))
                                     and plan.layout_of("X") is Layout.CHANNELS_LAST and g.groups * g.cin_g > 1) else 0
     else:
-        row_window = t.l2_bytes if (not in_place and not channel_major and g.x_size[0] == 1 and reach[0] == 1
+        gy_bytes = g.groups * (math.ceil(g.cout_g / 2) if pairs else g.cout_g) * acc_bytes   # a grad_output pixel
+        gy_padded = [x + r - 1 for x, r in zip(g.x_size, reach)]
+        gy_rows = (reach[0] - 1) * gy_padded[1] + item_rows
+        row_window = t.l2_bytes if (not in_place and not channel_major
+                                    and (g.x_size[0] == 1 and reach[0] == 1
+                                         or gy_bytes >= 64 and 3 * gy_rows * gy_padded[2] * gy_bytes <= t.l2_bytes // 2)
                                     and all(s == 1 for s in g.stride) and plan.layout_of("Y") is Layout.CHANNELS_LAST
                                     and g.groups * g.cout_g > 1) else 0
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0

@@ -538,13 +538,15 @@ static void pad_grad_output(const T* __restrict gy, ACC* __restrict yp, int64_t 
   }
 }
 
-// A stride-1 data gradient of a channels-last grad_output without a depth window, whose padded copy
-// would take 0 bytes or more, copies each work item's padded rows in its thread (as the
-// forward does; see lanes_fwd.cpp.j2) instead of the whole grad_output up front.
-constexpr bool ROW_WINDOW = false && CH_INNER && !IN_PLACE && EXD == 1 && PARTS == 1;
-constexpr int64_t WIN_REACH = (KH - 1) * DH + 1;   // rows a pixel's window reads
-// The padded row (of n * EXH) of the first row that input-gradient pixel p of image b reads.
-static inline int64_t window_row(int64_t b, int64_t p) { return b * EXH + (p / XW) % XH + LOH + PH - (KH - 1) * DH; }
+// A stride-1 data gradient of a channels-last grad_output whose padded copy would take 0 bytes
+// or more copies each work item's padded rows in its thread (as the forward does, a depth window's
+// planes alike; see lanes_fwd.cpp.j2) instead of the whole grad_output up front.
+constexpr bool ROW_WINDOW = false && CH_INNER && !IN_PLACE && PARTS == 1;
+constexpr int64_t WIN_REACH = (KD - 1) * DD * EXH + (KH - 1) * DH + 1;   // rows a pixel's window spans
+// The padded row (of n * EXD * EXH) of the first row that input-gradient pixel p of image b reads.
+static inline int64_t window_row(int64_t b, int64_t p) {
+  return (b * EXD + p / (XW * XH) + LOD + PD - (KD - 1) * DD) * EXH + (p / XW) % XH + LOH + PH - (KH - 1) * DH;
+}
 
 extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restrict gy, const T* __restrict w, const T* __restrict bias,
                             T* __restrict gx, int64_t n, int nthreads) {
