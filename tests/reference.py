@@ -220,3 +220,44 @@ def channels_last_problem(op, n, c, k, size, kernel, stride=1, pad=1, groups=1, 
                        padding=((pad, pad),) * r, dilation=(1,) * r, groups=groups, transposed=False,
                        output_padding=(0,) * r, dtype=dtype or DType.F32, input_layout=Layout.CHANNELS_LAST,
                        weight_layout=Layout.CHANNELS_LAST, output_layout=Layout.CHANNELS_LAST, bias=bias)
+
+
+def check_forward_or_data_gradient(kernel, problem, gen: torch.Generator) -> None:
+    """Run a loaded forward or data-gradient kernel of `problem` (any padding, even uneven) on random
+    operands in the problem's layouts and assert it matches ATen in float64, padding the input (or
+    the reference's input) explicitly, since ATen takes only even padding; outputs start as NaN,
+    so any left unwritten fail."""
+    from convgen.codegen.ir import Op
+    from convgen.dispatch.problem import TORCH_DTYPES, memory_format
+    tdt = TORCH_DTYPES[problem.dtype]
+    rank = len(problem.kernel)
+
+    def tensor(shape, layout):
+        t = torch.randn(shape, generator=gen, dtype=torch.float64).to(tdt)
+        return t.contiguous(memory_format=memory_format(layout, t.dim()))
+
+    def padded(t):
+        return torch.nn.functional.pad(t, [side for lo, hi in reversed(problem.padding) for side in (lo, hi)])
+
+    x, w = tensor(problem.input_shape, problem.input_layout), tensor(problem.weight_shape, problem.weight_layout)
+    args = (list(problem.stride), [0] * rank, list(problem.dilation), False, [0] * rank, problem.groups)
+    taps = torch.Size(problem.kernel).numel()
+    if problem.op is Op.FWD:
+        terms = problem.c // problem.groups * taps
+        b = torch.randn(problem.k, generator=gen, dtype=torch.float64).to(tdt) if problem.bias else None
+        out = torch.full(problem.output_shape, float("nan"), dtype=tdt)
+        out = out.contiguous(memory_format=memory_format(problem.output_layout, out.dim()))
+        kernel({"input": x, "weight": w, "bias": b, "output": out}, problem.n, 2)
+        ref = torch.ops.aten.convolution(padded(x.double()), w.double(), up(b), *args)
+    else:
+        terms = problem.k // problem.groups * taps
+        gy = tensor(problem.output_shape, problem.output_layout)
+        out = torch.full(problem.input_shape, float("nan"), dtype=tdt)
+        out = out.contiguous(memory_format=memory_format(problem.input_layout, out.dim()))
+        kernel({"grad_output": gy, "weight": w, "grad_input": out}, problem.n, 2)
+        full = torch.ops.aten.convolution_backward(gy.double(), padded(x.double()), w.double(), None, *args,
+                                                   (True, False, False))[0]
+        ref = full[(slice(None), slice(None)) + tuple(slice(lo, lo + size) for (lo, _), size in
+                                                      zip(problem.padding, problem.in_size))]
+    assert not torch.isnan(out).any(), "outputs left unwritten"
+    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"

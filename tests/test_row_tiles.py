@@ -25,9 +25,8 @@ from convgen.codegen.pipeline import lower
 from convgen.codegen.plan import asm_tile_registers, row_tile_taps
 from convgen.codegen.target import cpu_target, host_cpu, host_isas
 from convgen.dispatch import dispatch
-from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
-from reference import rel_err, tolerance
+from reference import check_forward_or_data_gradient
 
 # name, problem, split of a row of width w (None: even tiles of at most the plan's kb), rows per work item
 CASES = [
@@ -97,44 +96,14 @@ def kernels():
     return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
 
 
-def _tensor(shape, tdt, layout, gen):
-    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(tdt)
-    return t.contiguous(memory_format=memory_format(layout, t.dim()))
-
-
-def _padded(x, problem):
-    """x zero-padded as the problem says, for an ATen reference without padding (which takes only even padding)."""
-    return torch.nn.functional.pad(x, [side for lo, hi in reversed(problem.padding) for side in (lo, hi)])
-
-
 @pytest.mark.parametrize("key", _keys(), ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}-{k[2].value}-{k[3]}")
 def test_tiles_within_rows_match_aten(kernels, key):
     name, layout, op, _ = key
     plan, kernel = kernels[key]
     text = emit(plan).text
     assert plan.algorithm == "lanes" and "switch (t % TPR)" in text
-    p = plan.problem
-    tdt = TORCH_DTYPES[p.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{layout}{op}".encode()))
-    x, w = _tensor(p.input_shape, tdt, layout, gen), _tensor(p.weight_shape, tdt, layout, gen)
-    zero = [0] * len(p.kernel)
-    args = (list(p.stride), zero, list(p.dilation), False, zero, 1)
-    terms = p.c * torch.Size(p.kernel).numel() if op is Op.FWD else p.k * torch.Size(p.kernel).numel()
-    if op is Op.FWD:
-        b = torch.randn(p.k, generator=gen, dtype=torch.float64).to(tdt)
-        out = torch.full(p.output_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
-        kernel({"input": x, "weight": w, "bias": b, "output": out}, p.n, 2)
-        ref = torch.ops.aten.convolution(_padded(x.double(), p), w.double(), b.double(), *args)
-    else:
-        gy = _tensor(p.output_shape, tdt, layout, gen)
-        out = torch.full(p.input_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
-        kernel({"grad_output": gy, "weight": w, "grad_input": out}, p.n, 2)
-        xp = _padded(x.double(), p)
-        full = torch.ops.aten.convolution_backward(gy.double(), xp, w.double(), None, *args, (True, False, False))[0]
-        inner = tuple(slice(lo, lo + size) for (lo, _), size in zip(p.padding, p.in_size))
-        ref = full[(slice(None), slice(None)) + inner]
-    assert not torch.isnan(out).any(), "outputs left unwritten"
-    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
+    check_forward_or_data_gradient(kernel, plan.problem, gen)
 
 
 def test_pixels_that_read_padding_are_left_out():

@@ -20,9 +20,8 @@ from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import host_cpu
 from convgen.dispatch import dispatch
-from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
-from reference import rel_err, tolerance
+from reference import check_forward_or_data_gradient
 
 CASES = [
     ("pad_beyond_reach", dict(n=2, c=5, k=20, size=(5, 6), kernel=(3, 3), pad=3)),
@@ -58,41 +57,11 @@ def kernels():
     return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
 
 
-def _tensor(shape, tdt, layout, gen):
-    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(tdt)
-    return t.contiguous(memory_format=memory_format(layout, t.dim()))
-
-
-def _padded(x, problem):
-    """x zero-padded as the problem says, for an ATen reference without padding (which takes only even padding)."""
-    return torch.nn.functional.pad(x, [side for lo, hi in reversed(problem.padding) for side in (lo, hi)])
-
-
 @pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=["fwd", "bwd_data"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("name", [name for name, _ in CASES])
 def test_tiles_that_skip_padding_taps_match_aten(kernels, name, layout, op):
     plan, kernel = kernels[(name, layout, op)]
     assert plan.algorithm == "lanes" and "constexpr bool SKIP_TAPS" in emit(plan).text
-    p = plan.problem
-    tdt = TORCH_DTYPES[p.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{layout}{op}".encode()))
-    x, w = _tensor(p.input_shape, tdt, layout, gen), _tensor(p.weight_shape, tdt, layout, gen)
-    zero = [0] * len(p.kernel)
-    args = (list(p.stride), zero, list(p.dilation), False, zero, 1)
-    terms = p.c * torch.Size(p.kernel).numel() if op is Op.FWD else p.k * torch.Size(p.kernel).numel()
-    if op is Op.FWD:
-        b = torch.randn(p.k, generator=gen, dtype=torch.float64).to(tdt)
-        out = torch.full(p.output_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
-        kernel({"input": x, "weight": w, "bias": b, "output": out}, p.n, 2)
-        ref = torch.ops.aten.convolution(_padded(x.double(), p), w.double(), b.double(), *args)
-    else:
-        gy = _tensor(p.output_shape, tdt, layout, gen)
-        out = torch.full(p.input_shape, float("nan"), dtype=tdt).contiguous(memory_format=memory_format(layout, x.dim()))
-        kernel({"grad_output": gy, "weight": w, "grad_input": out}, p.n, 2)
-        xp = _padded(x.double(), p)
-        full = torch.ops.aten.convolution_backward(gy.double(), xp, w.double(), None, *args, (True, False, False))[0]
-        inner = tuple(slice(lo, lo + size) for (lo, _), size in zip(p.padding, p.in_size))
-        ref = full[(slice(None), slice(None)) + inner]
-    assert not torch.isnan(out).any(), "outputs left unwritten"
-    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
+    check_forward_or_data_gradient(kernel, plan.problem, gen)
