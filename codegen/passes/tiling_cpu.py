@@ -417,21 +417,20 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # 2 MB L2, kernel alone, whole copy / per item) 1.01-1.02x at 2 threads, 1.03x at 1, bf16 1.00x;
     # c3d_stem's 3 channels 0.99x. The stride-1 data gradient's grad_output alike: unet3d 1.00-1.01x at
     # 2 threads, 1.03-1.04x at 1.
-    padded = [(y - 1) * st + r for y, st, r in zip(g.y_size, g.stride, reach)]
-    item_rows = math.ceil(qb / out_w) + reach[1]
-    depth_rows = (reach[0] - 1) * padded[1] + item_rows
-    flat_window = g.y_size[0] == 1 and reach[0] == 1
+    # the read buffer's padded rows and columns, and bytes a pixel (input; data gradient: grad_output)
     if fwd:
-        row_window = t.l2_bytes if (not in_place and not channel_major
-                                    and (flat_window or (pixel_bytes >= 64 and 3 * depth_rows * padded[2] * pixel_bytes <= t.l2_bytes // 2))
+        rows_cols, read_bytes = [(y - 1) * st + r for y, st, r in zip(g.y_size, g.stride, reach)][1:], pixel_bytes
+    else:
+        rows_cols = [x + r - 1 for x, r in zip(g.x_size, reach)][1:]
+        read_bytes = g.groups * (math.ceil(g.cout_g / 2) if pairs else g.cout_g) * acc_bytes
+    window_rows = (reach[0] - 1) * rows_cols[0] + math.ceil(qb / out_w) + reach[1]
+    windows_fit = ((g.y_size if fwd else g.x_size)[0] == 1 and reach[0] == 1
+                   or read_bytes >= 64 and 3 * window_rows * rows_cols[1] * read_bytes <= t.l2_bytes // 2)
+    if fwd:
+        row_window = t.l2_bytes if (not in_place and not channel_major and windows_fit
                                     and plan.layout_of("X") is Layout.CHANNELS_LAST and g.groups * g.cin_g > 1) else 0
     else:
-        gy_bytes = g.groups * (math.ceil(g.cout_g / 2) if pairs else g.cout_g) * acc_bytes   # a grad_output pixel
-        gy_padded = [x + r - 1 for x, r in zip(g.x_size, reach)]
-        gy_rows = (reach[0] - 1) * gy_padded[1] + item_rows
-        row_window = t.l2_bytes if (not in_place and not channel_major
-                                    and (g.x_size[0] == 1 and reach[0] == 1
-                                         or gy_bytes >= 64 and 3 * gy_rows * gy_padded[2] * gy_bytes <= t.l2_bytes // 2)
+        row_window = t.l2_bytes if (not in_place and not channel_major and windows_fit
                                     and all(s == 1 for s in g.stride) and plan.layout_of("Y") is Layout.CHANNELS_LAST
                                     and g.groups * g.cout_g > 1) else 0
     stream = _stream_bytes(plan, nv * lanes) if fwd else 0
