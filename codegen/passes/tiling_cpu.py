@@ -309,6 +309,7 @@ def _row_split(g, fwd: bool, nv: int, pb: int) -> tuple[int, ...]:
     return split if rows <= ROW_TILES_GAIN * flat else ()
 
 
+ROW_TILES_MIN_REGISTERS = 32   # tiles within rows on targets whose tiles have this many vector registers
 ROW_TILES_GAIN = 0.99     # tiles within rows where they are estimated to take at most this much of the time
 FMA_LATENCY_CYCLES = 4   # a tile step's floor: each accumulator takes one FMA, 4 cycles after its last
 
@@ -388,10 +389,12 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     else:     # grad_output does unless every tap's row lies inside it
         border = any((pl - (k - 1) * d) // s < 0 or (x - 1 + pl) // s > y - 1 for x, y, k, s, pl, d in
                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
-    # (tiles of 32 registers: the 16-register AVX2 shape ran slower with tiles within rows, its tiles
-    # of 3 pixels even smaller: deeplab_dil2 forward 0.93x, r50_3x3_256 0.98x on the Xeon)
-    split = (_row_split(g, fwd, nv, pb) if border and registers >= 32 and (fwd or all(s == 1 for s in g.stride))
-             else ())
+    # (tiles of 32 registers: the 16-register AVX2 shape, its tiles of 3 pixels even smaller, ran mixed
+    # with tiles within rows on the Xeon, channels last, forward / data gradient: deeplab_dil2 0.93x /
+    # 0.94x, r50_3x3_256 0.98x / 0.97x, r50_3x3_512 1.03x / 1.00x, r18_3x3_512_n1 1.05x / 1.01x,
+    # incep_1x7 1.00x / 1.04x, an 8 x 64 x 112 x 3 image 1.27x / 1.25x; unmeasured on an AVX2 host)
+    split = (_row_split(g, fwd, nv, pb)
+             if border and registers >= ROW_TILES_MIN_REGISTERS and (fwd or all(s == 1 for s in g.stride)) else ())
     if split:   # work items of whole rows, as many as nearest the pixels of an item across rows
         pb = max(split)
         qb = max(1, (qb + sum(split) // 2) // sum(split)) * sum(split)
