@@ -2,7 +2,9 @@
 
 DESIGN.md "Testing": one cache directory per session, so a run never reads (or trusts) kernels
 left by an earlier run, and parametrised kernels are built once and shared by every test of the
-session. Tests that need a cache of their own (tests/test_cache.py) override CONVGEN_CACHE_DIR
+session. The tests run on every core by default (pyproject.toml: pytest-xdist's `-n auto`); the
+workers of one run share its directory (the cache's per-kernel locks let one build a kernel while
+another waits for it), so no kernel is built twice. Tests that need a cache of their own (tests/test_cache.py) override CONVGEN_CACHE_DIR
 per test with monkeypatch, which restores this session value afterwards.
 
 CONVGEN_TEST_CACHE_DIR, when set, names the directory to use instead of a fresh one: for
@@ -26,7 +28,13 @@ import torch
 
 @pytest.fixture(scope="session", autouse=True)
 def session_cache_dir(tmp_path_factory):
-    directory = os.environ.get("CONVGEN_TEST_CACHE_DIR") or tmp_path_factory.mktemp("convgen-cache")
+    directory = os.environ.get("CONVGEN_TEST_CACHE_DIR")
+    if not directory and os.environ.get("PYTEST_XDIST_WORKER"):
+        # a worker's base temp is <the run's>/popen-gwN: the run's is common to its workers, and new each run
+        directory = tmp_path_factory.getbasetemp().parent / "convgen-cache"
+        directory.mkdir(exist_ok=True)
+    elif not directory:
+        directory = tmp_path_factory.mktemp("convgen-cache")
     saved = os.environ.get("CONVGEN_CACHE_DIR")
     os.environ["CONVGEN_CACHE_DIR"] = str(directory)
     try:
