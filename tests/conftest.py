@@ -4,8 +4,9 @@ DESIGN.md "Testing": one cache directory per session, so a run never reads (or t
 left by an earlier run, and parametrised kernels are built once and shared by every test of the
 session. The tests run on every core by default (pyproject.toml: pytest-xdist's `-n auto`); the
 workers of one run share its directory (the cache's per-kernel locks let one build a kernel while
-another waits for it), so no kernel is built twice. Tests that need a cache of their own (tests/test_cache.py) override CONVGEN_CACHE_DIR
-per test with monkeypatch, which restores this session value afterwards.
+another waits for it), so no kernel is built twice. Tests that need a cache of their own
+(tests/test_cache.py) override CONVGEN_CACHE_DIR per test with monkeypatch, which restores this
+session value afterwards.
 
 CONVGEN_TEST_CACHE_DIR, when set, names the directory to use instead of a fresh one: for
 iterating on the tests without rebuilding every kernel each run (CI leaves it unset).
