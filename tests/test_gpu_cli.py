@@ -325,7 +325,12 @@ def test_simulator_builds_are_keyed_by_vendor_arch_and_warp():
     assert "-DCONVGEN_SIM" in commands["cuda-sm_90"] and "-DCONVGEN_SIM_WARP=32" in commands["cuda-sm_90"]
     assert "-DCONVGEN_SIM_WARP=64" in commands["hip-gfx90a"]
     assert "-DCONVGEN_SIM" not in commands["cpu"]
-    # the simulator's header comes precompiled (built once per cache, compiler and header version)
-    pch = commands["hip-gfx90a"][commands["hip-gfx90a"].index("-DCONVGEN_SIM_WARP=64") + 2]
+    # the simulator's header comes precompiled and its own functions compiled, once per cache, compiler
+    # and header version; the kernel file declares them (CONVGEN_SIM_SPLIT) and links the object
+    command = commands["hip-gfx90a"]
+    assert "-DCONVGEN_SIM_SPLIT" in command
+    pch = command[command.index("-DCONVGEN_SIM_SPLIT") + 2]
     assert "sim-pch" in pch and os.path.isfile(os.path.join(pch, "sim", "simt.h.gch"))
+    runtime = os.path.join(pch, "sim", "runtime.o")
+    assert os.path.isfile(runtime) and command[command.index(runtime) - 2:command.index(runtime)] == ["-x", "none"]
     assert sources["cuda-sm_90"].language == "cuda" and sources["hip-gfx90a"].language == "hip"

@@ -17,7 +17,7 @@ import pytest
 
 from convgen import knobs
 from convgen.devices import sim
-from convgen.building import sim_build
+from convgen.building import build, sim_build
 from convgen.codegen.errors import SimulatorError
 
 # Kernels that build for CUDA (cuda.h) and HIP (hip.h) alike: only the wrappers' names differ
@@ -161,11 +161,20 @@ def _header(vendor: str) -> str:
     return f'#include "{vendor}.h"\n'
 
 
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    """The portable programs built for the simulator at both warp sizes, and the broken ones."""
+@pytest.fixture(scope="module", params=["whole", "split"])
+def libs(request, tmp_path_factory):
+    """The portable programs built for the simulator at both warp sizes, and the broken ones: each
+    library compiling the whole simulator, and (as the runtime builds) the program alone with the
+    simulator's own functions linked from an object compiled once (sim_build.precompiled_header)."""
     d = tmp_path_factory.mktemp("simt")
-    return {vendor: sim.build(_header(vendor) + PORTABLE + BROKEN, d, "programs", vendor) for vendor in sim_build.WARP}
+    pch = {vendor: None for vendor in sim_build.WARP}
+    if request.param == "split":
+        argv = knobs.cxx()
+        pch = {vendor: sim_build.precompiled_header(vendor, tuple(argv), str(d), build.compiler_identity(argv))
+               for vendor in sim_build.WARP}
+        assert all(pch.values()), "the simulator's precompiled header and runtime object did not build"
+    return {vendor: sim.build(_header(vendor) + PORTABLE + BROKEN, d, "programs", vendor, pch=pch[vendor])
+            for vendor in sim_build.WARP}
 
 
 @pytest.fixture
@@ -379,7 +388,7 @@ ASAN_SCRIPT = r"""
 import sys, numpy as np
 from pathlib import Path
 from convgen.devices import sim
-from convgen.building import sim_build
+from convgen.building import build, sim_build
 sys.path.insert(0, sys.argv[2])
 import test_simt as T
 out_of_bounds = '__global__ void oob_kernel(float* o) { o[threadIdx.x + 1] = 1.0f; }\n' \

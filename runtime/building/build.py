@@ -100,7 +100,8 @@ def compile_command(src: str, out: str, target: Target, cxx_argv: Sequence[str] 
     argv = list(cxx_argv) if cxx_argv is not None else knobs.cxx()
     if target.kind is not TargetKind.CPU:   # GPU source, built to run in the SIMT simulator
         pch = sim.precompiled_header(target.kind.value, tuple(argv), str(cache.root()), compiler_identity(argv))
-        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False, pch=pch)
+        return sim.compile_command(str(src), str(out), target.kind.value, cxx_argv=argv, debug=False, pch=pch,
+                                   split=pch is not None)
     return [
         *argv,
         "-O3",

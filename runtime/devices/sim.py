@@ -55,12 +55,15 @@ class SimLibrary:
             raise SimulatorError(f"{self.path.name}: {entry}: {message or f'launch status {status}'}")
 
 
-def build(source: str, directory: Path, name: str, vendor: str, *, sanitize: bool = False) -> SimLibrary:
-    """Write `source` to directory/name.cu, build it for the simulator and load it."""
+def build(source: str, directory: Path, name: str, vendor: str, *, sanitize: bool = False,
+          pch: Path | None = None) -> SimLibrary:
+    """Write `source` to directory/name.cu, build it for the simulator and load it; with `pch` (a
+    directory from building/sim_build.py's precompiled_header for `vendor`) as the runtime builds
+    do: the kernel file alone, the simulator's own functions linked from there."""
     directory.mkdir(parents=True, exist_ok=True)
     src, out = directory / f"{name}.cu", directory / f"{name}.{vendor}.so"
     src.write_text(source)
-    command = compile_command(str(src), str(out), vendor, sanitize=sanitize)
+    command = compile_command(str(src), str(out), vendor, sanitize=sanitize, pch=pch, split=pch is not None)
     try:
         done = subprocess.run(command, capture_output=True, text=True)
     except FileNotFoundError:

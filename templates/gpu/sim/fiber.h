@@ -83,6 +83,15 @@ struct Worker {
 inline thread_local Worker tls_worker;
 inline Worker& worker() { return tls_worker; }
 
+// The scheduler's side (see CONVGEN_SIM_RT in simt.h): declared here, defined below or in the
+// runtime object.
+CONVGEN_SIM_RT std::string block_name();
+CONVGEN_SIM_RT std::string thread_name(const Fiber& f);
+CONVGEN_SIM_RT void record_error(const std::string& message);
+[[noreturn]] CONVGEN_SIM_RT void fail(const std::string& message);
+CONVGEN_SIM_RT void start_fiber(Fiber& f);
+CONVGEN_SIM_RT void resume(Fiber& f);
+
 // --- the context switch ---------------------------------------------------------------------
 // switch_to(&save, next): push callee-saved registers, store rsp in *save, load next, pop, return.
 __attribute__((naked, noinline)) static void switch_to(void** /*save*/, void* /*next*/) {
@@ -149,21 +158,22 @@ inline void yield_to_scheduler(bool for_good = false) {
     asan_back_in_fiber(f);
 }
 
-inline std::string block_name() {
+#if CONVGEN_SIM_DEFINE_RUNTIME
+CONVGEN_SIM_RT std::string block_name() {
     const Worker& w = worker();
     char buf[96];
     snprintf(buf, sizeof buf, "block (%u,%u,%u)", w.block_idx.x, w.block_idx.y, w.block_idx.z);
     return buf;
 }
 
-inline std::string thread_name(const Fiber& f) {
+CONVGEN_SIM_RT std::string thread_name(const Fiber& f) {
     char buf[64];
     snprintf(buf, sizeof buf, "(%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
     return buf;
 }
 
 // Record the launch's first error (later ones are dropped).
-inline void record_error(const std::string& message) {
+CONVGEN_SIM_RT void record_error(const std::string& message) {
     Launch& l = *worker().launch;
     std::lock_guard<std::mutex> lock(l.error_mutex);
     if (!l.failed.exchange(true))
@@ -171,13 +181,13 @@ inline void record_error(const std::string& message) {
 }
 
 // A rule broken inside a fiber: record it and leave the fiber for good (its stack is abandoned).
-[[noreturn]] inline void fail(const std::string& message) {
+[[noreturn]] CONVGEN_SIM_RT void fail(const std::string& message) {
     record_error("thread " + thread_name(*worker().current) + ": " + message);
     yield_to_scheduler(true);
     __builtin_trap();   // never resumed
 }
 
-extern "C" inline void convgen_sim_fiber_main() {
+extern "C" CONVGEN_SIM_RT void convgen_sim_fiber_main() {
     Worker& w = worker();
     Fiber& f = *w.current;
     asan_back_in_fiber(f);
@@ -188,7 +198,7 @@ extern "C" inline void convgen_sim_fiber_main() {
     __builtin_trap();
 }
 
-inline void start_fiber(Fiber& f) {
+CONVGEN_SIM_RT void start_fiber(Fiber& f) {
     if (!f.stack) {
         void* p = mmap(nullptr, CONVGEN_SIM_STACK_BYTES, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -215,7 +225,7 @@ inline void start_fiber(Fiber& f) {
     f.state = State::Ready;
 }
 
-inline void resume(Fiber& f) {
+CONVGEN_SIM_RT void resume(Fiber& f) {
     Worker& w = worker();
     w.current = &f;
     asan_enter_fiber(f);
@@ -223,5 +233,7 @@ inline void resume(Fiber& f) {
     asan_back_in_scheduler();
     w.current = nullptr;
 }
+
+#endif  // CONVGEN_SIM_DEFINE_RUNTIME
 
 }  // namespace convgen_sim

@@ -79,15 +79,44 @@ struct dim3 {
 // function statics across libraries as STB_GNU_UNIQUE objects and bind one library's calls to
 // another's copies, built with another warp size or sanitizer). Only the extern "C" functions at
 // the end are exported.
+// The scheduler, the collectives' bookkeeping and the launch (the functions marked CONVGEN_SIM_RT)
+// are the same code in every kernel library. By default each library compiles them (inline). With
+// CONVGEN_SIM_SPLIT a kernel file only declares them, and an object file compiled once from this
+// header with CONVGEN_SIM_RUNTIME as well (the runtime's builds: runtime/building/sim_build.py) is
+// linked into the library instead: its symbols stay hidden, so every library still has its own copy
+// and its own state, as above; only the per-kernel compile is shorter.
+#if defined(CONVGEN_SIM_SPLIT) && !defined(CONVGEN_SIM_RUNTIME)
+#define CONVGEN_SIM_DEFINE_RUNTIME 0
+#else
+#define CONVGEN_SIM_DEFINE_RUNTIME 1
+#endif
+#ifdef CONVGEN_SIM_SPLIT
+#define CONVGEN_SIM_RT
+#else
+#define CONVGEN_SIM_RT inline
+#endif
+
 #pragma GCC visibility push(hidden)
 #include "fiber.h"
 
 namespace convgen_sim {
 
-// --- warp collectives ----------------------------------------------------------------------
-inline std::string hex(unsigned long long v) { char b[32]; snprintf(b, sizeof b, "0x%llx", v); return b; }
+CONVGEN_SIM_RT std::string hex(unsigned long long v);
+CONVGEN_SIM_RT const char* coll_name(Coll c);
+CONVGEN_SIM_RT unsigned long long warp_lanes(unsigned warp);
+CONVGEN_SIM_RT unsigned long long collective(const char* site, Coll kind, bool has_mask, unsigned long long mask,
+                                             unsigned long long value, long long arg, int width);
+CONVGEN_SIM_RT bool resolve_collectives();
+CONVGEN_SIM_RT std::string describe_waits();
+CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block);
+CONVGEN_SIM_RT void run_queue(void* p);
+CONVGEN_SIM_RT int launch(Launch& l);
 
-inline const char* coll_name(Coll c) {
+#if CONVGEN_SIM_DEFINE_RUNTIME
+// --- warp collectives ----------------------------------------------------------------------
+CONVGEN_SIM_RT std::string hex(unsigned long long v) { char b[32]; snprintf(b, sizeof b, "0x%llx", v); return b; }
+
+CONVGEN_SIM_RT const char* coll_name(Coll c) {
     switch (c) {
         case Coll::Shfl: return "__shfl";
         case Coll::ShflUp: return "__shfl_up";
@@ -103,15 +132,15 @@ inline const char* coll_name(Coll c) {
 }
 
 // The lanes of the calling fiber's warp that exist in this block (a partial last warp has fewer).
-inline unsigned long long warp_lanes(unsigned warp) {
+CONVGEN_SIM_RT unsigned long long warp_lanes(unsigned warp) {
     Worker& w = worker();
     unsigned n = static_cast<unsigned>(w.fibers.size());
     unsigned first = warp * CONVGEN_SIM_WARP, count = std::min<unsigned>(CONVGEN_SIM_WARP, n - first);
     return count == 64 ? ~0ull : ((1ull << count) - 1);
 }
 
-inline unsigned long long collective(const char* site, Coll kind, bool has_mask, unsigned long long mask,
-                                     unsigned long long value, long long arg, int width) {
+CONVGEN_SIM_RT unsigned long long collective(const char* site, Coll kind, bool has_mask, unsigned long long mask,
+                                             unsigned long long value, long long arg, int width) {
     Worker& w = worker();
     Fiber& f = *w.current;
     unsigned lane = f.linear % CONVGEN_SIM_WARP;
@@ -140,7 +169,7 @@ inline unsigned long long collective(const char* site, Coll kind, bool has_mask,
 
 // Called by the scheduler when no fiber is ready: completes every warp collective whose lanes have
 // all arrived. Returns whether any completed; records an error for inconsistent ones.
-inline bool resolve_collectives() {
+CONVGEN_SIM_RT bool resolve_collectives() {
     Worker& w = worker();
     unsigned n = static_cast<unsigned>(w.fibers.size());
     bool progress = false;
@@ -239,7 +268,7 @@ inline bool resolve_collectives() {
 
 // --- a block ---------------------------------------------------------------------------------
 // Where the block's threads are, grouped by place: "threads (0,0,0) (1,0,0) ... (16 in all) at ...".
-inline std::string describe_waits() {
+CONVGEN_SIM_RT std::string describe_waits() {
     Worker& w = worker();
     std::vector<std::pair<std::string, std::vector<const Fiber*>>> groups;
     for (const Fiber& f : w.fibers) {
@@ -262,7 +291,7 @@ inline std::string describe_waits() {
     return out;
 }
 
-inline void run_block(Launch& l, unsigned long long linear_block) {
+CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
     Worker& w = worker();
     w.launch = &l;
     w.block_linear = linear_block;
@@ -332,7 +361,7 @@ struct BlockQueue {
     std::atomic<unsigned long long> next;
 };
 
-inline void run_queue(void* p) {
+CONVGEN_SIM_RT void run_queue(void* p) {
     BlockQueue& q = *static_cast<BlockQueue*>(p);
     for (;;) {
         unsigned long long i = q.next.fetch_add(1);
@@ -342,7 +371,7 @@ inline void run_queue(void* p) {
     worker().launch = nullptr;
 }
 
-inline int launch(Launch& l) {
+CONVGEN_SIM_RT int launch(Launch& l) {
     launch_count()++;
     l.settings = settings();
     unsigned long long blocks = 1ull * l.grid.x * l.grid.y * l.grid.z;
@@ -380,6 +409,8 @@ inline int launch(Launch& l) {
     last_error() = l.error;
     return 1;
 }
+
+#endif  // CONVGEN_SIM_DEFINE_RUNTIME
 
 template <class F>
 inline void call_closure(void* p) { (*static_cast<F*>(p))(); }
@@ -546,6 +577,7 @@ inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stre
 inline int convgen_free_async(void* p, convgen_stream_t) { std::free(p); return 0; }
 
 // What the Python side calls: settings before a launch, the last failure's message, a counter.
+#if CONVGEN_SIM_DEFINE_RUNTIME
 extern "C" {
 __attribute__((visibility("default"), used)) void convgen_sim_configure(int order, unsigned long long seed, int workers) {
     convgen_sim::settings() = {order, seed, workers};
@@ -555,3 +587,4 @@ __attribute__((visibility("default"), used)) const char* convgen_sim_error() { r
 __attribute__((visibility("default"), used)) unsigned long long convgen_sim_launches() { return convgen_sim::launch_count(); }
 __attribute__((visibility("default"), used)) int convgen_sim_warp_size() { return CONVGEN_SIM_WARP; }
 }
+#endif  // CONVGEN_SIM_DEFINE_RUNTIME
