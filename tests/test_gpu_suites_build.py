@@ -95,9 +95,10 @@ def test_every_default_suite_kernel_builds_for_sm_80_sm_90_and_gfx90a_without_sp
             if source is None:
                 continue
             if target_name in REPRESENTED:   # one kernel per configuration (tests/test_gpu_sweep.py)
-                if configuration(plan) in configurations:
+                config = configuration(plan)
+                if config in configurations:
                     continue
-                configurations.add(configuration(plan))
+                configurations.add(config)
             digest = hashlib.sha256((target_name + source.text).encode()).hexdigest()[:16]
             if digest in seen:
                 continue

@@ -15,9 +15,9 @@ How it fits CI's 2 cores (measured on one, see the figures in the issue-17 repor
   thread's share of the block tile) differ in compile-time sizes only, so the first (in case order)
   stands for the others: about 280 files per target of the 1,306 distinct ones. Compiling all of
   them took about 80 minutes of CPU on a 2-core AMD EPYC (family 23), more than CI's whole budget
-  there beside the rest of the suite. Every case still runs on both vendors' kernels in the
-  simulator (tests/test_gpu_sim.py), and every bench-suite kernel builds with the vendor compilers
-  (tests/test_gpu_suites_build.py).
+  there beside the rest of the suite. Every case, dtype and layout still runs in the simulator
+  (tests/test_gpu_sim.py, on one vendor each), and every bench-suite kernel builds with nvcc for
+  sm_90 (tests/test_gpu_suites_build.py).
 - dedupe: files that differ only in full-line `//` comments (their header: problem name, key and
   reasons) compile to the same code, so each distinct one is compiled once.
 - batches: a vendor compiler's fixed cost per invocation (its driver, the vendor headers parsed,
@@ -128,9 +128,10 @@ def distinct_kernels(problems) -> tuple[dict, dict]:
             if plan.algorithm == "empty":
                 continue
             files[name] += 1
-            if configuration(plan) in seen:
+            config = configuration(plan)
+            if config in seen:
                 continue
-            seen.add(configuration(plan))
+            seen.add(config)
             source = emit_gpu(plan)
             key = hashlib.sha256(_code(source.text).encode()).hexdigest()
             kernels[name].setdefault(key, (source.entry, source.text))

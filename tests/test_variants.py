@@ -23,7 +23,7 @@ from convgen.codegen.pipeline import lower
 from convgen.codegen.target import Target, TargetKind, cpu_target, host_cpu, host_isas
 from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
-from code_shapes import x86_shape
+from code_shapes import ShapeForThisHost, x86_shape
 from reference import rel_err, tolerance
 
 # (name, n, c, k, size, kernel, stride, padding pairs, dilation, groups, transposed, output_padding)
@@ -178,13 +178,10 @@ PORTABLE_VARIANTS = target_variants(PORTABLE, "portable", PORTABLE_PROBLEMS)
 # vectors and 32-register tiles); its f64 channels-last kernels (8 lanes, as this host's own f32
 # channels-last ones) are checked where AVX-512 runs natively: 430 kernels fewer to build here.
 SECOND_SHAPE = x86_shape("avx512")
-SECOND_COMBOS = ((DType.F32, Layout.CONTIGUOUS),)
 if host_cpu().isa == "avx512":
     SECOND_SHAPE = cpu_target("avx2")
-    SECOND_COMBOS = ((DType.F32, Layout.CONTIGUOUS), (DType.F64, Layout.CHANNELS_LAST))
-elif "avx512" in host_isas():
-    SECOND_COMBOS = ((DType.F32, Layout.CONTIGUOUS), (DType.F64, Layout.CHANNELS_LAST))
-SECOND_SHAPE_VARIANTS = target_variants(SECOND_SHAPE, SECOND_SHAPE.isa, combos=SECOND_COMBOS)
+SECOND_SHAPE_VARIANTS = (target_variants(SECOND_SHAPE, SECOND_SHAPE.isa, combos=((DType.F32, Layout.CONTIGUOUS),))
+                         if isinstance(SECOND_SHAPE, ShapeForThisHost) else target_variants(SECOND_SHAPE, SECOND_SHAPE.isa))
 
 
 # bf16 reduced in pairs (vdpbf16ps's arithmetic; see Target.bf16_dot): the lanes forward and data
