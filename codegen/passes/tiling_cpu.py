@@ -237,6 +237,11 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
     return best
 
 
+def _one_dimensional(g) -> bool:
+    """Whether the problem is one-dimensional: depth and height of one (input, output and kernel)."""
+    return g.x_size[:2] == (1, 1) and g.y_size[:2] == (1, 1) and tuple(g.kernel[:2]) == (1, 1)
+
+
 def _windows_inside(g) -> bool:
     """Whether every output pixel's window lies inside the input (no padding to read): then the
     lanes kernels read the input in place instead of a zero-padded copy."""
@@ -244,6 +249,7 @@ def _windows_inside(g) -> bool:
                                      zip(g.x_size, g.y_size, g.kernel, g.stride, g.dilation))
 
 
+STAGE_MIN_PIXELS = 2048   # the lanes weight gradient stages its chunks for 1-D images of at least this many pixels
 ROW_TILES_MAX_WIDTH = 256   # rows wider than this keep tiles across rows (the kernel maps each column to its tile)
 
 
@@ -578,11 +584,28 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     gy_in_place = (unit and not pairs and plan.layout_of("Y") is Layout.CHANNELS_LAST
                    and g.cout_g % (nv * lanes) == 0 and (g.groups * g.cout_g == nv * lanes or rb >= rows))
     in_place += ("Y",) if gy_in_place else ()
+    # One-dimensional problems (1x1 problems flattened to one too) with a contiguous input and
+    # grad_output and long images: each chunk of the reduction stages its input window (zero-padded)
+    # and its grad_output, pixel-major, in buffers of its thread (templates/cpu/lanes_wgrad.cpp.j2),
+    # instead of a whole padded copy and a whole pack per call, which each read and wrote their
+    # operand in memory before the tiles read it back. Xeon, f32, 2 threads, kernel alone, whole /
+    # staged, 3-4 alternating runs each: wavenet_1d (4096 pixels an image) 1.09-1.23x, c1d_small_c
+    # (3981) 1.10-1.23x, mb_pw_144_24 (3136) 1.05-1.11x, c3d_1x1 (6272) 0.98-1.12x; but c1d_64_k5
+    # (1024) 0.86-0.99x, r50_1x1_128_512 (784) 0.98-1.00x, shuffle_g3 (784) 0.87-1.01x. One thread:
+    # c1d_64_k5 1.12x, wavenet_1d 1.23x. Hence images of STAGE_MIN_PIXELS or more.
+    stage = (("X", "Y") if (not pairs and not per_item and not gy_in_place and _one_dimensional(g)
+                            and math.prod(g.y_size) >= STAGE_MIN_PIXELS
+                            and plan.layout_of("X") is Layout.CONTIGUOUS and plan.layout_of("Y") is Layout.CONTIGUOUS)
+             else ())
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
-                    copy_per_item=per_item,
+                    copy_per_item=per_item, stage=stage,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
+    gy_text = ("read in place (channels last, whole channel blocks)" if gy_in_place else
+               "staged pixel-major per chunk in its thread's buffers" if "Y" in stage else
+               "packed pixel-major once per call")
+    x_text = "staged per chunk: its window of the item's channels, zero-padded"
     registers = asm_tile_registers(nv, pb)
     evex = (f", {registers} of 32 registers" + ("" if t.isa == "avx512" and lanes == t.vector_bytes // acc_bytes
                                                   else ": AVX512-VL's EVEX encoding reaches ymm16-31 / xmm16-31")
@@ -591,8 +614,8 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"tap) rows ({score:.2f} useful{evex}); {rb} of the {rows} rows per work item, {items} "
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
-                                 f"{'read in place (channels last, whole channel blocks)' if gy_in_place else 'packed pixel-major once per call'}; input "
-                                 f"{'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits a quarter of the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
+                                 f"{gy_text}; input "
+                                 f"{x_text if 'X' in stage else 'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits a quarter of the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "
                                     "with its neighbour a stride along); " if pairs else "")
