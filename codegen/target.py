@@ -162,15 +162,19 @@ def _host_facts() -> tuple[tuple[str, ...], int, int]:
 
 def host_class() -> dict:
     """What kind of x86 host this is, for benchmark reports: the ISA levels it runs, whether it has
-    AVX512-BF16 (native bf16 dot products, `vdpbf16ps`) and AVX512-FP16, a short label such as
-    "avx512+bf16" or "avx2" by which BENCHMARKS.md groups its tables, the CPU's vendor and family
-    (which set the defaults: AVX-512 or AVX2, bf16 pairs or not) and the ISA level it defaults to."""
+    AVX512-BF16 (native bf16 dot products, `vdpbf16ps`), AVX512-FP16 and AMX-BF16 (tile matrix
+    multiplies, which torch's oneDNN takes for bf16 convolutions: on such a host torch's bf16 runs
+    past the f32 FMA peak, and convgen, which does not use AMX, is compared with that), a short label
+    such as "avx512+bf16", "avx512+bf16+amx" or "avx2" by which BENCHMARKS.md groups its tables, the
+    CPU's vendor and family (which set the defaults: AVX-512 or AVX2, bf16 pairs or not) and the ISA
+    level it defaults to."""
     runs = host_isas()
     flags = _cpu_flags()
     bf16, fp16 = "avx512_bf16" in flags, "avx512_fp16" in flags
-    label = runs[0] + ("+bf16" if bf16 and runs[0] == "avx512" else "")
+    amx = {"amx_tile", "amx_bf16"} <= flags
+    label = runs[0] + ("+bf16" if bf16 and runs[0] == "avx512" else "") + ("+amx" if amx and runs[0] == "avx512" else "")
     vendor, family = cpu_identity()
-    return {"label": label, "isa_levels": list(runs), "avx512_bf16": bf16, "avx512_fp16": fp16,
+    return {"label": label, "isa_levels": list(runs), "avx512_bf16": bf16, "avx512_fp16": fp16, "amx_bf16": amx,
             "vendor": vendor, "family": family, "default_isa": default_isa(runs)}
 
 

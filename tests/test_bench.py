@@ -136,6 +136,8 @@ def test_bench_smoke_suite_json(capsys):
     host = report["machine"]["host_class"]   # the host class, by which BENCHMARKS.md groups its tables
     assert host["isa_levels"][-1] == "generic" and host["label"].startswith(host["isa_levels"][0])
     assert host["avx512_bf16"] == ("avx512_bf16" in open("/proc/cpuinfo").read())
+    amx = "amx_bf16" in open("/proc/cpuinfo").read() and "amx_tile" in open("/proc/cpuinfo").read()
+    assert host["amx_bf16"] == amx and host["label"].endswith("+amx") == (amx and host["isa_levels"][0] == "avx512")
     assert host["vendor"] in open("/proc/cpuinfo").read() and host["default_isa"] in host["isa_levels"]
     assert report["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert report["peak"]["gflops"] > 0 and report["peak"]["threads"] == report["threads"]
