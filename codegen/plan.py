@@ -123,9 +123,9 @@ class Tiling:
                              # last input): where the padded copy of the whole input would take at least this
                              # many bytes per call, each work item's thread copies the part it reads instead
                              # (forward: its padded rows; weight gradient: its channels' planes) (0: never)
-    stage: tuple[str, ...] = ()   # lanes weight gradient: operands each chunk of the reduction stages in its
-                             # thread's buffers instead of a whole pack or copy per call ("Y": a contiguous
-                             # grad_output; "X" with it: a 1-D contiguous input's zero-padded window)
+    stage: bool = False      # lanes weight gradient (1-D, contiguous operands): each chunk of the reduction
+                             # stages its zero-padded input window and its grad_output in its thread's
+                             # buffers, instead of a whole copy and pack per call
     row_split: tuple[int, ...] = ()   # lanes forward and stride-1 data gradient: the sizes of the register tiles
                              # that split each row (work items of whole rows, a tap's padding skipped pixel
                              # by pixel); empty: tiles of kb pixels run across rows

@@ -593,17 +593,16 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     # (3981) 1.10-1.23x, mb_pw_144_24 (3136) 1.05-1.11x, c3d_1x1 (6272) 0.98-1.12x; but c1d_64_k5
     # (1024) 0.86-0.99x, r50_1x1_128_512 (784) 0.98-1.00x, shuffle_g3 (784) 0.87-1.01x. One thread:
     # c1d_64_k5 1.12x, wavenet_1d 1.23x. Hence images of STAGE_MIN_PIXELS or more.
-    stage = (("X", "Y") if (not pairs and not per_item and not gy_in_place and _one_dimensional(g)
-                            and math.prod(g.y_size) >= STAGE_MIN_PIXELS
-                            and plan.layout_of("X") is Layout.CONTIGUOUS and plan.layout_of("Y") is Layout.CONTIGUOUS)
-             else ())
+    stage = (not pairs and not per_item and not gy_in_place and _one_dimensional(g)
+             and math.prod(g.y_size) >= STAGE_MIN_PIXELS
+             and plan.layout_of("X") is Layout.CONTIGUOUS and plan.layout_of("Y") is Layout.CONTIGUOUS)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
                     copy_per_item=per_item, stage=stage,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
     gy_text = ("read in place (channels last, whole channel blocks)" if gy_in_place else
-               "staged pixel-major per chunk in its thread's buffers" if "Y" in stage else
+               "staged pixel-major per chunk in its thread's buffers" if stage else
                "packed pixel-major once per call")
     x_text = "staged per chunk: its window of the item's channels, zero-padded"
     registers = asm_tile_registers(nv, pb)
@@ -615,7 +614,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
                                  f"{gy_text}; input "
-                                 f"{x_text if 'X' in stage else 'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits a quarter of the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
+                                 f"{x_text if stage else 'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits a quarter of the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "
                                     "with its neighbour a stride along); " if pairs else "")
