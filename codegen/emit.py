@@ -45,6 +45,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.DGRAD, "grouplanes"): "cpu/grouplanes_dgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "grouplanes"): "cpu/grouplanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
+    (TargetKind.CPU, KOp.FWD, "amx"): "cpu/amx_fwd.cpp.j2",
 }
 
 
@@ -89,6 +90,7 @@ class KernelContext:
     l2_bytes: int = 0         # the target's L2 (per core)
     row_classes: tuple = ()   # lanes tiles within rows (Tiling.row_split): (the row's tiles, and per kw tap
                               # the pixels of each that read inside) for each pattern (plan.row_tile_taps)
+    amx_native: bool = False  # AMX kernels use the tile instructions (else their C emulation; Target.amx_native)
 
 
 def _context(plan: Plan, entry: str) -> KernelContext:
@@ -118,7 +120,7 @@ def _context(plan: Plan, entry: str) -> KernelContext:
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
                          fma_asm=fma_suffix(plan), evex=evex_tile(plan), l2_bytes=plan.target.l2_bytes,
-                         row_classes=_row_classes(plan))
+                         row_classes=_row_classes(plan), amx_native=plan.target.amx_native)
 
 
 def _row_classes(plan: Plan) -> tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], ...]:

@@ -32,6 +32,9 @@ class Target:
     bf16_dot: bf16 register tiles reduce in pairs with vdpbf16ps's arithmetic (two bf16 products
       added to an f32 lane): the instruction itself where tiles step in assembly (the CPU must
       have AVX512-BF16), an exact C emulation of it elsewhere (portable, for the tests).
+    amx_bf16: bf16 forward kernels may multiply on AMX tiles (TDPBF16PS: 16 x 32 bf16 by 32 x 16, f32
+      sums): natively in AVX-512 code (the CPU must have AMX-BF16), through a C emulation of the tile
+      instructions in other code (portable, for the tests).
     gpu: for CUDA/HIP targets the GpuArch (warp size, shared memory, registers, SMs, matrix
     instruction, async copy; see gpu_target.py); None for CPUs.
     """
@@ -44,16 +47,19 @@ class Target:
     l2_bytes: int = 1024 * 1024
     bf16_dot: bool = False
     gpu: GpuArch | None = None
+    amx_bf16: bool = False
 
     def key(self) -> str:
         """sha256 of the canonical JSON form, leaving out what a target does not use: a CPU
-        target's `gpu` and a target's bf16_dot when it is off. Targets from before either field
-        existed keep their keys (and committed bundles' manifests theirs)."""
+        target's `gpu` and a target's bf16_dot and amx_bf16 when they are off. Targets from before
+        these fields existed keep their keys (and committed bundles' manifests theirs)."""
         fields = to_jsonable(self)
         if self.gpu is None:
             del fields["gpu"]
         if not self.bf16_dot:
             del fields["bf16_dot"]
+        if not self.amx_bf16:
+            del fields["amx_bf16"]
         return sha256_text(canonical_json(fields))
 
     @property
@@ -69,7 +75,7 @@ class Target:
         return self.kind is TargetKind.CPU and self.isa in ("avx2", "avx512")
 
     def name(self) -> str:
-        return f"{self.kind.value}-{self.isa}" + ("+bf16" if self.bf16_dot else "")
+        return f"{self.kind.value}-{self.isa}" + ("+bf16" if self.bf16_dot else "") + ("+amx" if self.amx_bf16 else "")
 
     @property
     def march_flags(self) -> tuple[str, ...]:
@@ -89,7 +95,15 @@ class Target:
             # vdpbf16ps is EVEX-encoded, so its register tiles may use all 32 vector registers:
             # AVX512-VL lets GCC allocate ymm16-31 (every CPU with AVX512-BF16 has it)
             flags += ("-mavx512vl",)
+        if self.amx_native:
+            flags += ("-mamx-tile", "-mamx-bf16", "-mavx512bf16")
         return flags
+
+    @property
+    def amx_native(self) -> bool:
+        """Whether AMX kernels use the tile instructions themselves (AVX-512 code with amx_bf16); an
+        amx_bf16 target of another ISA level runs the same kernels on a C emulation of them."""
+        return self.kind is TargetKind.CPU and self.amx_bf16 and self.isa == "avx512"
 
     @property
     def evex_tiles(self) -> bool:
@@ -141,10 +155,10 @@ _ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2":
 
 
 def cpu_target(isa: str, l1_bytes: int = 32 * 1024, l2_bytes: int = 1024 * 1024,
-               bf16_dot: bool = False) -> Target:
+               bf16_dot: bool = False, amx_bf16: bool = False) -> Target:
     """The CPU target of ISA level `isa` (one of ISA_WIDTHS) with the given cache sizes."""
     return Target(TargetKind.CPU, isa, ISA_WIDTHS[isa], 32 if isa == "avx512" else 16,
-                  l1_bytes=l1_bytes, l2_bytes=l2_bytes, bf16_dot=bf16_dot)
+                  l1_bytes=l1_bytes, l2_bytes=l2_bytes, bf16_dot=bf16_dot, amx_bf16=amx_bf16)
 
 
 @functools.lru_cache(maxsize=1)
@@ -231,9 +245,10 @@ def default_isa(runs: tuple[str, ...], identity: tuple[str, int] | None = None) 
 
 def host_cpu() -> Target:
     """The CPU target this process generates for: CONVGEN_ISA's level when set (it must be one
-    this CPU runs), else `default_isa` of the CPU's levels; with this CPU's cache sizes, and bf16
+    this CPU runs), else `default_isa` of the CPU's levels; with this CPU's cache sizes, bf16
     reduced in pairs on vdpbf16ps where the CPU has it and it pays (BF16_DOT_VENDORS; CONVGEN_BF16_DOT
-    overrides the choice)."""
+    overrides the choice), and bf16 forwards on AMX tiles in AVX-512 code where the CPU has AMX-BF16
+    (CONVGEN_AMX=0 turns them off)."""
     from .. import knobs   # the environment is read in one place (runtime/knobs.py)
     from .errors import ConvgenError
 
@@ -246,7 +261,15 @@ def host_cpu() -> Target:
     dot = knobs.bf16_dot()
     if dot is None:
         dot = cpu_identity()[0] in BF16_DOT_VENDORS
-    return cpu_target(isa, l1, l2, bf16_dot=isa in ("avx2", "avx512") and host_bf16_dot() and dot)
+    amx = knobs.amx()
+    return cpu_target(isa, l1, l2, bf16_dot=isa in ("avx2", "avx512") and host_bf16_dot() and dot,
+                      amx_bf16=isa == "avx512" and host_amx() and (amx is None or amx))
+
+
+@functools.lru_cache(maxsize=1)
+def host_amx() -> bool:
+    """Whether this CPU has AMX-BF16 tiles (TDPBF16PS) and AVX512-BF16 (the kernels' stores)."""
+    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= _cpu_flags()
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,6 +17,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx512 (not on AMD Zen 4), avx2, generic  |
 | CONVGEN_BF16_DOT       | bf16_dot()         | AMD CPUs with AVX512-BF16 (not Intel's)   |
+| CONVGEN_AMX            | amx()              | on where the CPU has AMX-BF16 (AVX-512)   |
 | CONVGEN_SIM            | sim()              | unset: CPU kernels (cuda, hip: simulated) |
 | CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
 | CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
@@ -131,6 +132,14 @@ def bf16_dot() -> bool | None:
     if os.environ.get("CONVGEN_BF16_DOT", "").strip() == "":
         return None
     return _flag("CONVGEN_BF16_DOT")
+
+
+def amx() -> bool | None:
+    """Whether bf16 kernels may multiply on AMX tiles where the CPU has AMX-BF16 and AVX-512 code is
+    generated (CONVGEN_AMX: 1 yes, 0 no), or None when unset (yes)."""
+    if os.environ.get("CONVGEN_AMX", "").strip() == "":
+        return None
+    return _flag("CONVGEN_AMX")
 
 
 SIM_VENDORS = ("cuda", "hip")

@@ -76,6 +76,10 @@ def run(plan: Plan) -> Plan:
         choice, why = "depthwise", PLANES_WHY
     if "grouplanes" in candidates and plan.requested_algorithm is None:
         choice, why = "grouplanes", WHY["grouplanes"]
+    if _amx_fits(plan):
+        candidates = candidates + ("amx",)
+        if plan.requested_algorithm is None and g.cin_g >= AMX_MIN_CHANNELS and g.cout_g >= AMX_MIN_CHANNELS:
+            choice, why = "amx", WHY["amx"]
     if plan.requested_algorithm is not None:
         if plan.requested_algorithm not in candidates:
             raise ConvgenError(f"algorithm {plan.requested_algorithm!r} is not a candidate for a {plan.kop.value} "
@@ -514,6 +518,17 @@ WIDE_LANES_MIN_CHANNELS = 128
 WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
 
 
+def _amx_fits(plan: Plan) -> bool:
+    """Whether the AMX kernel computes this kernel op: a bf16 forward on a target with AMX-BF16 tiles
+    (any sizes: channels are zero-padded to the tiles)."""
+    return plan.kop is KOp.FWD and plan.problem.dtype is DType.BF16 and plan.target.amx_bf16
+
+
+# AMX is the default from this many channels per group on both sides (a tile row reduces 32 input
+# channels and a tile holds 16 output channels; fewer are zero-padded to them).
+AMX_MIN_CHANNELS = 16
+
+
 # Candidate algorithms per kernel op, the heuristic's default first.
 CANDIDATES = {
     KOp.FWD: ("blocked", "lanes", "direct"),
@@ -530,6 +545,8 @@ WHY = {
     "pointwise": "a packed GEMM over channels (1x1 kernel), register tiles of channels x pixels",
     "grouplanes": "depthwise or small groups in channels last: the groups' channels in the vector lanes, a register "
                   "tile of channel vectors x pixels, every pixel's channels one contiguous load",
+    "amx": "AMX tiles (bf16 products, f32 sums): 16 pixels x 32 input channels by 32 input channels x 16 output "
+           "channels per step, from a zero-padded channels-last copy",
     "depthwise": "one (image, channel) plane or channel per item: forward and data gradient over a zero-padded copy "
                  "of the plane, each tap a flat run; weight gradient per-tap vector partial sums over rows or "
                  "planes",

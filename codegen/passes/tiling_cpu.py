@@ -795,6 +795,10 @@ def run_cpu(plan: Plan) -> Plan:
         return _depthwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _depthwise_planes(plan, lanes)
     if plan.algorithm == "grouplanes":
         return _grouplanes(plan, lanes)
+    if plan.algorithm == "amx":
+        return plan.decide("tiling", "AMX tiles: 2 x 2 accumulator tiles (32 pixels x 32 output channels) per step; "
+                                     "work items of two 16-pixel tiles, each over every output channel",
+                           tiling=Tiling(vector_lanes=16, threads_hint="(image, group, two tiles of 16 pixels)"))
     return _direct(plan, lanes)
 
 

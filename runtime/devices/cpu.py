@@ -104,6 +104,11 @@ class Kernel:
         ints = tuple(n if role == "n" else nthreads for kind, role in self.source.signature if kind != "ptr")
 
         def run(*tensors) -> None:
-            if fn(*[None if i is None else tensors[i].data_ptr() for i in slots], *ints) != 0:
+            status = fn(*[None if i is None else tensors[i].data_ptr() for i in slots], *ints)
+            if status == 2:
+                raise RuntimeError(f"kernel {name}: the operating system refused this process the AMX tile state "
+                                   f"(arch_prctl ARCH_REQ_XCOMP_PERM, a Linux 5.16+ kernel is needed); set "
+                                   f"CONVGEN_AMX=0 to generate bf16 kernels without AMX")
+            if status != 0:
                 raise MemoryError(f"kernel {name}: could not allocate its per-thread scratch memory")
         return run

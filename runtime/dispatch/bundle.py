@@ -39,7 +39,7 @@ from ..codegen.ir import ConvProblem
 from ..codegen.pipeline import lower
 from ..codegen.plan import Plan
 from ..codegen.source import KernelSource
-from ..codegen.target import Target, TargetKind, host_bf16_dot, host_cpu, host_isas
+from ..codegen.target import Target, TargetKind, host_amx, host_bf16_dot, host_cpu, host_isas
 from .. import knobs
 from ..building import build as builder
 from ..devices.cpu import Kernel
@@ -300,6 +300,9 @@ def _refusal(path: Path, manifest: dict) -> str | None:
     if target.get("bf16_dot") and not host_bf16_dot():
         return (f"it was generated for {target.get('name')}, whose bf16 kernels use vdpbf16ps, which this CPU "
                 f"does not run (it has no AVX512-BF16); regenerate it here with `convgen aot`")
+    if target.get("amx_bf16") and target.get("isa") == "avx512" and not host_amx():
+        return (f"it was generated for {target.get('name')}, whose bf16 kernels use AMX tiles, which this CPU "
+                f"does not have (no AMX-BF16); regenerate it here with `convgen aot`")
     try:
         record = json.loads((path / "build" / BUILD_RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

@@ -1,0 +1,176 @@
+"""bf16 kernels on AMX tiles (algorithm "amx", `Target.amx_bf16`).
+
+The forward multiplies 16 x 32 bf16 tiles of a zero-padded channels-last copy of the input (16
+output pixels x 32 input channels at one tap) by 32 x 16 tiles of the weights packed in pairs,
+into 16 x 16 f32 tiles. These tests check it against ATen in float64 where its bookkeeping can
+go wrong: tiles running across rows and images (unit strides) and tiles within rows (strides),
+channel counts that are not whole tiles on either side, an odd number of tiles of pixels or of
+output channels, groups, dilation, uneven padding and windows wholly in the padding, 1-D, 2-D and
+3-D, both layouts, with and without the bias.
+
+Every case runs on the C emulation of the tile instructions (an amx_bf16 target of another ISA
+level: any x86 host), and natively where this CPU has AMX-BF16; the native kernels are built on
+every host (their compile is checked there) but run only where the instructions exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+
+import pytest
+import torch
+
+import convgen
+from convgen.codegen.emit import emit
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import cpu_target, host_amx, host_cpu, host_isas
+from convgen.dispatch import dispatch
+from convgen.dispatch.problem import TORCH_DTYPES
+
+from reference import rel_err, tolerance
+
+
+def _problem(n, c, k, size, kernel, stride=1, pad=1, dil=1, groups=1, bias=True, layout=Layout.CONTIGUOUS,
+             op=Op.FWD) -> ConvProblem:
+    d = len(size)
+    each = lambda v: tuple(v) if isinstance(v, tuple) else (v,) * d
+    pads = pad if isinstance(pad, tuple) and isinstance(pad[0], tuple) else tuple((p, p) for p in each(pad))
+    return ConvProblem(op=op, n=n, c=c, k=k, in_size=size, kernel=each(kernel), stride=each(stride),
+                       padding=pads, dilation=each(dil), groups=groups, transposed=False, output_padding=(0,) * d,
+                       dtype=DType.BF16, input_layout=layout, weight_layout=layout, output_layout=layout, bias=bias)
+
+
+# name -> problem (small: the emulation multiplies in scalar C)
+CASES = {
+    "flat_3x3": dict(n=2, c=32, k=32, size=(9, 11), kernel=3),                       # tiles across rows and images
+    "strided_rows": dict(n=2, c=40, k=20, size=(9, 11), kernel=3, stride=2),         # tiles within rows
+    "groups_7x7": dict(n=1, c=64, k=48, size=(7, 7), kernel=3, groups=2),            # an odd number of output tiles
+    "tails_3d": dict(n=2, c=17, k=33, size=(4, 5, 6), kernel=3),                     # channels not whole tiles
+    "dilated_1d": dict(n=2, c=32, k=16, size=(40,), kernel=5, stride=3, pad=2, dil=2),
+    "pointwise": dict(n=2, c=48, k=64, size=(6, 7), kernel=1, pad=0),
+    "uneven_pad": dict(n=1, c=70, k=18, size=(8, 9), kernel=(2, 3), pad=((3, 0), (0, 2)), dil=(2, 1)),
+    "window_in_padding": dict(n=2, c=16, k=16, size=(3, 4), kernel=3, pad=4),       # first windows all zeros
+    "strided_tall": dict(n=1, c=24, k=40, size=(20, 37), kernel=(3, 1), stride=(1, 2), pad=(1, 0)),
+}
+
+
+def _targets():
+    yield "emulated", cpu_target("avx2", amx_bf16=True)
+    yield "native", dataclasses.replace(cpu_target("avx512", amx_bf16=True), l1_bytes=host_cpu().l1_bytes)
+
+
+def _plans():
+    for name, kw in CASES.items():
+        for layout in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST):
+            for bias in (True, False):
+                for which, target in _targets():
+                    yield (name, layout, bias, which), lower(_problem(**kw, bias=bias, layout=layout), target,
+                                                             algorithm="amx")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    keyed = list(_plans())
+    return dict(zip([k for k, _ in keyed], zip([p for _, p in keyed], dispatch.load_plans([p for _, p in keyed]))))
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.movedim(1, -1).contiguous().movedim(-1, 1)
+
+
+@pytest.mark.parametrize("which", ["emulated", "native"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("layout", [Layout.CONTIGUOUS, Layout.CHANNELS_LAST], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_amx_forward_matches_aten(kernels, name, layout, bias, which):
+    plan, kernel = kernels[(name, layout, bias, which)]
+    assert "_tile_dpbf16ps" in emit(plan).text if which == "native" else "emu_dp" in emit(plan).text
+    if which == "native" and not host_amx():
+        pytest.skip("this CPU has no AMX-BF16: the native kernel was built (its compile checked), the emulated "
+                    "one runs instead")
+    p = plan.problem
+    gen = torch.Generator().manual_seed(zlib.crc32(f"amx-{name}-{layout.value}-{bias}".encode()))
+    x = torch.randn(p.input_shape, generator=gen, dtype=torch.float64).bfloat16()
+    w = torch.randn(p.weight_shape, generator=gen, dtype=torch.float64).bfloat16()
+    b = torch.randn(p.k, generator=gen, dtype=torch.float64).bfloat16()
+    if layout is Layout.CHANNELS_LAST:
+        x, w = _channels_last(x), _channels_last(w)
+    pads = [lo for lo, _ in p.padding]
+    xd = torch.nn.functional.pad(x.double(), [v for lo, hi in reversed(p.padding) for v in (lo, hi)])
+    ref = torch.ops.aten.convolution(xd, w.double(), b.double() if bias else None, list(p.stride),
+                                     [0] * len(pads), list(p.dilation), False, [0] * len(pads), p.groups)
+    y = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16)
+    if layout is Layout.CHANNELS_LAST:
+        y = _channels_last(y)
+    kernel({"input": x, "weight": w, "bias": b if bias else None, "output": y}, p.n, 2)
+    assert not torch.isnan(y).any(), "outputs left unwritten"
+    terms = p.c // p.groups * math.prod(p.kernel)
+    assert rel_err(y, ref) <= tolerance(torch.bfloat16, terms), f"rel err {rel_err(y, ref):.2e}"
+
+
+def test_amx_where_it_is_chosen():
+    amx = cpu_target("avx512", amx_bf16=True)
+    choose = lambda target, **kw: lower(_problem(**{"n": 8, "size": (56, 56), "kernel": 3, **kw}), target).algorithm
+    assert choose(amx, c=64, k=64) == "amx"
+    assert choose(amx, c=256, k=64, kernel=1, pad=0) == "amx", "1x1 too"
+    assert choose(amx, c=64, k=64, groups=64) != "amx", "depthwise: one channel per group"
+    assert choose(amx, c=3, k=64, kernel=7, stride=2) != "amx", "three input channels would fill a tenth of a tile row"
+    assert choose(cpu_target("avx512"), c=64, k=64) != "amx", "a target without AMX"
+    f32 = dataclasses.replace(_problem(n=8, c=64, k=64, size=(56, 56), kernel=3), dtype=DType.F32)
+    assert lower(f32, amx).algorithm != "amx", "bf16 only"
+    assert "amx" in lower(_problem(n=1, c=3, k=8, size=(9, 9), kernel=3), amx).candidates, "a candidate for any size"
+
+
+def test_amx_target_key_and_name():
+    plain = cpu_target("avx512")
+    assert dataclasses.replace(plain, amx_bf16=False).key() == plain.key()
+    amx = cpu_target("avx512", amx_bf16=True)
+    assert amx.key() != plain.key() and amx.name() == "cpu-avx512+amx"
+    assert "-mamx-tile" in amx.march_flags and "-mamx-tile" not in cpu_target("avx2", amx_bf16=True).march_flags
+
+
+def test_host_target_takes_amx_where_the_cpu_has_it(monkeypatch):
+    monkeypatch.delenv("CONVGEN_AMX", raising=False)
+    monkeypatch.delenv("CONVGEN_ISA", raising=False)
+    assert host_cpu().amx_bf16 == (host_amx() and host_cpu().isa == "avx512")
+    monkeypatch.setenv("CONVGEN_AMX", "0")
+    assert not host_cpu().amx_bf16
+    monkeypatch.setenv("CONVGEN_AMX", "maybe")
+    with pytest.raises(convgen.ConvgenError, match="CONVGEN_AMX='maybe'"):
+        host_cpu()
+
+
+API_CASES = [
+    # (input, weight, stride, padding, dilation, groups, channels last)
+    ((2, 32, 12, 13), (48, 32, 3, 3), 1, 1, 1, 1, False),
+    ((2, 64, 11, 10), (32, 32, 3, 3), 2, 1, 1, 2, True),
+    ((1, 20, 5, 6, 7), (24, 20, 3, 3, 3), 1, 1, 2, 1, True),
+]
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=["nchw", "grouped_strided_cl", "dilated_3d_cl"])
+def test_api_bf16_forward_and_backward(case):
+    """The API end to end in bf16 (on this host's target: AMX where the CPU has it)."""
+    xs, ws, stride, padding, dilation, groups, cl = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    x = torch.randn(xs, generator=gen, dtype=torch.float64).bfloat16()
+    w = torch.randn(ws, generator=gen, dtype=torch.float64).bfloat16()
+    b = torch.randn(ws[0], generator=gen, dtype=torch.float64).bfloat16()
+    if cl:
+        x, w = _channels_last(x), _channels_last(w)
+    args = ([stride] * (len(xs) - 2), [padding] * (len(xs) - 2), [dilation] * (len(xs) - 2), False,
+            [0] * (len(xs) - 2), groups)
+    y = convgen.convolution(x, w, b, *args)
+    ref = torch.ops.aten.convolution(x.double(), w.double(), b.double(), *args)
+    terms = ws[1] * math.prod(ws[2:])
+    assert rel_err(y, ref) <= tolerance(torch.bfloat16, terms), f"forward rel err {rel_err(y, ref):.2e}"
+    gy = torch.randn(ref.shape, generator=gen, dtype=torch.float64).bfloat16()
+    got = convgen.convolution_backward(gy, x, w, [ws[0]], *args, [True, True, True])
+    want = torch.ops.aten.convolution_backward(gy.double(), x.double(), w.double(), [ws[0]], *args, [True, True, True])
+    over_pixels = xs[0] * math.prod(ref.shape[2:])
+    for name, a, r, t in zip(("grad_input", "grad_weight", "grad_bias"), got, want,
+                             (ws[0] // groups * math.prod(ws[2:]), over_pixels, over_pixels)):
+        assert rel_err(a, r) <= tolerance(torch.bfloat16, t), f"{name} rel err {rel_err(a, r):.2e}"
