@@ -46,6 +46,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.WGRAD, "grouplanes"): "cpu/grouplanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "amx"): "cpu/amx_fwd.cpp.j2",
+    (TargetKind.CPU, KOp.DGRAD, "amx"): "cpu/amx_fwd.cpp.j2",
 }
 
 

@@ -62,13 +62,18 @@ def _targets():
     yield "native", dataclasses.replace(cpu_target("avx512", amx_bf16=True), l1_bytes=host_cpu().l1_bytes)
 
 
+# the data gradient's cases: unit strides (a forward of grad_output with the taps flipped)
+DGRAD_CASES = ("flat_3x3", "groups_7x7", "tails_3d", "pointwise", "uneven_pad", "window_in_padding")
+OPS = [(name, Op.FWD) for name in CASES] + [(name, Op.BWD_DATA) for name in DGRAD_CASES]
+
+
 def _plans():
-    for name, kw in CASES.items():
+    for name, op in OPS:
         for layout in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST):
-            for bias in (True, False):
+            for bias in (True, False) if op is Op.FWD else (False,):
                 for which, target in _targets():
-                    yield (name, layout, bias, which), lower(_problem(**kw, bias=bias, layout=layout), target,
-                                                             algorithm="amx")
+                    problem = _problem(**CASES[name], bias=bias, layout=layout, op=op)
+                    yield (name, op, layout, bias, which), lower(problem, target, algorithm="amx")
 
 
 @pytest.fixture(scope="module")
@@ -81,34 +86,55 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.movedim(1, -1).contiguous().movedim(-1, 1)
 
 
+def _reference(p: ConvProblem, x, w, b, gy):
+    """ATen in float64 on the input padded explicitly (uneven padding too): the forward, or the data
+    gradient cropped back to the input."""
+    flat = [v for lo, hi in reversed(p.padding) for v in (lo, hi)]
+    xd = torch.nn.functional.pad(x.double(), flat)
+    zeros = [0] * len(p.padding)
+    if p.op is Op.FWD:
+        return torch.ops.aten.convolution(xd, w.double(), None if b is None else b.double(), list(p.stride), zeros,
+                                          list(p.dilation), False, zeros, p.groups)
+    gx, _, _ = torch.ops.aten.convolution_backward(gy.double(), xd, w.double(), None, list(p.stride), zeros,
+                                                   list(p.dilation), False, zeros, p.groups, [True, False, False])
+    for axis, (lo, _) in enumerate(p.padding):
+        gx = gx.narrow(2 + axis, lo, x.shape[2 + axis])
+    return gx
+
+
+# (a data gradient has no bias; a transposed convolution's forward, a data gradient with one: the API test)
+RUNS = [(name, op, bias) for name, op in OPS for bias in (True, False) if op is Op.FWD or not bias]
+
+
 @pytest.mark.parametrize("which", ["emulated", "native"])
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("layout", [Layout.CONTIGUOUS, Layout.CHANNELS_LAST], ids=["nchw", "channels_last"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_amx_forward_matches_aten(kernels, name, layout, bias, which):
-    plan, kernel = kernels[(name, layout, bias, which)]
+@pytest.mark.parametrize("name, op, bias", RUNS, ids=[f"{n}-{o.short}-{'bias' if b else 'no_bias'}" for n, o, b in RUNS])
+def test_amx_matches_aten(kernels, name, op, layout, bias, which):
+    plan, kernel = kernels[(name, op, layout, bias, which)]
     assert "_tile_dpbf16ps" in emit(plan).text if which == "native" else "emu_dp" in emit(plan).text
     if which == "native" and not host_amx():
         pytest.skip("this CPU has no AMX-BF16: the native kernel was built (its compile checked), the emulated "
                     "one runs instead")
     p = plan.problem
-    gen = torch.Generator().manual_seed(zlib.crc32(f"amx-{name}-{layout.value}-{bias}".encode()))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"amx-{name}-{op.value}-{layout.value}-{bias}".encode()))
     x = torch.randn(p.input_shape, generator=gen, dtype=torch.float64).bfloat16()
     w = torch.randn(p.weight_shape, generator=gen, dtype=torch.float64).bfloat16()
-    b = torch.randn(p.k, generator=gen, dtype=torch.float64).bfloat16()
+    b = torch.randn(p.k, generator=gen, dtype=torch.float64).bfloat16() if bias else None
+    gy = torch.randn(p.output_shape, generator=gen, dtype=torch.float64).bfloat16()
     if layout is Layout.CHANNELS_LAST:
-        x, w = _channels_last(x), _channels_last(w)
-    pads = [lo for lo, _ in p.padding]
-    xd = torch.nn.functional.pad(x.double(), [v for lo, hi in reversed(p.padding) for v in (lo, hi)])
-    ref = torch.ops.aten.convolution(xd, w.double(), b.double() if bias else None, list(p.stride),
-                                     [0] * len(pads), list(p.dilation), False, [0] * len(pads), p.groups)
-    y = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16)
+        x, w, gy = _channels_last(x), _channels_last(w), _channels_last(gy)
+    ref = _reference(p, x, w, b, gy)
+    out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16)
     if layout is Layout.CHANNELS_LAST:
-        y = _channels_last(y)
-    kernel({"input": x, "weight": w, "bias": b if bias else None, "output": y}, p.n, 2)
-    assert not torch.isnan(y).any(), "outputs left unwritten"
-    terms = p.c // p.groups * math.prod(p.kernel)
-    assert rel_err(y, ref) <= tolerance(torch.bfloat16, terms), f"rel err {rel_err(y, ref):.2e}"
+        out = _channels_last(out)
+    if op is Op.FWD:
+        kernel({"input": x, "weight": w, "bias": b, "output": out}, p.n, 2)
+        terms = p.c // p.groups * math.prod(p.kernel)
+    else:
+        kernel({"grad_output": gy, "weight": w, "grad_input": out}, p.n, 2)
+        terms = p.k // p.groups * math.prod(p.kernel)
+    assert not torch.isnan(out).any(), "results left unwritten"
+    assert rel_err(out, ref) <= tolerance(torch.bfloat16, terms), f"rel err {rel_err(out, ref):.2e}"
 
 
 def test_amx_where_it_is_chosen():
@@ -119,6 +145,9 @@ def test_amx_where_it_is_chosen():
     assert choose(amx, c=64, k=64, groups=64) != "amx", "depthwise: one channel per group"
     assert choose(amx, c=3, k=64, kernel=7, stride=2) != "amx", "three input channels would fill a tenth of a tile row"
     assert choose(cpu_target("avx512"), c=64, k=64) != "amx", "a target without AMX"
+    dgrad = lambda **kw: lower(_problem(**{"n": 8, "size": (28, 28), "kernel": 3, "op": Op.BWD_DATA, **kw}), amx)
+    assert dgrad(c=128, k=128).algorithm == "amx"
+    assert "amx" not in dgrad(c=128, k=128, stride=2).candidates, "a strided data gradient is not a forward"
     f32 = dataclasses.replace(_problem(n=8, c=64, k=64, size=(56, 56), kernel=3), dtype=DType.F32)
     assert lower(f32, amx).algorithm != "amx", "bf16 only"
     assert "amx" in lower(_problem(n=1, c=3, k=8, size=(9, 9), kernel=3), amx).candidates, "a candidate for any size"
@@ -148,29 +177,33 @@ API_CASES = [
     ((2, 32, 12, 13), (48, 32, 3, 3), 1, 1, 1, 1, False),
     ((2, 64, 11, 10), (32, 32, 3, 3), 2, 1, 1, 2, True),
     ((1, 20, 5, 6, 7), (24, 20, 3, 3, 3), 1, 1, 2, 1, True),
+    ((2, 32, 9, 10), (32, 24, 3, 3), 1, 1, 1, 1, False, True),   # transposed: its forward is a data gradient
 ]
 
 
-@pytest.mark.parametrize("case", API_CASES, ids=["nchw", "grouped_strided_cl", "dilated_3d_cl"])
+@pytest.mark.parametrize("case", API_CASES, ids=["nchw", "grouped_strided_cl", "dilated_3d_cl", "transposed"])
 def test_api_bf16_forward_and_backward(case):
     """The API end to end in bf16 (on this host's target: AMX where the CPU has it)."""
-    xs, ws, stride, padding, dilation, groups, cl = case
+    xs, ws, stride, padding, dilation, groups, cl, *transposed = case
+    transposed = bool(transposed and transposed[0])
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     x = torch.randn(xs, generator=gen, dtype=torch.float64).bfloat16()
     w = torch.randn(ws, generator=gen, dtype=torch.float64).bfloat16()
-    b = torch.randn(ws[0], generator=gen, dtype=torch.float64).bfloat16()
+    out_channels = ws[1] * groups if transposed else ws[0]
+    b = torch.randn(out_channels, generator=gen, dtype=torch.float64).bfloat16()
     if cl:
         x, w = _channels_last(x), _channels_last(w)
-    args = ([stride] * (len(xs) - 2), [padding] * (len(xs) - 2), [dilation] * (len(xs) - 2), False,
+    args = ([stride] * (len(xs) - 2), [padding] * (len(xs) - 2), [dilation] * (len(xs) - 2), transposed,
             [0] * (len(xs) - 2), groups)
     y = convgen.convolution(x, w, b, *args)
     ref = torch.ops.aten.convolution(x.double(), w.double(), b.double(), *args)
-    terms = ws[1] * math.prod(ws[2:])
+    terms = max(ws[0], ws[1]) * math.prod(ws[2:])
     assert rel_err(y, ref) <= tolerance(torch.bfloat16, terms), f"forward rel err {rel_err(y, ref):.2e}"
     gy = torch.randn(ref.shape, generator=gen, dtype=torch.float64).bfloat16()
-    got = convgen.convolution_backward(gy, x, w, [ws[0]], *args, [True, True, True])
-    want = torch.ops.aten.convolution_backward(gy.double(), x.double(), w.double(), [ws[0]], *args, [True, True, True])
+    got = convgen.convolution_backward(gy, x, w, [out_channels], *args, [True, True, True])
+    want = torch.ops.aten.convolution_backward(gy.double(), x.double(), w.double(), [out_channels], *args,
+                                               [True, True, True])
     over_pixels = xs[0] * math.prod(ref.shape[2:])
     for name, a, r, t in zip(("grad_input", "grad_weight", "grad_bias"), got, want,
-                             (ws[0] // groups * math.prod(ws[2:]), over_pixels, over_pixels)):
+                             (terms, over_pixels, over_pixels)):
         assert rel_err(a, r) <= tolerance(torch.bfloat16, t), f"{name} rel err {rel_err(a, r):.2e}"

@@ -60,9 +60,10 @@ def sha256(text: str) -> str:
 
 
 def target_to_dict(target: Target) -> dict:
-    """The manifest's form of a (CPU) target: its fields, kind and name; `gpu` only when set."""
+    """The manifest's form of a (CPU) target: its fields, kind and name; `gpu` and `amx_bf16` only when
+    set (manifests from before amx_bf16 existed read the same)."""
     fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)
-              if not (f.name == "gpu" and target.gpu is None)}
+              if not (f.name == "gpu" and target.gpu is None or f.name == "amx_bf16" and not target.amx_bf16)}
     return {**fields, "kind": target.kind.value, "name": target.name()}
 
 
