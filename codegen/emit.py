@@ -47,6 +47,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.BIAS, "reduce"): "cpu/reduce_bias.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "amx"): "cpu/amx_fwd.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "amx"): "cpu/amx_fwd.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "amx"): "cpu/amx_wgrad.cpp.j2",
 }
 
 

@@ -64,13 +64,14 @@ def _targets():
 
 # the data gradient's cases: unit strides (a forward of grad_output with the taps flipped)
 DGRAD_CASES = ("flat_3x3", "groups_7x7", "tails_3d", "pointwise", "uneven_pad", "window_in_padding")
-OPS = [(name, Op.FWD) for name in CASES] + [(name, Op.BWD_DATA) for name in DGRAD_CASES]
+OPS = ([(name, Op.FWD) for name in CASES] + [(name, Op.BWD_DATA) for name in DGRAD_CASES] +
+       [(name, Op.BWD_WEIGHT) for name in CASES])
 
 
 def _plans():
     for name, op in OPS:
         for layout in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST):
-            for bias in (True, False) if op is Op.FWD else (False,):
+            for bias in (True, False) if op is not Op.BWD_DATA else (False,):
                 for which, target in _targets():
                     problem = _problem(**CASES[name], bias=bias, layout=layout, op=op)
                     yield (name, op, layout, bias, which), lower(problem, target, algorithm="amx")
@@ -95,6 +96,11 @@ def _reference(p: ConvProblem, x, w, b, gy):
     if p.op is Op.FWD:
         return torch.ops.aten.convolution(xd, w.double(), None if b is None else b.double(), list(p.stride), zeros,
                                           list(p.dilation), False, zeros, p.groups)
+    if p.op is Op.BWD_WEIGHT:
+        _, gw, gb = torch.ops.aten.convolution_backward(gy.double(), xd, w.double(), [p.k], list(p.stride), zeros,
+                                                        list(p.dilation), False, zeros, p.groups,
+                                                        [False, True, b is not None])
+        return gw, gb
     gx, _, _ = torch.ops.aten.convolution_backward(gy.double(), xd, w.double(), None, list(p.stride), zeros,
                                                    list(p.dilation), False, zeros, p.groups, [True, False, False])
     for axis, (lo, _) in enumerate(p.padding):
@@ -103,7 +109,7 @@ def _reference(p: ConvProblem, x, w, b, gy):
 
 
 # (a data gradient has no bias; a transposed convolution's forward, a data gradient with one: the API test)
-RUNS = [(name, op, bias) for name, op in OPS for bias in (True, False) if op is Op.FWD or not bias]
+RUNS = [(name, op, bias) for name, op in OPS for bias in (True, False) if op is not Op.BWD_DATA or not bias]
 
 
 @pytest.mark.parametrize("which", ["emulated", "native"])
@@ -124,15 +130,25 @@ def test_amx_matches_aten(kernels, name, op, layout, bias, which):
     if layout is Layout.CHANNELS_LAST:
         x, w, gy = _channels_last(x), _channels_last(w), _channels_last(gy)
     ref = _reference(p, x, w, b, gy)
-    out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16)
+    out = torch.full(ref[0].shape if op is Op.BWD_WEIGHT else ref.shape, float("nan"), dtype=torch.bfloat16)
     if layout is Layout.CHANNELS_LAST:
         out = _channels_last(out)
     if op is Op.FWD:
         kernel({"input": x, "weight": w, "bias": b, "output": out}, p.n, 2)
         terms = p.c // p.groups * math.prod(p.kernel)
-    else:
+    elif op is Op.BWD_DATA:
         kernel({"grad_output": gy, "weight": w, "grad_input": out}, p.n, 2)
         terms = p.k // p.groups * math.prod(p.kernel)
+    else:
+        ref, ref_b = ref
+        out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16)
+        if layout is Layout.CHANNELS_LAST:
+            out = _channels_last(out)
+        gb = torch.full((p.k,), float("nan"), dtype=torch.bfloat16)
+        kernel({"grad_output": gy, "input": x, "grad_weight": out, "grad_bias": gb if bias else None}, p.n, 2)
+        terms = p.n * math.prod(p.output_shape[2:])
+        if bias:
+            assert rel_err(gb, ref_b) <= tolerance(torch.bfloat16, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
     assert not torch.isnan(out).any(), "results left unwritten"
     assert rel_err(out, ref) <= tolerance(torch.bfloat16, terms), f"rel err {rel_err(out, ref):.2e}"
 

@@ -776,6 +776,24 @@ def _splits(items: int, partial_bytes: int, chunks: int | None = None) -> int:
 
 
 
+def _amx_wgrad(plan: Plan) -> Plan:
+    """The AMX weight gradient's blocks of the reduction: as many grid positions as keep a block's
+    planar input (every stride phase, each group's input channels in whole tiles) and its packed
+    grad_output (output channels in whole tiles) within half the L2, in whole tiles of 32."""
+    g = plan.geometry
+    phases = math.prod(g.stride)
+    per_position = 2 * g.groups * (phases * math.ceil(g.cin_g / 16) * 16 + math.ceil(g.cout_g / 16) * 16)
+    qb = max(AMX_WGRAD_MIN_BLOCK, min(AMX_WGRAD_MAX_BLOCK, plan.target.l2_bytes // 2 // per_position // 32 * 32))
+    return plan.decide("tiling", f"AMX tiles: 2 x 2 accumulator tiles (32 input x 32 output channels at one tap) per "
+                                 f"step; the reduction in blocks of {qb} grid positions ({per_position} bytes each), "
+                                 f"each block walked by every work item",
+                       tiling=Tiling(vector_lanes=16, threads_hint="(group, tap, two tiles of input channels, two "
+                                                                   "tiles of output channels)", pc=qb))
+
+
+AMX_WGRAD_MIN_BLOCK, AMX_WGRAD_MAX_BLOCK = 256, 8192
+
+
 def run_cpu(plan: Plan) -> Plan:
     """The tiling of `plan` for a CPU target."""
     from .tiling_gemm import _gemm_wgrad, _pointwise, _pointwise_wgrad   # (they import this module)
@@ -795,6 +813,8 @@ def run_cpu(plan: Plan) -> Plan:
         return _depthwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _depthwise_planes(plan, lanes)
     if plan.algorithm == "grouplanes":
         return _grouplanes(plan, lanes)
+    if plan.algorithm == "amx" and plan.kop is KOp.WGRAD:
+        return _amx_wgrad(plan)
     if plan.algorithm == "amx":
         return plan.decide("tiling", "AMX tiles: 2 x 2 accumulator tiles (32 pixels x 32 output channels) per step; "
                                      "work items of two 16-pixel tiles, each over every output channel",
