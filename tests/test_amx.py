@@ -6,7 +6,9 @@ into 16 x 16 f32 tiles. These tests check it against ATen in float64 where its b
 go wrong: tiles running across rows and images (unit strides) and tiles within rows (strides),
 channel counts that are not whole tiles on either side, an odd number of tiles of pixels or of
 output channels, groups, dilation, uneven padding and windows wholly in the padding, 1-D, 2-D and
-3-D, both layouts, with and without the bias.
+3-D, both layouts, with and without the bias. The data gradient is the forward over grad_output per
+stride phase (phases with every tap, some, or none when the stride exceeds the kernel); the weight
+gradient reduces over a planar copy split into stride phases.
 
 Every case runs on the C emulation of the tile instructions (an amx_bf16 target of another ISA
 level: any x86 host), and natively where this CPU has AMX-BF16; the native kernels are built on
@@ -54,6 +56,8 @@ CASES = {
     "uneven_pad": dict(n=1, c=70, k=18, size=(8, 9), kernel=(2, 3), pad=((3, 0), (0, 2)), dil=(2, 1)),
     "window_in_padding": dict(n=2, c=16, k=16, size=(3, 4), kernel=3, pad=4),       # first windows all zeros
     "strided_tall": dict(n=1, c=24, k=40, size=(20, 37), kernel=(3, 1), stride=(1, 2), pad=(1, 0)),
+    "stride_over_kernel": dict(n=2, c=16, k=24, size=(11, 10), kernel=2, stride=3, pad=1),   # phases without taps
+    "strided_3d": dict(n=1, c=20, k=16, size=(5, 6, 7), kernel=3, stride=2, pad=1, dil=(1, 2, 1)),
 }
 
 
@@ -62,10 +66,7 @@ def _targets():
     yield "native", dataclasses.replace(cpu_target("avx512", amx_bf16=True), l1_bytes=host_cpu().l1_bytes)
 
 
-# the data gradient's cases: unit strides (a forward of grad_output with the taps flipped)
-DGRAD_CASES = ("flat_3x3", "groups_7x7", "tails_3d", "pointwise", "uneven_pad", "window_in_padding")
-OPS = ([(name, Op.FWD) for name in CASES] + [(name, Op.BWD_DATA) for name in DGRAD_CASES] +
-       [(name, Op.BWD_WEIGHT) for name in CASES])
+OPS = [(name, op) for op in (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT) for name in CASES]
 
 
 def _plans():
@@ -163,7 +164,7 @@ def test_amx_where_it_is_chosen():
     assert choose(cpu_target("avx512"), c=64, k=64) != "amx", "a target without AMX"
     dgrad = lambda **kw: lower(_problem(**{"n": 8, "size": (28, 28), "kernel": 3, "op": Op.BWD_DATA, **kw}), amx)
     assert dgrad(c=128, k=128).algorithm == "amx"
-    assert "amx" not in dgrad(c=128, k=128, stride=2).candidates, "a strided data gradient is not a forward"
+    assert dgrad(c=128, k=128, stride=2).algorithm == "amx", "per stride phase"
     f32 = dataclasses.replace(_problem(n=8, c=64, k=64, size=(56, 56), kernel=3), dtype=DType.F32)
     assert lower(f32, amx).algorithm != "amx", "bf16 only"
     assert "amx" in lower(_problem(n=1, c=3, k=8, size=(9, 9), kernel=3), amx).candidates, "a candidate for any size"
@@ -194,10 +195,12 @@ API_CASES = [
     ((2, 64, 11, 10), (32, 32, 3, 3), 2, 1, 1, 2, True),
     ((1, 20, 5, 6, 7), (24, 20, 3, 3, 3), 1, 1, 2, 1, True),
     ((2, 32, 9, 10), (32, 24, 3, 3), 1, 1, 1, 1, False, True),   # transposed: its forward is a data gradient
+    ((2, 32, 6, 7), (32, 16, 4, 4), 2, 1, 1, 1, True, True),     # ... with strides (its phases)
 ]
 
 
-@pytest.mark.parametrize("case", API_CASES, ids=["nchw", "grouped_strided_cl", "dilated_3d_cl", "transposed"])
+@pytest.mark.parametrize("case", API_CASES, ids=["nchw", "grouped_strided_cl", "dilated_3d_cl", "transposed",
+                                                "transposed_strided_cl"])
 def test_api_bf16_forward_and_backward(case):
     """The API end to end in bf16 (on this host's target: AMX where the CPU has it)."""
     xs, ws, stride, padding, dilation, groups, cl, *transposed = case

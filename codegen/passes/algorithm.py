@@ -519,12 +519,11 @@ WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
 
 
 def _amx_fits(plan: Plan) -> bool:
-    """Whether an AMX kernel computes this kernel op: a bf16 forward, data gradient with unit strides
-    (a forward of grad_output with the taps flipped) or weight gradient, on a target with AMX-BF16 tiles (any sizes:
+    """Whether an AMX kernel computes this kernel op: a bf16 forward, data gradient (a forward of
+    grad_output per stride phase) or weight gradient, on a target with AMX-BF16 tiles (any sizes:
     channels are zero-padded to the tiles)."""
-    g = plan.geometry
     return (plan.problem.dtype is DType.BF16 and plan.target.amx_bf16 and
-            (plan.kop in (KOp.FWD, KOp.WGRAD) or plan.kop is KOp.DGRAD and g.stride == (1, 1, 1)))
+            plan.kop in (KOp.FWD, KOp.DGRAD, KOp.WGRAD))
 
 
 # AMX is the default from this many channels per group on both sides (a tile row reduces 32 input
