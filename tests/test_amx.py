@@ -161,6 +161,43 @@ def test_amx_matches_aten(kernels, name, op, layout, bias, which):
     assert rel_err(out, ref) <= tolerance(torch.bfloat16, terms), f"rel err {rel_err(out, ref):.2e}"
 
 
+# The weight gradient in several blocks of the reduction (blocks of 64 grid positions: each work item's
+# sums carried from block to block), on the cases whose grids have a few hundred positions.
+BLOCK_CASES = ("flat_3x3", "tails_3d", "strided_3d", "stride_over_kernel")
+
+
+@pytest.fixture(scope="module")
+def blocked_kernels():
+    plans = {}
+    for name in BLOCK_CASES:
+        for which, target in _targets():
+            plan = lower(_problem(**CASES[name], op=Op.BWD_WEIGHT, layout=Layout.CHANNELS_LAST), target,
+                         algorithm="amx")
+            plans[(name, which)] = dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, pc=64))
+    runs = {k: p for k, p in plans.items() if k[1] == "emulated" or host_amx()}
+    return {k: (p, kernel) for (k, p), kernel in zip(runs.items(), dispatch.load_plans(list(runs.values())))}
+
+
+@pytest.mark.parametrize("which", ["emulated", "native"])
+@pytest.mark.parametrize("name", BLOCK_CASES)
+def test_amx_weight_gradient_over_several_blocks(blocked_kernels, name, which):
+    if (name, which) not in blocked_kernels:
+        pytest.skip("this CPU has no AMX-BF16: the emulated kernel runs instead")
+    plan, kernel = blocked_kernels[(name, which)]
+    p = plan.problem
+    gen = torch.Generator().manual_seed(zlib.crc32(f"amx-blocks-{name}".encode()))
+    x = _channels_last(torch.randn(p.input_shape, generator=gen, dtype=torch.float64).bfloat16())
+    w = _channels_last(torch.randn(p.weight_shape, generator=gen, dtype=torch.float64).bfloat16())
+    gy = _channels_last(torch.randn(p.output_shape, generator=gen, dtype=torch.float64).bfloat16())
+    ref, ref_b = _reference(p, x, w, torch.zeros(p.k), gy)
+    gw = _channels_last(torch.full(ref.shape, float("nan"), dtype=torch.bfloat16))
+    gb = torch.full((p.k,), float("nan"), dtype=torch.bfloat16)
+    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, p.n, 2)
+    terms = p.n * math.prod(p.output_shape[2:])
+    assert rel_err(gw, ref) <= tolerance(torch.bfloat16, terms), f"grad_weight rel err {rel_err(gw, ref):.2e}"
+    assert rel_err(gb, ref_b) <= tolerance(torch.bfloat16, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+
+
 def test_amx_where_it_is_chosen():
     amx = cpu_target("avx512", amx_bf16=True)
     choose = lambda target, **kw: lower(_problem(**{"n": 8, "size": (56, 56), "kernel": 3, **kw}), target).algorithm
