@@ -178,7 +178,7 @@ def host_class() -> dict:
     """What kind of x86 host this is, for benchmark reports: the ISA levels it runs, whether it has
     AVX512-BF16 (native bf16 dot products, `vdpbf16ps`), AVX512-FP16 and AMX-BF16 (tile matrix
     multiplies, which torch's oneDNN takes for bf16 convolutions: on such a host torch's bf16 runs
-    past the f32 FMA peak, and convgen, which does not use AMX, is compared with that), a short label
+    past the f32 FMA peak; convgen's `amx` kernels use them too, see Target.amx_bf16), a short label
     such as "avx512+bf16", "avx512+bf16+amx" or "avx2" by which BENCHMARKS.md groups its tables, the
     CPU's vendor and family (which set the defaults: AVX-512 or AVX2, bf16 pairs or not) and the ISA
     level it defaults to."""
