@@ -32,8 +32,8 @@ class Target:
     bf16_dot: bf16 register tiles reduce in pairs with vdpbf16ps's arithmetic (two bf16 products
       added to an f32 lane): the instruction itself where tiles step in assembly (the CPU must
       have AVX512-BF16), an exact C emulation of it elsewhere (portable, for the tests).
-    amx_bf16: bf16 forward kernels may multiply on AMX tiles (TDPBF16PS: 16 x 32 bf16 by 32 x 16, f32
-      sums): natively in AVX-512 code (the CPU must have AMX-BF16), through a C emulation of the tile
+    amx_bf16: bf16 kernels (forward, data and weight gradients) may multiply on AMX tiles (TDPBF16PS:
+      16 x 32 bf16 by 32 x 16, f32 sums): natively in AVX-512 code (the CPU must have AMX-BF16), through a C emulation of the tile
       instructions in other code (portable, for the tests).
     gpu: for CUDA/HIP targets the GpuArch (warp size, shared memory, registers, SMs, matrix
     instruction, async copy; see gpu_target.py); None for CPUs.
@@ -247,7 +247,7 @@ def host_cpu() -> Target:
     """The CPU target this process generates for: CONVGEN_ISA's level when set (it must be one
     this CPU runs), else `default_isa` of the CPU's levels; with this CPU's cache sizes, bf16
     reduced in pairs on vdpbf16ps where the CPU has it and it pays (BF16_DOT_VENDORS; CONVGEN_BF16_DOT
-    overrides the choice), and bf16 forwards on AMX tiles in AVX-512 code where the CPU has AMX-BF16
+    overrides the choice), and bf16 kernels on AMX tiles in AVX-512 code where the CPU has AMX-BF16
     (CONVGEN_AMX=0 turns them off)."""
     from .. import knobs   # the environment is read in one place (runtime/knobs.py)
     from .errors import ConvgenError

@@ -547,8 +547,9 @@ WHY = {
     "pointwise": "a packed GEMM over channels (1x1 kernel), register tiles of channels x pixels",
     "grouplanes": "depthwise or small groups in channels last: the groups' channels in the vector lanes, a register "
                   "tile of channel vectors x pixels, every pixel's channels one contiguous load",
-    "amx": "AMX tiles (bf16 products, f32 sums): 16 pixels x 32 input channels by 32 input channels x 16 output "
-           "channels per step, from a zero-padded channels-last copy",
+    "amx": "AMX tiles (bf16 products, f32 sums), 2 x 2 accumulator tiles per step: forward and data gradient (per "
+           "stride phase) 16 pixels x 32 channels of a zero-padded channels-last copy by 32 x 16 weights, weight "
+           "gradient 16 input channels x 32 pixels of a planar copy by 32 pixels x 16 output channels",
     "depthwise": "one (image, channel) plane or channel per item: forward and data gradient over a zero-padded copy "
                  "of the plane, each tap a flat run; weight gradient per-tap vector partial sums over rows or "
                  "planes",
