@@ -99,6 +99,13 @@ def _flag(name: str) -> bool:
     raise ConvgenError(f"{name}={value!r} is not a boolean; use 1/true/yes/on or 0/false/no/off.")
 
 
+def _flag_or_none(name: str) -> bool | None:
+    """A boolean variable that may be left unset: None then (the caller's default), else _flag's."""
+    if os.environ.get(name, "").strip() == "":
+        return None
+    return _flag(name)
+
+
 def verbose() -> bool:
     """Whether to print build commands and compiler output to stderr (CONVGEN_VERBOSE)."""
     return _flag("CONVGEN_VERBOSE")
@@ -129,17 +136,13 @@ def bf16_dot() -> bool | None:
     """Whether bf16 kernels reduce in pairs on the CPU's bf16 dot-product instruction (vdpbf16ps)
     where it has one (CONVGEN_BF16_DOT: 1 yes, 0 no: bf16 on f32 FMAs), or None when unset: the
     CPU's default (codegen.target.host_cpu: where vdpbf16ps outruns f32 FMAs)."""
-    if os.environ.get("CONVGEN_BF16_DOT", "").strip() == "":
-        return None
-    return _flag("CONVGEN_BF16_DOT")
+    return _flag_or_none("CONVGEN_BF16_DOT")
 
 
 def amx() -> bool | None:
     """Whether bf16 kernels may multiply on AMX tiles where the CPU has AMX-BF16 and AVX-512 code is
     generated (CONVGEN_AMX: 1 yes, 0 no), or None when unset (yes)."""
-    if os.environ.get("CONVGEN_AMX", "").strip() == "":
-        return None
-    return _flag("CONVGEN_AMX")
+    return _flag_or_none("CONVGEN_AMX")
 
 
 SIM_VENDORS = ("cuda", "hip")
