@@ -224,8 +224,9 @@ def emit_bundle_module(name: str, module: str, sources: list[KernelSource], kern
     return environment().get_template("bundle/module.cpp.j2").render(b=context)
 
 
-def emit_launcher(module: str, torch_version: str) -> str:
+def emit_launcher(module: str, torch_version: str, huge_output_bytes: int) -> str:
     """The source of the eager launcher (runtime/api/eager.py), the Python extension module `module`
-    for torch `torch_version`."""
+    for torch `torch_version`; outputs of `huge_output_bytes` or more ask for huge pages."""
     return environment().get_template("eager/launcher.cpp.j2").render(
-        version=generator_version(), module=module, torch_version=torch_version)
+        version=generator_version(), module=module, torch_version=torch_version,
+        huge_output_bytes=huge_output_bytes)

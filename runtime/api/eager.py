@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..building import build as builder, cache
+from ..devices import cpu
 from .. import knobs
 from ..codegen.emit import emit_launcher
 from ..codegen.errors import BuildError, ConvgenError
@@ -47,7 +48,7 @@ def _torch_paths() -> tuple[Path, Path]:
 
 
 def source() -> str:
-    return emit_launcher(MODULE, torch.__version__)
+    return emit_launcher(MODULE, torch.__version__, cpu.HUGE_OUTPUT_BYTES)
 
 
 def compile_command(src: str, out: str, cxx_argv: list[str] | None = None) -> list[str]:

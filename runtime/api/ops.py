@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from .. import knobs
+from ..devices import cpu
 from ..dispatch import dispatch
 from . import eager
 from ..stats import bump
@@ -29,7 +30,9 @@ def dense(t: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 
 def _empty(shape, dtype, layout: Layout, device=None) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format(layout, len(shape)))
+    """A result tensor (on the CPU, a large one on huge pages where the system offers them)."""
+    out = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format(layout, len(shape)))
+    return cpu.advise_huge_pages(out) if device is None else out
 
 
 # Below this many multiply-adds a call runs on one thread: waking a second one costs more.
@@ -146,6 +149,8 @@ class Forward:
             return self._launcher.run(self._call, input, weight, bias, False)
         shape, dtype, fmt = self._output
         out = torch.empty(shape, dtype=dtype, device=self._device, memory_format=fmt)
+        if self._device is None:
+            cpu.advise_huge_pages(out)
         f_input, f_weight, f_bias = self._formats
         if f_input is not None:
             input = input.contiguous(memory_format=f_input)
