@@ -545,13 +545,14 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
 
     # A channels-last input is turned into planes by each item's thread, its channels one image at a
     # time, V pixels x V channels through register transposes, where the whole copy would exceed the
-    # L2 (and an item's planes of an image fit a quarter of it): the whole copy went out to memory and
+    # L2 (and an item's planes of an image fit half of it): the whole copy went out to memory and
     # came back, its value-by-value gather a value per cycle. Only where every item takes whole
     # vectors of channels (all their taps); an item then takes every block of output channels, so each
     # channel and image is turned once (turned again per block, the transposes sat idle or were
     # repeated: Xeon, AVX-512, 2 threads, kernel alone, ms, whole / per item: r50_3x3_64 7.26 / 6.93;
     # without those conditions unet3d 7.52 / 9.53, r50_3x3_256 6.64 / 9.90, r50_3x3_128_s2 10.8 /
-    # 11.6).
+    # 11.6). Half the L2, not a quarter: r50_3x3_64's 844 KB of planes per item then take this copy,
+    # 1.09-1.11x in two runs (tconv_3x3_s2_op's 530 KB 1.00-1.19x, odd_dil3's 652 KB 0.96-1.00x).
     def per_item_for(rb: int) -> int:
         return (t.l2_bytes if "X" not in in_place and not pairs and plan.layout_of("X") is Layout.CHANNELS_LAST
                 and g.groups * g.cin_g > 1 and rb % taps == 0 and (rb // taps) % lanes == 0
@@ -614,7 +615,7 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
                                  f"{gy_text}; input "
-                                 f"{x_text if stage else 'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits a quarter of the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
+                                 f"{x_text if stage else 'read in place' if 'X' in in_place else f'turned into zero-padded planes per work item, its channels an image at a time, by its thread where the whole copy would take {per_item >> 20} MB or more and an image of them fits half the L2 (each item then takes every block of output channels), else copied once' if per_item else 'copied once, zero-padded'}; "
                                  + ("bf16 reduced in pairs of horizontally adjacent pixels on vdpbf16ps (odd rows "
                                     "end with a virtual pixel of zero gradient; the input copy holds each value "
                                     "with its neighbour a stride along); " if pairs else "")
