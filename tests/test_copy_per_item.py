@@ -74,8 +74,10 @@ def _plans():
     for name, kw in CASES:
         for which, target in _targets():
             plan = lower(_problem(**kw), target, algorithm="lanes")
-            assert plan.tiling.copy_per_item > 0, f"{name}: the plan should copy rows per item"
-            tiling = dataclasses.replace(plan.tiling, copy_per_item=1,
+            # tiles within rows read the input in place (they read no padding); the copy is forced here
+            in_place = bool(plan.tiling.row_split) and "X" in plan.tiling.in_place
+            assert plan.tiling.copy_per_item > 0 or in_place, f"{name}: the plan should copy rows per item"
+            tiling = dataclasses.replace(plan.tiling, copy_per_item=1, in_place=(),
                                          channel_major=plan.tiling.channel_major or name == "channel_major")
             yield (name, which), dataclasses.replace(plan, tiling=tiling)
 
@@ -131,8 +133,9 @@ def _dgrad_plans():
     for name, kw in DGRAD_CASES:
         for which, target in _targets():
             plan = lower(_problem(**kw, op=Op.BWD_DATA, bias=False), target, algorithm="lanes")
-            assert plan.tiling.copy_per_item > 0, f"{name}: the plan should copy rows per item"
-            tiling = dataclasses.replace(plan.tiling, copy_per_item=1,
+            in_place = bool(plan.tiling.row_split) and "Y" in plan.tiling.in_place   # (as the forward's)
+            assert plan.tiling.copy_per_item > 0 or in_place, f"{name}: the plan should copy rows per item"
+            tiling = dataclasses.replace(plan.tiling, copy_per_item=1, in_place=(),
                                          channel_major=plan.tiling.channel_major or name == "channel_major")
             yield (name, which), dataclasses.replace(plan, tiling=tiling)
 
@@ -172,7 +175,12 @@ def test_data_gradient_rows_copied_per_item_match_aten(dgrad_kernels, name, kw, 
 
 def test_rows_per_item_only_where_they_apply():
     target = cpu_target("avx512")
-    assert lower(_problem(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)), target, algorithm="lanes").tiling.copy_per_item
+    wide = _problem(n=8, c=64, k=64, size=(112, 112), kernel=(3, 3))   # tiles across rows: the padded copy
+    assert lower(wide, target, algorithm="lanes").tiling.copy_per_item
+    r50 = lower(_problem(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)), target, algorithm="lanes").tiling
+    assert r50.row_split and r50.in_place == ("X",) and not r50.copy_per_item, "tiles within rows: read in place"
+    bf16 = _problem(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3), dtype=DType.BF16)   # widened: copied
+    assert lower(bf16, target, algorithm="lanes").tiling.copy_per_item
     three_d = _problem(n=1, c=8, k=16, size=(4, 6, 6), kernel=(3, 3, 3))
     assert lower(three_d, target, algorithm="lanes").tiling.copy_per_item == 0, "a depth window keeps the whole copy"
     nchw = dataclasses.replace(_problem(n=2, c=8, k=16, size=(8, 8), kernel=(3, 3)), input_layout=Layout.CONTIGUOUS,
@@ -184,7 +192,8 @@ def test_rows_per_item_only_where_they_apply():
     plan = lower(big_weights, target, algorithm="lanes")
     assert plan.tiling.channel_major and plan.tiling.copy_per_item == 0, "channel-major items keep the whole copy"
     dgrad = lambda **kw: lower(_problem(op=Op.BWD_DATA, bias=False, **kw), target, algorithm="lanes").tiling
-    assert dgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)).copy_per_item, "r50_3x3_64's data gradient"
+    assert dgrad(n=8, c=64, k=64, size=(112, 112), kernel=(3, 3)).copy_per_item, "a data gradient across rows"
+    assert dgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3)).in_place == ("Y",), "r50_3x3_64's: in place"
     assert not dgrad(n=8, c=64, k=64, size=(56, 56), kernel=(3, 3), stride=2).copy_per_item, "stride phases"
 
 

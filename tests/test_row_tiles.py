@@ -8,7 +8,9 @@ of one pixel, one tile a row), on every x86 code shape this CPU runs, NCHW and c
 and data gradient: padding, padding
 beyond the kernel's reach (pixels that read nothing but padding), dilation, uneven padding, stride
 (forward), 3-D, 1-D, kernels of more than 32 taps (tap loops not unrolled), items of several rows
-that run across images, bf16 and f64. And the planner's choice on ResNet-50 layers.
+that run across images, bf16 and f64; each (bf16 aside) both reading the input (data gradient:
+grad_output) in place, as the planner has it (no padding is read), and from its zero-padded copy.
+And the planner's choice on ResNet-50 layers.
 """
 
 from __future__ import annotations
@@ -68,12 +70,17 @@ SECOND = ("pad1", "uneven", "tiles_of_one", "3d")   # the cases also run on the 
 
 
 def _keys():
-    return [(name, layout, op, which) for name, spec, _, _ in CASES for layout in LAYOUTS[:1 if len(spec["size"]) == 1 else 2]
+    # each case with the operand read (input; data gradient: grad_output) in place, as the planner has it
+    # where tiles lie within rows (they read no padding), and from its zero-padded copy (bf16: the copy
+    # widens it to f32, so always)
+    return [(name, layout, op, which, in_place) for name, spec, _, _ in CASES
+            for layout in LAYOUTS[:1 if len(spec["size"]) == 1 else 2]
             for op in (Op.FWD, Op.BWD_DATA) if op is Op.FWD or spec.get("stride", 1) == 1 for which, _ in _targets()
-            if which == "host" or name in SECOND]
+            if which == "host" or name in SECOND
+            for in_place in ((False, True) if spec.get("dtype", DType.F32) is not DType.BF16 else (False,))]
 
 
-def _row_plan(name, layout, op, which):
+def _row_plan(name, layout, op, which, in_place):
     _, spec, split, rows = next(case for case in CASES if case[0] == name)
     target = dict(_targets())[which]
     plan = lower(_problem(op, layout, **spec), target, algorithm="lanes")
@@ -86,7 +93,9 @@ def _row_plan(name, layout, op, which):
         widest = max(p for p in range(1, 15) if asm_tile_registers(t.nv, p) <= target.tile_registers)
         split = tuple(piece for size in split(width) for piece in [widest] * (size // widest) + [size % widest] if piece)
     assert sum(split) == width and min(split) > 0 and asm_tile_registers(t.nv, max(split)) <= target.tile_registers
-    tiling = dataclasses.replace(t, row_split=split, kb=max(split), cols=rows * width)
+    read = "X" if op is Op.FWD else "Y"
+    tiling = dataclasses.replace(t, row_split=split, kb=max(split), cols=rows * width, copy_per_item=0,
+                                 in_place=(read,) if in_place else ())
     return dataclasses.replace(plan, tiling=tiling)
 
 
@@ -96,12 +105,14 @@ def kernels():
     return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
 
 
-@pytest.mark.parametrize("key", _keys(), ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}-{k[2].value}-{k[3]}")
+@pytest.mark.parametrize("key", _keys(), ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}-{k[2].value}-{k[3]}"
+                                                      f"-{'in_place' if k[4] else 'copy'}")
 def test_tiles_within_rows_match_aten(kernels, key):
-    name, layout, op, _ = key
+    name, layout, op, _, in_place = key
     plan, kernel = kernels[key]
     text = emit(plan).text
     assert plan.algorithm == "lanes" and "switch (t % TPR)" in text
+    assert ("IN_PLACE = true" in text) == in_place
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{layout}{op}".encode()))
     check_forward_or_data_gradient(kernel, plan.problem, gen)
 
@@ -134,7 +145,9 @@ def test_planner_splits_rows_where_padding_costs(op):
 
     t = plan((14, 14), (3, 3), 1)
     assert t.row_split == (5, 5, 4) and t.kb == 5 and t.cols % 14 == 0
+    assert t.in_place == ("X" if op is Op.FWD else "Y",)   # no padding read: no copy
     assert plan((112, 112), (3, 3), 1).row_split == ()
+    assert plan((112, 112), (3, 3), 1).in_place == ()   # tiles across rows read the padded copy
     assert plan((14, 14), (1, 1), 0).row_split == ()
     target = cpu_target("avx2", 32 * 1024, 512 * 1024)   # 16 registers: tiles of 3 pixels, kept across rows
     assert plan((14, 14), (3, 3), 1).row_split == ()
