@@ -62,6 +62,8 @@ WGRAD_ROWS = 144
 # 5.31 / 3.93, unet3d 8.08 / 7.02; but in four parts (partial sums of 2-9 MB) channels-last
 # dcgan_tconv 2.76 / 4.04 and r50_3x3_256 6.55 / 8.36, which keep 144.
 WGRAD_ROWS_EVEX = 576
+# Tap-aligned weight-gradient tiles (Tiling.tap_rows) where they hold at least this many accumulators.
+TAP_ROWS_MIN_ACC = 16
 PARTS_L2_SHARE = 0.75
 
 
@@ -539,6 +541,17 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     # r50_3x3_512 10.41 / 10.65, r50_3x3_256 8.91 / 9.04, unet3d 10.93 / 11.12
     nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm,
                                pairs=pairs)
+    # Tap-aligned tiles (Tiling.tap_rows): where a tile of the kh x kw taps of one (input channel, kd)
+    # holds at least TAP_ROWS_MIN_ACC accumulators, each tile reads its rows at compile-time offsets
+    # from one pointer. A pointer per row (plus the pixel's offsets) took every spare general register,
+    # and the rest came from the stack each pixel: unet3d (2 vectors x 14 rows, 8 reloads a pixel).
+    # Xeon, f32, channels last, 2 threads, kernel alone, unet3d 2 x 14 rows / 2 x 9 tap-aligned:
+    # 1.04x, 1.01x, 1.06x, 1.05x, 1.04x in five runs, NCHW 1.04x (bit-identical); where the tile keeps its
+    # size (3 vectors x 9 rows: odd_k3_s3, odd_nobias) 0.99-1.00x; 1-D c1d_64_k5 (4 x 5 rows against
+    # 4 x 6) 0.98x, so windows of one row keep their tiles.
+    kk = g.kernel[1] * g.kernel[2]
+    tap_rows = (not pairs and g.kernel[1] > 1 and kk * nv >= TAP_ROWS_MIN_ACC and kk <= pb * 3 // 2
+                and asm_tile_registers(nv, kk) <= t.tile_registers)
     # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
     # input lines.
@@ -570,13 +583,22 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
         blocks = 1 if per_item_for(rb) else math.ceil(g.cout_g / (nv * lanes))
         return g.groups * blocks * math.ceil(rows / rb)
 
-    rb = wgrad_row_block(rows, taps, pb, WGRAD_ROWS)
-    if t.evex_tiles:
-        # larger blocks where the parts of the reduction that fewer items then take keep all their
-        # partial sums within PARTS_L2_SHARE of the L2
-        big = wgrad_row_block(rows, taps, pb, WGRAD_ROWS_EVEX)
-        if _splits(items_for(big), partial_bytes) * partial_bytes <= PARTS_L2_SHARE * t.l2_bytes:
-            rb = big
+    def rows_for(pb: int) -> int:
+        rb = wgrad_row_block(rows, taps, pb, WGRAD_ROWS)
+        if t.evex_tiles:
+            # larger blocks where the parts of the reduction that fewer items then take keep all their
+            # partial sums within PARTS_L2_SHARE of the L2
+            big = wgrad_row_block(rows, taps, pb, WGRAD_ROWS_EVEX)
+            if _splits(items_for(big), partial_bytes) * partial_bytes <= PARTS_L2_SHARE * t.l2_bytes:
+                rb = big
+        return rb
+
+    rb = rows_for(kk if tap_rows else pb)
+    if tap_rows and rb % taps == 0:   # every item's rows whole channels: every tile one channel's kh x kw taps
+        pb = kk
+    else:
+        tap_rows = False
+        rb = rows_for(pb)
     per_item, items = per_item_for(rb), items_for(rb)
     splits = _splits(items, partial_bytes, chunks)
     # A channels-last grad_output is read in place (GY_IN_PLACE in templates/cpu/lanes_wgrad.cpp.j2)
@@ -603,8 +625,9 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     stage = (not pairs and not per_item and not gy_in_place and _one_dimensional(g)
              and math.prod(g.y_size) >= STAGE_MIN_PIXELS
              and plan.layout_of("X") is Layout.CONTIGUOUS and plan.layout_of("Y") is Layout.CONTIGUOUS)
+    assert not (tap_rows and stage), "tap-aligned tiles have windows of several rows; staged chunks one"
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, rb=rb, pc=pc, splits=splits, in_place=in_place, pairs=pairs,
-                    copy_per_item=per_item, stage=stage,
+                    copy_per_item=per_item, stage=stage, tap_rows=tap_rows,
                     threads_hint="parallel over (group, out-channel block, row block, part of the reduction); "
                                  "each item owns its weight gradients and reduces in a fixed order, so results "
                                  "do not depend on the thread count")
@@ -617,7 +640,9 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
                                                   else ": AVX512-VL's EVEX encoding reaches ymm16-31 / xmm16-31")
             if t.evex_tiles and registers > 16 else "")
     return plan.decide("tiling", f"register tile {nv} vectors of {lanes} output channels x {pb} (input channel, "
-                                 f"tap) rows ({score:.2f} useful{evex}); {rb} of the {rows} rows per work item, {items} "
+                                 f"tap) rows ({score:.2f} useful{evex}"
+                                 f"{'; each tile the kh x kw taps of one input channel, at fixed offsets from one pointer' if tap_rows else ''}"
+                                 f"); {rb} of the {rows} rows per work item, {items} "
                                  f"items x {splits} parts of the reduction, chunks of {pc} "
                                  f"{'pairs of pixels' if pairs else 'pixels'}; grad_output "
                                  f"{gy_text}; input "
