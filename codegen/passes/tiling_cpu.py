@@ -546,8 +546,8 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     # from one pointer. A pointer per row (plus the pixel's offsets) took every spare general register,
     # and the rest came from the stack each pixel: unet3d (2 vectors x 14 rows, 8 reloads a pixel).
     # Xeon, f32, channels last, 2 threads, kernel alone, unet3d 2 x 14 rows / 2 x 9 tap-aligned:
-    # 1.04x, 1.01x, 1.06x, 1.05x, 1.04x in five runs, NCHW 1.04x (bit-identical); where the tile keeps its
-    # size (3 vectors x 9 rows: odd_k3_s3, odd_nobias) 0.99-1.00x; 1-D c1d_64_k5 (4 x 5 rows against
+    # 1.04x, 1.01x, 1.06x, 1.05x, 1.04x, 1.27x in six runs, NCHW 1.04x (bit-identical); where the tile keeps
+    # its size (3 vectors x 9 rows: odd_k3_s3, odd_nobias) 1.00-1.01x; 1-D c1d_64_k5 (4 x 5 rows against
     # 4 x 6) 0.98x, so windows of one row keep their tiles.
     kk = g.kernel[1] * g.kernel[2]
     tap_rows = (not pairs and g.kernel[1] > 1 and kk * nv >= TAP_ROWS_MIN_ACC and kk <= pb * 3 // 2
