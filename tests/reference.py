@@ -261,3 +261,41 @@ def check_forward_or_data_gradient(kernel, problem, gen: torch.Generator) -> Non
                                                       zip(problem.padding, problem.in_size))]
     assert not torch.isnan(out).any(), "outputs left unwritten"
     assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
+
+
+def check_weight_gradient(kernel, problem, gen: torch.Generator) -> None:
+    """Run a loaded weight-gradient kernel of `problem` (any padding, even uneven; the bias gradient
+    where problem.bias) on random operands in the problem's layouts and assert it matches ATen in
+    float64 on the explicitly padded input; results start as NaN, so any left unwritten fail."""
+    import math
+    from convgen.dispatch.problem import TORCH_DTYPES, memory_format
+    tdt = TORCH_DTYPES[problem.dtype]
+
+    def tensor(shape, layout, fill=None):
+        t = (torch.randn(shape, generator=gen, dtype=torch.float64) if fill is None
+             else torch.full(shape, fill, dtype=torch.float64)).to(tdt)
+        return t.contiguous(memory_format=memory_format(layout, t.dim()))
+
+    x, gy = tensor(problem.input_shape, problem.input_layout), tensor(problem.output_shape, problem.output_layout)
+    gw = tensor(problem.weight_shape, problem.weight_layout, float("nan"))
+    gb = torch.full((problem.k,), float("nan"), dtype=tdt)
+    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb if problem.bias else None},
+           problem.n, 2)
+    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
+    _, ref_w, ref_b = torch.ops.aten.convolution_backward(
+        gy.double(), torch.nn.functional.pad(x.double(), flat), torch.empty(problem.weight_shape, dtype=torch.float64),
+        [problem.k], list(problem.stride), [0] * len(problem.kernel), list(problem.dilation), False,
+        list(problem.output_padding), problem.groups, [False, True, problem.bias])
+    terms = problem.n * math.prod(problem.output_shape[2:])
+    assert not torch.isnan(gw).any(), "weight gradients left unwritten"
+    assert rel_err(gw, ref_w) <= tolerance(tdt, terms), f"grad_weight rel err {rel_err(gw, ref_w):.2e}"
+    if problem.bias:
+        assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+
+
+def kernels_by_key(keys, plan_for) -> dict:
+    """{key: (plan, loaded kernel)} for the plan `plan_for(*key)` of every key, built in one batch."""
+    from convgen.dispatch import dispatch
+    keys = list(keys)
+    plans = [plan_for(*key) for key in keys]
+    return dict(zip(keys, zip(plans, dispatch.load_plans(plans))))

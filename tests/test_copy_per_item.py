@@ -31,7 +31,7 @@ from convgen.codegen.pipeline import lower
 from convgen.codegen.target import cpu_target, host_cpu, host_isas
 from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
-from reference import rel_err, tolerance
+from reference import check_weight_gradient, rel_err, tolerance
 
 
 def _problem(n, c, k, size, kernel, stride=1, pad=1, dil=1, groups=1, dtype=DType.F32, op=Op.FWD,
@@ -271,23 +271,8 @@ def test_planes_per_item_match_aten(wgrad_kernels, name, kw, bias, which, thresh
         pytest.skip("this CPU runs one x86 code shape only (AVX2 without AVX-512): the host's runs instead")
     plan, kernel = wgrad_kernels[(name, bias, which, threshold)]
     assert "fill_planes(x, lp, g" in emit(plan).text
-    problem = plan.problem
-    tdt = TORCH_DTYPES[problem.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"wgrad-{name}-{bias}".encode()))
-    x = _cl(torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt))
-    gy = _cl(torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt))
-    gw = _cl(torch.full(problem.weight_shape, float("nan"), dtype=tdt))
-    gb = torch.full((problem.k,), float("nan"), dtype=tdt)
-    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb if bias else None}, problem.n, 2)
-    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
-    _, ref_w, ref_b = torch.ops.aten.convolution_backward(
-        gy.double(), torch.nn.functional.pad(x.double(), flat), torch.empty(problem.weight_shape, dtype=torch.float64),
-        [problem.k], list(problem.stride), [0] * len(problem.kernel), list(problem.dilation), False,
-        list(problem.output_padding), problem.groups, [False, True, bias])
-    terms = problem.n * math.prod(problem.output_shape[2:])
-    assert rel_err(gw, ref_w) <= tolerance(tdt, terms), f"grad_weight rel err {rel_err(gw, ref_w):.2e}"
-    if bias:
-        assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+    check_weight_gradient(kernel, plan.problem, gen)
 
 
 def test_planes_per_item_only_where_each_channel_is_turned_once():

@@ -26,9 +26,8 @@ from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
 from convgen.codegen.plan import asm_tile_registers, row_tile_taps
 from convgen.codegen.target import cpu_target, host_cpu, host_isas
-from convgen.dispatch import dispatch
 
-from reference import check_forward_or_data_gradient
+from reference import check_forward_or_data_gradient, kernels_by_key
 
 # name, problem, split of a row of width w (None: even tiles of at most the plan's kb), rows per work item
 CASES = [
@@ -101,8 +100,7 @@ def _row_plan(name, layout, op, which, in_place):
 
 @pytest.fixture(scope="module")
 def kernels():
-    plans = [_row_plan(*key) for key in _keys()]
-    return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
+    return kernels_by_key(_keys(), _row_plan)
 
 
 @pytest.mark.parametrize("key", _keys(), ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}-{k[2].value}-{k[3]}"

@@ -21,10 +21,8 @@ from convgen.codegen.emit import emit
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import cpu_target, host_cpu
-from convgen.dispatch import dispatch
-from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
-from reference import rel_err, tolerance
+from reference import check_weight_gradient, kernels_by_key
 
 
 def _problem(n, c, k, size, kernel, stride=1, pad=1, dil=1, groups=1, layout=Layout.CONTIGUOUS, bias=True,
@@ -70,13 +68,7 @@ def _keys():
 
 @pytest.fixture(scope="module")
 def kernels():
-    plans = [_plan(*key) for key in _keys()]
-    return dict(zip(_keys(), zip(plans, dispatch.load_plans(plans))))
-
-
-def _fmt(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    fmt = memory_format(layout, t.dim())
-    return t.contiguous(memory_format=fmt) if fmt is not None else t.contiguous()
+    return kernels_by_key(_keys(), _plan)
 
 
 @pytest.mark.parametrize("key", _keys(), ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}"
@@ -87,24 +79,8 @@ def test_tap_aligned_tiles_match_aten(kernels, key):
     text = emit(plan).text
     assert "const ACC* p0 = xs + ro[rt];" in text and "TOFF1 =" in text
     assert ("fill_planes(x, lp, g" in text) == (plan.tiling.copy_per_item > 0)
-    problem = plan.problem
-    tdt = TORCH_DTYPES[problem.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"tap-rows-{name}-{layout}-{bias}".encode()))
-    x = _fmt(torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt), layout)
-    gy = _fmt(torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt), layout)
-    gw = _fmt(torch.full(problem.weight_shape, float("nan"), dtype=tdt), layout)
-    gb = torch.full((problem.k,), float("nan"), dtype=tdt)
-    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb if bias else None}, problem.n, 2)
-    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
-    _, ref_w, ref_b = torch.ops.aten.convolution_backward(
-        gy.double(), torch.nn.functional.pad(x.double(), flat), torch.empty(problem.weight_shape, dtype=torch.float64),
-        [problem.k], list(problem.stride), [0] * len(problem.kernel), list(problem.dilation), False,
-        list(problem.output_padding), problem.groups, [False, True, bias])
-    terms = problem.n * math.prod(problem.output_shape[2:])
-    assert not torch.isnan(gw).any(), "weight gradients left unwritten"
-    assert rel_err(gw, ref_w) <= tolerance(tdt, terms), f"grad_weight rel err {rel_err(gw, ref_w):.2e}"
-    if bias:
-        assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+    check_weight_gradient(kernel, plan.problem, gen)
 
 
 def test_planner_takes_tap_aligned_tiles_where_they_hold_enough():
