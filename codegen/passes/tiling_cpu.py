@@ -542,7 +542,8 @@ def _lanes_wgrad(plan: Plan, lanes: int) -> Plan:
     nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm,
                                pairs=pairs)
     # Tap-aligned tiles (Tiling.tap_rows): where a tile of the kh x kw taps of one (input channel, kd)
-    # holds at least TAP_ROWS_MIN_ACC accumulators, each tile reads its rows at compile-time offsets
+    # holds at least TAP_ROWS_MIN_ACC accumulators and fits the registers (windows of more than one
+    # row, at most half again lanes_tile's rows), each tile reads its rows at compile-time offsets
     # from one pointer. A pointer per row (plus the pixel's offsets) took every spare general register,
     # and the rest came from the stack each pixel: unet3d (2 vectors x 14 rows, 8 reloads a pixel).
     # Xeon, f32, channels last, 2 threads, kernel alone, unet3d 2 x 14 rows / 2 x 9 tap-aligned:
