@@ -371,7 +371,7 @@ constexpr int64_t EXD = (OMAXD + 1 > YD ? OMAXD + 1 : YD) + LOD, EXH = (OMAXH + 
                   EXW = (OMAXW + 1 > YW ? OMAXW + 1 : YW) + LOW;
 // With pairs, the copy holds each group's grad_output channels in pairs (pair_of), one 32-bit word
 // per pixel and pair: RB_SC is then a pair's stride.
-constexpr bool IN_PLACE = false;     // no border, unit type: read grad_output itself
+constexpr bool IN_PLACE = false;     // unit type, no border or none read (tiles within rows): read grad_output itself
 // A channels-last grad_output is copied channels innermost, [b][EXD][EXH][EXW][YGS] (G * RC used), each row
 // read in order; otherwise the copy is [b][g][RC][EXD][EXH][EXW].
 constexpr bool CH_INNER = Y_SC == 1 && Y_SW > 1;
@@ -566,7 +566,10 @@ extern "C" int cg_conv2d_bwdd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restr
     for (int64_t c = 0; c < OBLK * NVV; ++c)
       bp[g * OBLK * NVV + c] = bias && c < CIN_G ? to_acc(bias[g * CIN_G + c]) : (ACC)0;
   if (!IN_PLACE && !rows_each) pad_grad_output(gy, yp, n, nthreads);
-  const ACC* rs = IN_PLACE ? (const ACC*)gy : yp;   // (rows_each: each thread's rows, in the work loop)
+  // (rows_each: each thread's rows, in the work loop). In place, the padded copy's position o + LO is at
+  // gy + o: tiles within rows step only the taps and pixels that read inside gy, so where there is a
+  // border no read falls outside gy (without one, LO is 0)
+  const ACC* rs = IN_PLACE ? (const ACC*)gy - (LOD * Y_SD + LOH * Y_SH + LOW * Y_SW) : yp;
   T* out = gx;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   auto tile_first = [](int64_t t) { return t * PB; };

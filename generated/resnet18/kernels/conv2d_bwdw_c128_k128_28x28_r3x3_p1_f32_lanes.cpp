@@ -366,7 +366,8 @@ constexpr bool PAIRS = false;
 constexpr int64_t YWE = PAIRS ? YW + (YW & 1) : YW;
 constexpr int64_t PLANE = YD * YH * YWE, PIX = PAIRS ? 2 : 1, STEPS = PLANE / PIX;   // pixels, reduction steps per image
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
-// copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
+// copy is skipped when IN_PLACE (unit type, and no padding or none read: tiles within rows of the
+// lanes forward): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
 // With pairs (bf16 on vdpbf16ps), the copy holds each group's channels in pairs, one 32-bit word

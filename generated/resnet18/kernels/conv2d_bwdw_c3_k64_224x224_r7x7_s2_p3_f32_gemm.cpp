@@ -367,7 +367,8 @@ constexpr int64_t O = COUT_G, C = CIN_G * TAPS, PLANE = YD * YH * YW;     // C: 
 constexpr int64_t OP = (O + MR - 1) / MR, OB = (O + MC - 1) / MC, CB = (C + NC - 1) / NC;
 
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
-// copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
+// copy is skipped when IN_PLACE (unit type, and no padding or none read: tiles within rows of the
+// lanes forward): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
 // With pairs (bf16 on vdpbf16ps), the copy holds each group's channels in pairs, one 32-bit word

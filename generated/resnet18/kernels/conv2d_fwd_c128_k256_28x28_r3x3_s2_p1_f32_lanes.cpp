@@ -366,7 +366,8 @@ constexpr bool LAZY_WEIGHTS = CHANNEL_MAJOR;
 // sums of a chunk are added to the totals (two-level summation keeps long reductions accurate).
 constexpr int64_t CC = 8;
 // The input as the tiles read it: padded extents (index i reads input i - P), and strides; the
-// copy is skipped when IN_PLACE (no padding to read, unit type): then x itself is read.
+// copy is skipped when IN_PLACE (unit type, and no padding or none read: tiles within rows of the
+// lanes forward): then x itself is read.
 constexpr int64_t XDP = (YD - 1) * SD + (KD - 1) * DD + 1, XHP = (YH - 1) * SH + (KH - 1) * DH + 1,
                   XWP = (YW - 1) * SW + (KW - 1) * DW + 1;
 // With pairs (bf16 on vdpbf16ps), the copy holds each group's channels in pairs, one 32-bit word
@@ -580,7 +581,10 @@ extern "C" int cg_conv2d_fwd_c128_k256_28x28_r3x3_s2_p1_f32_lanes(const T* __res
     for (int64_t k = 0; k < OBLK * NVV; ++k)
       bp[g * OBLK * NVV + k] = bias && k < COUT_G ? to_acc(bias[g * COUT_G + k]) : (ACC)0;
   if (!IN_PLACE && !rows_each) pad_input(x, xp, n, nthreads);
-  const ACC* rs = IN_PLACE ? (const ACC*)x : xp;   // (rows_each: each thread's rows, in the work loop)
+  // (rows_each: each thread's rows, in the work loop). In place, padded position p is at x + p - the
+  // padding's offset: tiles within rows step only the taps and pixels that read inside x, so where
+  // there is padding no read falls outside x
+  const ACC* rs = IN_PLACE ? (const ACC*)x - (PD * X_SD + PH * X_SH + PW * X_SW) : xp;
   T* out = y;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   auto tile_first = [](int64_t t) { return t * PB; };
