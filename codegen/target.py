@@ -218,27 +218,29 @@ def cpu_identity() -> tuple[str, int]:
     return vendor, family
 
 
-# AMD family 0x19 (of which Zen 4 has AVX-512): Zen 4 runs a 512-bit FMA as two 256-bit halves, so
-# zmm code does as many FLOPs per cycle as ymm code; there the AVX2 shape timed as fast overall
-# (BENCHMARKS.md, host class avx512+bf16, Zen 4). Intel's AVX-512 server cores issue two 512-bit FMAs
-# per cycle: on a Xeon (family 6 model 207) vfmadd231ps ran 5.9 per ns on zmm and 6.0 on ymm, twice
-# the FLOPs, and the AVX-512 shape (zmm assembly tiles) ran the standard suite at 0.94 / 1.02 of
-# torch against AVX2's 0.59 / 0.60 (2 threads). Zen 5 (family 0x1a) has full-width 512-bit datapaths (AMD's documentation; not
-# measured here).
-HALF_RATE_ZMM = {("AuthenticAMD", 0x19)}
+# AVX-512 is the default wherever it runs. Intel's AVX-512 server cores issue two 512-bit FMAs per
+# cycle: on a Xeon (family 6 model 207) vfmadd231ps ran 5.9 per ns on zmm and 6.0 on ymm, twice the
+# FLOPs, and the AVX-512 shape ran the standard suite at 0.94 / 1.02 of torch against AVX2's 0.59 /
+# 0.60 (2 threads). AMD Zen 4 (family 0x19) runs a 512-bit FMA as two 256-bit halves, the same FLOPs
+# as ymm, and the AVX2 shape was its default until the AVX-512 shape's 32-register tiles, in-place
+# reads and tap-aligned tiles overtook it there: every suite, three runs each alternating the two,
+# forward geomeans AVX2 / AVX-512: f32 standard 1.00-1.08 / 1.08-1.13, channels last 0.94-0.96 /
+# 1.02-1.04, bf16 0.89-0.92 / 0.98-0.99; backward 0.99-1.01 / 1.03-1.07, 0.91-0.96 / 0.99-1.01,
+# 0.96-0.97 / 1.03-1.05 (BENCHMARKS.md, 2026-11-29, Zen 4).
+
 # Where vdpbf16ps (two bf16 products per f32 lane) beats bf16 widened to f32 FMAs: on Zen 4 it
 # issues as often as an FMA, twice the products (BENCHMARKS.md, Zen 4); on the Xeon above it ran
 # 1.4 per ns against the FMA's 5.9, half the products per cycle, and bf16 kernels ran 1.5-1.9x
-# faster on f32 FMAs (r50_3x3_64 forward 6.8 ms against 11.2). AMD only, by that measure.
+# faster on f32 FMAs (r50_3x3_64 forward 6.8 ms against 11.2). AMD only, by that measure; Zen 4's
+# AVX-512 shape, standard bf16 suite, pairs / f32 FMAs: 0.97 / 0.52 forward, 0.99-1.03 / 0.57 backward.
 BF16_DOT_VENDORS = {"AuthenticAMD"}
 
 
-def default_isa(runs: tuple[str, ...], identity: tuple[str, int] | None = None) -> str:
-    """The ISA level generated for by default on a CPU that runs `runs` and is `identity` (vendor,
-    family; this CPU's by default): AVX-512 where the CPU runs it at full width (not on AMD Zen 4,
-    HALF_RATE_ZMM), else AVX2 where it runs, else the widest it runs."""
-    vendor, family = identity or cpu_identity()
-    if "avx512" in runs and (vendor, family) not in HALF_RATE_ZMM:
+def default_isa(runs: tuple[str, ...]) -> str:
+    """The ISA level generated for by default on a CPU that runs `runs`: AVX-512 where it runs (Zen
+    4's half-width 512-bit units included, see above), else AVX2 where it runs, else the widest it
+    runs."""
+    if "avx512" in runs:
         return "avx512"
     return "avx2" if "avx2" in runs else runs[0]
 
@@ -287,11 +289,7 @@ def isa_note(target: Target) -> str:
     if target.isa not in runs:
         return f"this CPU does not run it (it runs {', '.join(runs)}): generated here, to be run elsewhere"
     if target.isa == default_isa(runs):
-        wider = [isa for isa in runs if ISA_WIDTHS[isa] > ISA_WIDTHS[target.isa]]
-        if target.isa == "avx512":
-            return "this CPU's default: it issues 512-bit FMAs at full rate (every AVX-512 CPU but AMD Zen 4)"
-        return ("this CPU's default" + (f"; {wider[0]} is opt-in (CONVGEN_ISA={wider[0]}): AMD Zen 4 runs "
-                                         f"512-bit FMAs at half rate, and the AVX2 shape timed as fast" if wider else ""))
+        return "this CPU's default: the widest level it runs"
     return f"chosen over this CPU's default ({default_isa(runs)})"
 
 

@@ -15,7 +15,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_TUNE           | tune()             | off                                       |
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
-| CONVGEN_ISA            | isa()              | avx512 (not on AMD Zen 4), avx2, generic  |
+| CONVGEN_ISA            | isa()              | avx512, avx2, generic (widest it runs)    |
 | CONVGEN_BF16_DOT       | bf16_dot()         | AMD CPUs with AVX512-BF16 (not Intel's)   |
 | CONVGEN_AMX            | amx()              | on where the CPU has AMX-BF16 (AVX-512)   |
 | CONVGEN_SIM            | sim()              | unset: CPU kernels (cuda, hip: simulated) |
