@@ -420,6 +420,15 @@ def _gemm_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
 # ms against lanes' 6.9-7.0; 8-wide phases with 128 channels, lanes 5.7 against 6.7.
 LANES_OVER_BLOCKED = 0.85
 STRIDED_LANES_MIN_IN = 16       # a strided NCHW forward takes lanes from this many input channels
+# On AVX-512, NCHW, a transposed convolution's data gradient (a strided forward kernel) takes lanes
+# from this many input channels (its grad_output's) per rank; 1-D stays on blocked. Zen 4, f32, 2
+# threads, kernel alone, ms, blocked / lanes, grad_output's channels and size: 2-D 4x4 s2 64 at 32x32
+# (dcgan_tconv) 3.25 / 2.44, 128 at 16x16 6.31 / 2.29, 256 at 8x8 14.1 / 2.5, 2x2 s2 128 at 56x56
+# 10.1 / 8.3; 32 channels: 3x3 s2 at 64x64 1.64 / 1.56, 4x4 s2 at 64x64 2.73 / 2.84; 16 (3x3 s2
+# at 128x128) 0.78 / 0.90, 3 (tconv_to_rgb) 1.10 / 1.32; 3-D 4x4x4 s2 16 at 16x32x32 1.66 / 1.22,
+# 32 at 16x32x32 6.34 / 4.59, 3x3x3 s2 8 at 16x64x64 0.72 / 0.88; 1-D k4 s2 64 at 2048
+# (c1d_tconv) 2.73 / 2.83. (Not measured on the full-rate AVX-512 Xeon.)
+WIDE_TRANSPOSED_LANES_MIN_IN = {2: 32, 3: 16}
 
 
 def _bf16_pairs(plan: Plan) -> bool:
@@ -485,11 +494,17 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # scatters its stores) lanes is faster from any channel count (Zen 4, 2 threads, blocked / lanes:
         # r50_3x3_128_s2 12.3 / 11.4, 3x3 stride 2 64->128 at 56x56 6.2 / 5.6, 256 at 28x28
         # 11.3 / 11.2, r50_stem 5.95 / 5.47)
+        # On AVX-512 (NCHW) the data gradients of 2-D and 3-D transposed convolutions take lanes too,
+        # from more input channels (WIDE_TRANSPOSED_LANES_MIN_IN).
+        transposed_min = WIDE_TRANSPOSED_LANES_MIN_IN.get(plan.problem.rank) if wide else None
         if not plan.problem.transposed and (written.layout is Layout.CHANNELS_LAST or
                                             g.cin_g >= STRIDED_LANES_MIN_IN):
             what = (f"channels-last {written.role}" if written.layout is Layout.CHANNELS_LAST
                     else f"{g.cin_g} input channels")
             return "lanes", f"{WHY['lanes']}; strided rows, {what} ({scores})"
+        if plan.problem.transposed and transposed_min is not None and g.cin_g >= transposed_min:
+            return "lanes", (f"{WHY['lanes']}; strided rows of a transposed convolution's data gradient, "
+                             f"{g.cin_g} input channels ({scores})")
         return "blocked", f"{WHY['blocked']}; strided rows ({scores})"
     if wide and columns <= 2 * lanes and channels >= WIDE_LANES_MIN_CHANNELS:
         return "lanes", f"{WHY['lanes']}; rows of at most two vectors, {channels} channels ({scores})"
