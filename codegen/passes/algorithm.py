@@ -472,9 +472,13 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         return "lanes", f"{WHY['lanes']}; bf16 in pairs on vdpbf16ps ({scores})"
     # (the AVX-512 boundaries below: Xeon, f32 NCHW, 2 threads, kernel alone)
     wide = t.isa == "avx512" and written.layout is not Layout.CHANNELS_LAST
-    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and (columns > lanes or wide and columns == lanes):
-        # (AVX-512: one-vector phases too; dcgan_tconv's forward, 16-wide phases, blocked 2.68 ms
-        # against lanes' 3.57)
+    if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and columns > lanes:
+        # (AVX-512 took one-vector phases here too while lanes stored a stride-2 phase's pixels
+        # value by value: dcgan_tconv's forward, 16-wide phases, blocked 2.68 ms against lanes'
+        # 3.57 on the Xeon. With those stores two masked vector stores per channel (vstore_t_step2),
+        # lanes is faster there: Zen 4, f32 NCHW, 2 threads, kernel alone, ms, blocked / lanes:
+        # dcgan_tconv 3.65 / 2.86, 4x4 s2 256 -> 128 at 16x16 14.0 / 10.7, data gradients of 3x3
+        # s2 at 32x32 64 -> 128 2.34 / 1.87, 128 -> 128 5.50 / 3.96, 32 -> 64 0.83 / 0.51.)
         # blocked specialises its tap loop per stride phase at compile time, where lanes tests
         # every tap (data gradients, ms, blocked against lanes: r50_3x3_128_s2, 28-wide phases,
         # 26.2 against 39.6; 3x3 s2 256->256 at 28x28, 14-wide, 23.9 against 31.6; 1x1 s2

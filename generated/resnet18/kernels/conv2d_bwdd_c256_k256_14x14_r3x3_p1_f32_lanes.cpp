@@ -348,6 +348,15 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
     }
   for (; l < cnt; ++l) dst[l * stride] = from_acc(src[l]);
 }
+// The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
+// (another stride phase's, perhaps being written by another thread). AVX-512 f32:
+// each half of v spread over every other lane and written by one masked store (masked-off lanes are
+// neither written nor faulted); elsewhere value by value.
+static inline void vstore_t_step2(T* out, vec v) {
+  T vals[V];
+  vstore_t(vals, v);
+  for (int64_t k = 0; k < V; ++k) out[2 * k] = vals[k];
+}
 
 constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // input channels per tile
@@ -949,14 +958,19 @@ extern "C" int cg_conv2d_bwdd_c256_k256_14x14_r3x3_p1_f32_lanes(const T* __restr
           for (; i + V <= np; i += V) {
             vec r[V];
             for (int64_t k = 0; k < V; ++k) r[k] = tot[slot(i + k) + v * PB];
-            bool run = true;
-            for (int64_t k = 1; k < V; ++k) run = run && wa[i + k] == wa[i] + k;
+            // (neighbours, or every other pixel: a data gradient's stride-2 phase along the row)
+            const int64_t step = wa[i + 1] - wa[i];
+            bool run = step == 1 || step == 2;
+            for (int64_t k = 1; k < V; ++k) run = run && wa[i + k] == wa[i] + k * step;
             if (!run) {
               for (int64_t k = 0; k < V; ++k) scatter(i + k, r[k]);
               continue;
             }
             vtranspose(r);
-            for (int64_t l = 0; l < no; ++l) vstore_t(dst + l * OUT_SC + wa[i], r[l]);
+            if (step == 1)
+              for (int64_t l = 0; l < no; ++l) vstore_t(dst + l * OUT_SC + wa[i], r[l]);
+            else
+              for (int64_t l = 0; l < no; ++l) vstore_t_step2(dst + l * OUT_SC + wa[i], r[l]);
           }
           for (; i < np; ++i) scatter(i, tot[slot(i) + v * PB]);
         }

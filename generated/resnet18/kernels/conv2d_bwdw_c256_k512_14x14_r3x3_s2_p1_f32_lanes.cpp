@@ -351,6 +351,15 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
     }
   for (; l < cnt; ++l) dst[l * stride] = from_acc(src[l]);
 }
+// The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
+// (another stride phase's, perhaps being written by another thread). AVX-512 f32:
+// each half of v spread over every other lane and written by one masked store (masked-off lanes are
+// neither written nor faulted); elsewhere value by value.
+static inline void vstore_t_step2(T* out, vec v) {
+  T vals[V];
+  vstore_t(vals, v);
+  for (int64_t k = 0; k < V; ++k) out[2 * k] = vals[k];
+}
 
 constexpr int64_t NV = 4, PB = 3;     // register tile: NV vectors of out channels x PB rows
 constexpr int64_t NVV = NV * V, KBLK = (COUT_G + NVV - 1) / NVV;
