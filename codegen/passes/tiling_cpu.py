@@ -322,6 +322,9 @@ ROW_TILES_GAIN = 0.99     # tiles within rows where they are estimated to take a
 FMA_LATENCY_CYCLES = 4   # a tile step's floor: each accumulator takes one FMA, 4 cycles after its last
 
 
+CHUNK_WHOLE_L1_FROM = 48 * 1024   # lanes chunks take the whole L1 from this size (AVX-512: any size)
+
+
 def _lanes(plan: Plan, lanes: int) -> Plan:
     """Forward: NV vectors of output channels x PB output pixels per register tile. Data gradient:
     NV vectors of input channels x PB input-gradient pixels of one stride phase."""
@@ -362,7 +365,14 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
     # totals (Xeon, 48 KB, AVX-512, f32, 2 threads, kernel alone, ms, half / whole, alternating):
     # channels last r50_1x1_256_64 forward 3.20 / 3.10, data gradient 4.52 / 4.36, unet3d 6.21 /
     # 6.08, r50_3x3_64 6.24 / 6.16; NCHW deeplab_dil2 18.1 / 17.3, r50_1x1_2048_512 data gradient
-    # 3.13 / 3.05; none slower.
+    # 3.13 / 3.05; none slower. So does the AVX-512 shape with Zen 4's 32 KB L1 (f32 unless named,
+    # 2 threads, kernel alone, ms, half / whole): r50_3x3_64 forward 10.06 / 9.50, data gradient
+    # 9.11 / 8.68, channels last 9.17 / 9.03 and 9.56 / 9.09, bf16 forward 5.82 / 5.28;
+    # r50_3x3_256 8.78 / 8.34; deeplab_dil2 23.6 / 22.7, bf16 12.8 / 12.2; r50_1x1_2048_512 4.84 /
+    # 4.55, bf16 2.43 / 2.32; channels-last r50_3x3_512 7.50 / 7.40, unet3d 7.83 / 7.76 (data
+    # gradient 8.92 / 8.51), r50_1x1_64_256 4.46 / 4.29; r50_3x3_128_s2 8.71 / 8.40, dcgan_tconv
+    # 2.79 / 2.75; bf16 r50_3x3_512 4.24 / 4.18. The AVX2 shape on the same host ran within -1%..+6%
+    # (unmeasured on AVX2-only hosts, which keep half their L1).
     read_w = g.x_size[2] if fwd else g.y_size[2]
     out_w, sw = (g.y_size[2], g.stride[2]) if fwd else (math.ceil(g.x_size[2] / g.stride[2]), 1)
     reach = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilation)]
@@ -408,7 +418,7 @@ def _lanes(plan: Plan, lanes: int) -> Plan:
         qb = max(1, (qb + sum(split) // 2) // sum(split)) * sum(split)
     run_bytes = window(qb) * acc_bytes
     steps = math.ceil(reduced / 2) if pairs else reduced
-    chunk_bytes = t.l1_bytes if t.l1_bytes >= 48 * 1024 else t.l1_bytes // 2
+    chunk_bytes = t.l1_bytes if t.l1_bytes >= CHUNK_WHOLE_L1_FROM or t.isa == "avx512" else t.l1_bytes // 2
     cc = max(1, min(steps, chunk_bytes // (taps * nv * lanes * acc_bytes + run_bytes),
                     max(1, (128 if pairs else 256) // taps)))
     unit = p.dtype.accumulator is p.dtype
