@@ -59,7 +59,7 @@ CASES = [
     ("3d", dict(n=2, c=16, k=20, size=(5, 6, 7), kernel=(3, 3, 3))),               # items cross planes, images
     ("3d_strided_dilated", dict(n=2, c=17, k=18, size=(7, 8, 9), kernel=(3, 2, 3), stride=(2, 1, 2), dil=(2, 1, 1),
                                 pad=((2, 1), (0, 1), (1, 1)))),
-    ("3d_bf16", dict(n=2, c=32, k=16, size=(4, 5, 6), kernel=(3, 3, 3), dtype=DType.BF16)),
+    ("3d_bf16", dict(n=2, c=32, k=32, size=(4, 5, 6), kernel=(3, 3, 3), dtype=DType.BF16)),   # 64-byte pixels in pairs
 ]
 
 
