@@ -356,7 +356,9 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
 // The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
 // (another stride phase's, perhaps being written by another thread). AVX-512 f32:
 // each half of v spread over every other lane and written by one masked store (masked-off lanes are
-// neither written nor faulted); elsewhere value by value.
+// neither written nor faulted); elsewhere value by value (STORE_STEP2 false: callers then store
+// such runs as they did before, one pixel at a time).
+constexpr bool STORE_STEP2 = false;
 static inline void vstore_t_step2(T* out, vec v) {
   T vals[V];
   vstore_t(vals, v);

@@ -352,7 +352,9 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
 // The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
 // (another stride phase's, perhaps being written by another thread). AVX-512 f32:
 // each half of v spread over every other lane and written by one masked store (masked-off lanes are
-// neither written nor faulted); elsewhere value by value.
+// neither written nor faulted); elsewhere value by value (STORE_STEP2 false: callers then store
+// such runs as they did before, one pixel at a time).
+constexpr bool STORE_STEP2 = false;
 static inline void vstore_t_step2(T* out, vec v) {
   T vals[V];
   vstore_t(vals, v);
@@ -973,9 +975,10 @@ extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restri
           for (; i + V <= np; i += V) {
             vec r[V];
             for (int64_t k = 0; k < V; ++k) r[k] = tot[slot(i + k) + v * PB];
-            // (neighbours, or every other pixel: a data gradient's stride-2 phase along the row)
+            // (neighbours, or every other pixel where masked stores place them: a data gradient's
+            // stride-2 phase along the row)
             const int64_t step = wa[i + 1] - wa[i];
-            bool run = step == 1 || step == 2;
+            bool run = step == 1 || (STORE_STEP2 && step == 2);
             for (int64_t k = 1; k < V; ++k) run = run && wa[i + k] == wa[i] + k * step;
             if (!run) {
               for (int64_t k = 0; k < V; ++k) scatter(i + k, r[k]);
