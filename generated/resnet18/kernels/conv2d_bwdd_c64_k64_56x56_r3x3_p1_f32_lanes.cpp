@@ -355,9 +355,9 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
 // such runs as they did before, one pixel at a time).
 constexpr bool STORE_STEP2 = false;
 static inline void vstore_t_step2(T* out, vec v) {
-  T vals[V];
-  vstore_t(vals, v);
-  for (int64_t k = 0; k < V; ++k) out[2 * k] = vals[k];
+  ACC vals[V];   // (callers take this only where STORE_STEP2; it keeps the other builds well-formed)
+  vstore(vals, v);
+  store_strided(out, 2, vals, V);
 }
 
 constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
