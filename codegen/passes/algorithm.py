@@ -498,14 +498,14 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # scatters its stores) lanes is faster from any channel count (Zen 4, 2 threads, blocked / lanes:
         # r50_3x3_128_s2 12.3 / 11.4, 3x3 stride 2 64->128 at 56x56 6.2 / 5.6, 256 at 28x28
         # 11.3 / 11.2, r50_stem 5.95 / 5.47)
-        # On AVX-512 (NCHW) the data gradients of 2-D and 3-D transposed convolutions take lanes too,
-        # from more input channels (WIDE_TRANSPOSED_LANES_MIN_IN).
-        transposed_min = WIDE_TRANSPOSED_LANES_MIN_IN.get(plan.problem.rank) if wide else None
         if not plan.problem.transposed and (written.layout is Layout.CHANNELS_LAST or
                                             g.cin_g >= STRIDED_LANES_MIN_IN):
             what = (f"channels-last {written.role}" if written.layout is Layout.CHANNELS_LAST
                     else f"{g.cin_g} input channels")
             return "lanes", f"{WHY['lanes']}; strided rows, {what} ({scores})"
+        # On AVX-512 (NCHW) the data gradients of 2-D and 3-D transposed convolutions take lanes too,
+        # from more input channels (WIDE_TRANSPOSED_LANES_MIN_IN).
+        transposed_min = WIDE_TRANSPOSED_LANES_MIN_IN.get(plan.problem.rank) if wide else None
         if plan.problem.transposed and transposed_min is not None and g.cin_g >= transposed_min:
             return "lanes", (f"{WHY['lanes']}; strided rows of a transposed convolution's data gradient, "
                              f"{g.cin_g} input channels ({scores})")
