@@ -320,16 +320,72 @@ static inline double dsum(dhalf lo, dhalf hi) {   // fixed order: lo's lanes, th
 // written lane by lane, the AVX-512 shape, built without SLP vectorization, stored them as V scalar
 // moves), bf16 rounded to nearest even (NaN kept, quiet) in vector code, the same bits as from_acc
 // lane by lane; f16 lane by lane.
-static inline void vstore_t(T* out, vec v) {
+// The constants of bf16's rounding (vnarrow), made where a `narrowing` is constructed from values GCC
+// cannot see through (kept); empty for other types. As plain constants GCC hoisted them out of the
+// caller's loops, where they held vector registers across a tile's tap loops and pushed its
+// accumulators to the stack: with AVX2's 16 registers, bf16 NCHW kernels ran 1.05-1.08x faster
+// without (r50_3x3_64 forward and data gradient, r50_3x3_512 forward; Zen 1 host, kernel alone). A
+// tile's stores make them at each store (a broadcast per constant, vstore_t(out, v)); a run of
+// stores (store_run, store_strided) once for the run: per store, the broadcasts took half the
+// instructions of the bf16 depthwise forward's store loop, 0.4 of its 1.0 ms.
+struct narrowing {};
+static inline void vstore_t(T* out, vec v, const narrowing& k) {
+  (void)k;
   vstore(out, v);
 }
-// cnt consecutive values of src stored as T at dst: whole vectors through vstore_t, the rest one by
-// one. A scalar loop of from_acc is what GCC would otherwise vectorize, for bf16 at a quarter of the
-// width with a blend per lane group: it took half of the bf16 depthwise forward's time.
-static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64_t cnt) {
+static inline void vstore_t(T* out, vec v) { vstore_t(out, v, narrowing()); }
+// Partial vectors: the first cnt (0 < cnt < V) lanes of a vector loaded from, or stored to, cnt
+// consecutive values at p, by one masked access on AVX-512 for f32 and bf16 (PART_MASKED: masked-off
+// lanes are neither read nor written nor faulted, so the run may end anywhere, and the values after
+// it, padding or another item's, are left alone); value by value elsewhere, the other lanes zero.
+constexpr bool PART_MASKED = false;
+static inline vec vload_part(const ACC* p, int64_t cnt) {
+ACC lanes[V] = {};
+  for (int64_t l = 0; l < cnt; ++l) lanes[l] = p[l];
+  return vload(lanes);
+}
+static inline void vstore_part(ACC* p, vec v, int64_t cnt) {
+ACC lanes[V];
+  vstore(lanes, v);
+  for (int64_t l = 0; l < cnt; ++l) p[l] = lanes[l];
+}
+static inline vec vload_t_part(const T* p, int64_t cnt) {
+  return vload_part(p, cnt);
+  ACC lanes[V] = {};
+  for (int64_t l = 0; l < cnt; ++l) lanes[l] = to_acc(p[l]);
+  return vload(lanes);
+}
+static inline void vstore_t_part(T* out, vec v, int64_t cnt, const narrowing& k) {
+  vstore_part(out, v, cnt);
+  return;
+  (void)k;
+  ACC lanes[V];
+  vstore(lanes, v);
+  for (int64_t l = 0; l < cnt; ++l) out[l] = from_acc(lanes[l]);
+}
+// cnt consecutive stored values at src as ACC at dst: whole vectors, then (PART_MASKED) one partial one.
+static inline void load_run(ACC* __restrict dst, const T* __restrict src, int64_t cnt) {
   int64_t l = 0;
-  if constexpr (sizeof(T) != sizeof(ACC))
-    for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l));
+  for (; l + V <= cnt; l += V) vstore(dst + l, vload_t(src + l));
+  if (PART_MASKED) {
+    if (l < cnt) vstore_part(dst + l, vload_t_part(src + l, cnt - l), cnt - l);
+    return;
+  }
+  for (; l < cnt; ++l) dst[l] = to_acc(src[l]);
+}
+// cnt consecutive values of src stored as T at dst: whole vectors through vstore_t, the rest one by
+// one, or (PART_MASKED) by one partial vector. A scalar loop of from_acc is what GCC would otherwise
+// vectorize, for bf16 at a quarter of the width with a blend per lane group: it took half of the bf16
+// depthwise forward's time; the one-by-one tail, a third (a 56-wide row's last 8 values).
+static inline void store_run(T* __restrict dst, const ACC* __restrict src, int64_t cnt) {
+  const narrowing k;
+  int64_t l = 0;
+  if constexpr (sizeof(T) != sizeof(ACC) || PART_MASKED)
+    for (; l + V <= cnt; l += V) vstore_t(dst + l, vload(src + l), k);
+  if (PART_MASKED) {
+    if (l < cnt) vstore_t_part(dst + l, vload_part(src + l, cnt - l), cnt - l, k);
+    return;
+  }
   for (; l < cnt; ++l) dst[l] = from_acc(src[l]);
 }
 // The same for values stride elements apart at dst (store_run's when the stride is 1): converted a
@@ -339,11 +395,12 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
     store_run(dst, src, cnt);
     return;
   }
+  const narrowing k;
   int64_t l = 0;
   if constexpr (sizeof(T) != sizeof(ACC))
     for (; l + V <= cnt; l += V) {
       T vals[V];
-      vstore_t(vals, vload(src + l));
+      vstore_t(vals, vload(src + l), k);
       for (int64_t k = 0; k < V; ++k) dst[(l + k) * stride] = vals[k];
     }
   for (; l < cnt; ++l) dst[l * stride] = from_acc(src[l]);
