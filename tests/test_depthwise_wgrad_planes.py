@@ -2,8 +2,9 @@
 
 Unit-stride depthwise weight gradients take the planes kernel (each tap a flat dot product over a
 zero-padded plane) where the output rows are narrower than 32, and also where both plane buffers
-fit in three quarters of the L1 and a row is at most five vectors, or the problem is 1-D
-(codegen/passes/tiling_cpu.py, PLANES_L1_SHARE). Each case is checked against ATen in float64 with
+fit in 85% of the L1 and a row is at most five vectors, or the problem is 1-D
+(codegen/passes/tiling_cpu.py, PLANES_L1_SHARE), and for bf16 wherever both fit half the L2
+(PLANES_NARROW_L2_SHARE); at most 16 taps per pass over the planes (PLANES_MAX_TAPS_PER_PASS). Each case is checked against ATen in float64 with
 the results poisoned first, with and without the bias, natively where the CPU runs the code shape
 and, for AVX-512 on an AVX2-only CPU, with that code shape compiled for this host's ISA (as
 tests/test_variants.py does).
@@ -95,17 +96,37 @@ def test_depthwise_planes_match_aten(kernels, name, dtype, bias):
         assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
 
 
-def _tiling(isa, size, kernel=(3, 3), pad=(1, 1), c=8, l1=L1):
-    problem = _problem(2, c, size, kernel, pad, (1,) * len(size), DType.F32, True)
+def _tiling(isa, size, kernel=(3, 3), pad=(1, 1), c=8, l1=L1, dtype=DType.F32):
+    problem = _problem(2, c, size, kernel, pad, (1,) * len(size), dtype, True)
     return lower(problem, cpu_target(isa, l1, L2)).tiling
 
 
 def test_planes_only_where_they_fit_and_rows_are_short():
     assert _tiling("avx512", (56, 56)).planes                       # 4 vectors a row, 25 KB
     assert not _tiling("avx2", (56, 56)).planes                     # 7 vectors of 8: rows
-    assert not _tiling("avx512", (56, 56), l1=32 * 1024).planes     # 25 KB above 24 KB
+    assert _tiling("avx512", (56, 56), l1=32 * 1024).planes         # 25 KB within 85% of Zen 4's L1
+    assert not _tiling("avx512", (56, 56), l1=28 * 1024).planes     # 25 KB above 85% of 28 KB
     assert not _tiling("avx512", (112, 112)).planes                 # 7 vectors, 100 KB
     assert not _tiling("avx512", (96, 96)).planes                   # 6 vectors a row
     assert _tiling("avx2", (2048,), kernel=(9,), pad=(4,)).planes   # 1-D: one row a plane
     assert not _tiling("avx2", (16000,), kernel=(9,), pad=(4,)).planes   # 1-D, 125 KB
     assert _tiling("avx2", (20, 20)).planes                         # narrower than 32: as before
+
+
+def test_bf16_takes_the_planes_wherever_they_fit_half_the_l2():
+    # bf16 rows cannot be read in place (the rows kernel copies and reads back every row)
+    assert _tiling("avx512", (112, 112), dtype=DType.BF16).planes             # 100 KB, 7 vectors a row
+    assert _tiling("avx2", (56, 56), dtype=DType.BF16).planes                 # 7 vectors of 8
+    assert not _tiling("avx512", (112, 112)).planes                           # f32 there: rows
+    assert not _tiling("avx512", (512, 512), dtype=DType.BF16).planes         # 2 MB, above half the L2
+    assert _tiling("avx512", (56, 56), l1=28 * 1024, dtype=DType.BF16).planes
+
+
+@pytest.mark.parametrize("isa, kernel, taps_per_pass", [
+    ("avx512", (3, 3), 9), ("avx512", (5, 5), 13), ("avx512", (7, 7), 13), ("avx2", (5, 5), 9),
+    ("avx2", (3, 3), 9)])
+def test_taps_per_pass_within_the_unrolled_loop(isa, kernel, taps_per_pass):
+    """At most 16 taps a pass (the tap loop's `#pragma GCC unroll`; past it the sums went to memory),
+    and at most the registers allow (16 on AVX2: 11), the passes balanced."""
+    tiling = _tiling(isa, (20, 20), kernel=kernel, pad=(kernel[0] // 2, kernel[1] // 2))
+    assert tiling.planes and tiling.kb == taps_per_pass

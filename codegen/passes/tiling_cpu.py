@@ -679,8 +679,22 @@ PLANES_BELOW_WIDTH = 32
 # against 1.37, 256 x 512 (1-D, 31 taps) 1.77 against 1.13; 32 at 112x112 stays on rows (1.16 against
 # 1.40). In the AVX2 shape (8 lanes) on that host: 40x40 1.34 against 1.09, the 1-D layer 3.63
 # against 1.89, but 56x56 (7 vectors a row) 2.28 against 2.73 and 64x64 2.74 against 3.17.
-PLANES_L1_SHARE = 0.75
+# On Zen 4 (L1 32 KB; ms, rows against planes): 144 at 56x56 (26 KB of planes, 82% of the L1) f32
+# 2.75 against 1.59, bf16 2.82 against 1.50; so the share is 0.85, which leaves the Intel host's
+# choices as they were (64x64's 34 KB in, 80x80's 53 KB out). There, f32 64x64 (34 KB, past the L1)
+# 1.69 against 1.59, 80x80 1.36 against 1.66, 112x112 1.02 against 1.19: rows.
+PLANES_L1_SHARE = 0.85
 PLANES_ROW_VECTORS = 5
+# Types stored narrower than their accumulator (bf16) cannot read grad_output rows in place: the
+# rows kernel copies every row and reads it back at once (a store-forwarding stall per vector), so
+# they take the planes wherever both buffers fit half the L2. Zen 4, bf16, ms, rows against planes:
+# 128 at 64x64 2.03 against 1.30, 64 at 80x80 1.42 against 0.76, 32 at 112x112 1.33 against 0.85.
+PLANES_NARROW_L2_SHARE = 0.5
+# Taps per pass over the planes: at most the template's `#pragma GCC unroll` of its tap loop (past
+# it the partial sums went to memory: Zen 4, f32, 240 at 28x28 (5x5 taps, 25 per pass) 1.18 ms
+# against 0.85 in 2 passes of 13; 96 at 28x28 (7x7, 2 passes of 25) 1.36 against 0.71-0.80 in
+# passes of 9-16).
+PLANES_MAX_TAPS_PER_PASS = 16
 
 
 def depthwise_plane_bytes(g, lanes: int, acc_bytes: int) -> int:
@@ -697,21 +711,27 @@ def depthwise_plane_bytes(g, lanes: int, acc_bytes: int) -> int:
 def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
     g, p, t = plan.geometry, plan.problem, plan.target
     acc_bytes = p.dtype.accumulator.itemsize
+    plane_bytes = depthwise_plane_bytes(g, lanes, acc_bytes)
+    narrow = p.dtype.accumulator is not p.dtype
     if g.stride == (1, 1, 1) and g.groups > 1 and (
             g.y_size[2] < PLANES_BELOW_WIDTH
-            or (depthwise_plane_bytes(g, lanes, acc_bytes) <= PLANES_L1_SHARE * t.l1_bytes
+            or (narrow and plane_bytes <= PLANES_NARROW_L2_SHARE * t.l2_bytes)
+            or (plane_bytes <= PLANES_L1_SHARE * t.l1_bytes
                 and (math.ceil(g.y_size[2] / lanes) <= PLANES_ROW_VECTORS or g.y_size[:2] == (1, 1)))):
         taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
         # taps per pass over the plane: their sums, the grad_output vector and one input vector
-        # in registers, SPARE_REGISTERS left free
-        tb = max(1, min(taps, t.vector_registers - 2 - SPARE_REGISTERS))
+        # in registers, SPARE_REGISTERS left free, and no more than the tap loop unrolls
+        tb = max(1, min(taps, t.vector_registers - 2 - SPARE_REGISTERS, PLANES_MAX_TAPS_PER_PASS))
         passes = math.ceil(taps / tb)
         tb = math.ceil(taps / passes)
         tiling = Tiling(vector_lanes=lanes, kb=tb, planes=True,
                         threads_hint="parallel over output channels; each item owns its channel's taps and "
                                      "reduces in a fixed order, so results do not depend on the thread count")
         why = (f"output rows narrower than {PLANES_BELOW_WIDTH}" if g.y_size[2] < PLANES_BELOW_WIDTH else
-               f"both planes ({depthwise_plane_bytes(g, lanes, acc_bytes) >> 10} KB) fit in {PLANES_L1_SHARE:.0%} of the "
+               f"{p.dtype.value} rows cannot be read in place and both planes ({plane_bytes >> 10} KB) fit in "
+               f"{PLANES_NARROW_L2_SHARE:.0%} of the L2"
+               if narrow and plane_bytes <= PLANES_NARROW_L2_SHARE * t.l2_bytes else
+               f"both planes ({plane_bytes >> 10} KB) fit in {PLANES_L1_SHARE:.0%} of the "
                f"L1 and " + ("the problem is 1-D" if g.y_size[:2] == (1, 1) else
                              f"a row is at most {PLANES_ROW_VECTORS} vectors"))
         return plan.decide("tiling", f"unit strides, {why}: per image, input and grad_output planes copied into "
