@@ -343,12 +343,14 @@ static inline void vstore_t(T* out, vec v) { vstore_t(out, v, narrowing()); }
 // it, padding or another item's, are left alone); value by value elsewhere, the other lanes zero.
 constexpr bool PART_MASKED = false;
 static inline vec vload_part(const ACC* p, int64_t cnt) {
-ACC lanes[V] = {};
+
+  ACC lanes[V] = {};
   for (int64_t l = 0; l < cnt; ++l) lanes[l] = p[l];
   return vload(lanes);
 }
 static inline void vstore_part(ACC* p, vec v, int64_t cnt) {
-ACC lanes[V];
+
+  ACC lanes[V];
   vstore(lanes, v);
   for (int64_t l = 0; l < cnt; ++l) p[l] = lanes[l];
 }
