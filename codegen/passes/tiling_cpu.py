@@ -158,6 +158,13 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     item, which share one copy of the rows they read."""
     g, t = plan.geometry, plan.target
     acc_bytes = plan.problem.dtype.accumulator.itemsize
+    # bf16 forward on vdpbf16ps: the input channels reduced in pairs (one 32-bit word per pair), half
+    # the steps. Zen 4, NCHW, 2 threads, kernel alone, ms, f32 FMAs / pairs: rnx_grouped (groups of
+    # 4 channels, where lanes' tile is a quarter useful) 1.60 / 0.95. Against lanes in pairs (lanes
+    # / blocked): r50_stem 3.48 / 3.44, wavenet_1d 8.24 / 7.72, r50_3x3_64 4.64 / 4.91,
+    # r50_3x3_128_s2 4.52 / 4.94, deeplab_dil2 11.9 / 22.2, odd_asym 0.134 / 0.164: the choice
+    # between them (algorithm.py) is kept.
+    pairs = plan.kop is KOp.FWD and plan.problem.dtype is DType.BF16 and t.bf16_dot and g.cin_g > 1
     kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
     kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
     budget = t.l2_bytes // 2
@@ -166,7 +173,7 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
         halo = ((kw - 1) * dw) // sw + 1
         def span_of(r: int) -> int:            # input rows that r consecutive output rows read
             return (r - 1) * sh + (kh - 1) * dh + 1
-        per_row = g.cin_g * g.kernel[0] * sw * acc_bytes   # buffer bytes per output column and input row
+        per_row = (math.ceil(g.cin_g / 2) if pairs else g.cin_g) * g.kernel[0] * sw * acc_bytes   # buffer bytes per output column and input row
         # the row blocks' buffer within a quarter of the L2: the weights stream through it as well
         # (r50_3x3_128_s2 ran 19.5 ms with 3 rows in half the L2, 17.0 with one row)
         limit = budget // 2
@@ -192,14 +199,16 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     cols = min(math.ceil(columns / owb) * owb, fit)
     tiling = Tiling(vector_lanes=lanes, threads_hint=f"parallel over (batch, group, {what.split()[0]} row"
                                                      f"{' block' if rb > 1 else ''}, column tile)",
-                    kb=kb, nv=nv, cols=cols, rows_per_tile=rb)
+                    kb=kb, nv=nv, cols=cols, rows_per_tile=rb, pairs=pairs)
     rows_note = (f"{rb} output rows per work item share one copy of the {span} input rows they read; "
                  if plan.kop is KOp.FWD else
                  f"{rb} input-gradient rows per work item share one copy of the {span} grad_output rows "
                  f"they reach; ")
+    pairs_note = ("bf16 reduced in pairs of input channels on vdpbf16ps (two products per f32 lane and step); "
+                  if pairs else "")
     return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} {what} columns "
                                  f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
-                                 f"{rows_note}{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) "
+                                 f"{pairs_note}{rows_note}{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) "
                                  f"stays within half the L2; {tiling.threads_hint}", tiling=tiling)
 
 
