@@ -420,16 +420,29 @@ def test_small_f64_depthwise_data_gradients_on_both_x86_shapes(h, w, kh, kw):
         assert rel_err(out, ref) <= tolerance(torch.float64, kh * kw), f"{plan.target.name()}: {out} against {ref}"
 
 
-def test_blocked_forward_pairs_where_channels_pair():
-    """The blocked forward reduces bf16 in pairs of input channels where the target has vdpbf16ps
-    and a group has two channels or more, and nowhere else; its pair variants are checked above."""
+@pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=lambda o: o.value)
+def test_blocked_pairs_where_channels_pair(op):
+    """The blocked forward and data gradient reduce bf16 in pairs of the reduced channels (input
+    channels, output channels) where the target has vdpbf16ps and a group has two or more, and
+    nowhere else; their pair variants are checked above."""
     def pairs(c, groups, dtype, target):
         spec = ("p", 2, c, c, (9, 11), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), groups, False, (0, 0))
-        return lower(problem_for(spec, Op.FWD, dtype, Layout.CONTIGUOUS), target, algorithm="blocked").tiling.pairs
+        return lower(problem_for(spec, op, dtype, Layout.CONTIGUOUS), target, algorithm="blocked").tiling.pairs
     assert pairs(16, 4, DType.BF16, PAIRS_ZMM) and pairs(5, 1, DType.BF16, PAIRS_NATIVE)
     assert pairs(6, 2, DType.BF16, PAIRS_PORTABLE)             # three channels a group: the last pair half empty
     assert not pairs(8, 8, DType.BF16, PAIRS_ZMM)              # one channel a group: every pair half empty
     assert not pairs(16, 4, DType.F32, PAIRS_ZMM)
     assert not pairs(16, 4, DType.BF16, cpu_target("avx512"))  # no vdpbf16ps
     for variants in (PAIRS_PORTABLE_VARIANTS, PAIRS_NATIVE_VARIANTS, PAIRS_ZMM_VARIANTS):
-        assert any(p.values[1] == "blocked" and p.values[0].op is Op.FWD for p in variants)
+        assert any(p.values[1] == "blocked" and p.values[0].op is op for p in variants)
+
+
+def test_bf16_pairs_choose_the_better_tile():
+    """With both in pairs, bf16 takes blocked where its tile scores above lanes' (17 input channels:
+    lanes' second vector holds one), lanes where its tile scores at least as high."""
+    def algorithm(c, k, op):
+        spec = ("p", 3, c, k, (37, 41), (5, 3), (2, 1), ((2, 2), (1, 1)), (1, 2), 1, False, (0, 0))
+        return lower(problem_for(spec, op, DType.BF16, Layout.CONTIGUOUS), PAIRS_ZMM).algorithm
+    assert algorithm(17, 31, Op.BWD_DATA) == "blocked"
+    assert algorithm(17, 31, Op.FWD) == "lanes"
+    assert algorithm(64, 64, Op.BWD_DATA) == "lanes"

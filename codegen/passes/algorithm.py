@@ -465,11 +465,21 @@ def _lanes_or_blocked(plan: Plan) -> tuple[str, str]:
         # gradient, 17 channels, stride 2: tile scores 0.82 / 0.55, 0.20 / 0.33 ms; AVX2 shape
         # 0.70 / 0.72, 0.36 / 0.40 ms)
         return "lanes", f"{WHY['lanes']}; channels-last {written.role} ({scores})"
-    if _bf16_pairs(plan) and by_channels >= 0.5:
-        # lanes reduces bf16 in pairs on vdpbf16ps, blocked on f32 FMAs (Zen 4, 1 thread, ms, lanes /
-        # blocked: forward r50_3x3_128_s2 10.3 / 22.5, dcgan_tconv 3.7 / 5.8, r50_stem 9.1 / 9.6,
-        # wavenet_1d 30.1 / 33.9; data gradient r50_3x3_128_s2 13.6 / 25.0, dcgan_tconv 2.9 / 5.3)
+    blocked_pairs = (g.cin_g if plan.kop is KOp.FWD else g.cout_g) > 1
+    if _bf16_pairs(plan) and by_channels >= 0.5 and (by_channels >= blocked or not blocked_pairs):
+        # lanes reduces bf16 in pairs on vdpbf16ps, blocked (one channel per group) on f32 FMAs (Zen 4,
+        # 1 thread, ms, lanes / blocked: forward r50_3x3_128_s2 10.3 / 22.5, dcgan_tconv 3.7 / 5.8,
+        # r50_stem 9.1 / 9.6, wavenet_1d 30.1 / 33.9; data gradient r50_3x3_128_s2 13.6 / 25.0,
+        # dcgan_tconv 2.9 / 5.3). With blocked in pairs as well (two channels a group or more),
+        # lanes where its tile scores at least blocked's (Zen 4, 2 threads, kernel alone, ms, lanes /
+        # blocked, both in pairs: forward r50_3x3_64 4.64 / 4.91, r50_3x3_128_s2 4.52 / 4.94,
+        # deeplab_dil2 11.9 / 22.2, odd_asym 0.134 / 0.164, r50_stem 3.48 / 3.44, wavenet_1d 8.24 /
+        # 7.72 (scores 1.03 / 1.02); data gradient r50_3x3_64 4.48 / 4.85, r50_3x3_128_s2 5.09 / 5.40,
+        # dcgan_tconv 1.25 / 1.64)
         return "lanes", f"{WHY['lanes']}; bf16 in pairs on vdpbf16ps ({scores})"
+    if _bf16_pairs(plan) and by_channels >= 0.5:
+        # odd_asym's data gradient (17 channels: lanes' second vector holds one): 0.245 / 0.134
+        return "blocked", f"{WHY['blocked']}; bf16 in pairs on vdpbf16ps in both, blocked's tile scores higher ({scores})"
     # (the AVX-512 boundaries below: Xeon, f32 NCHW, 2 threads, kernel alone)
     wide = t.isa == "avx512" and written.layout is not Layout.CHANNELS_LAST
     if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and columns > lanes:

@@ -158,13 +158,14 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
     item, which share one copy of the rows they read."""
     g, t = plan.geometry, plan.target
     acc_bytes = plan.problem.dtype.accumulator.itemsize
-    # bf16 forward on vdpbf16ps: the input channels reduced in pairs (one 32-bit word per pair), half
-    # the steps. Zen 4, NCHW, 2 threads, kernel alone, ms, f32 FMAs / pairs: rnx_grouped (groups of
-    # 4 channels, where lanes' tile is a quarter useful) 1.60 / 0.95. Against lanes in pairs (lanes
+    # bf16 on vdpbf16ps: the reduced channels (the forward's input channels, the data gradient's
+    # output channels) in pairs, one 32-bit word per pair, half the steps. Zen 4, NCHW, 2 threads,
+    # kernel alone, ms, f32 FMAs / pairs: rnx_grouped (groups of 4 channels, where lanes' tile is a
+    # quarter useful) forward 1.60 / 0.95, data gradient 1.61 / 0.95. Against lanes in pairs (lanes
     # / blocked): r50_stem 3.48 / 3.44, wavenet_1d 8.24 / 7.72, r50_3x3_64 4.64 / 4.91,
-    # r50_3x3_128_s2 4.52 / 4.94, deeplab_dil2 11.9 / 22.2, odd_asym 0.134 / 0.164: the choice
-    # between them (algorithm.py) is kept.
-    pairs = plan.kop is KOp.FWD and plan.problem.dtype is DType.BF16 and t.bf16_dot and g.cin_g > 1
+    # r50_3x3_128_s2 4.52 / 4.94, deeplab_dil2 11.9 / 22.2, odd_asym 0.134 / 0.164 (the choice
+    # between them: algorithm.py).
+    pairs = plan.problem.dtype is DType.BF16 and t.bf16_dot and (g.cin_g if plan.kop is KOp.FWD else g.cout_g) > 1
     kw, dw, sw, pw = g.kernel[2], g.dilation[2], g.stride[2], g.pad_lo[2]
     kh, dh, sh = g.kernel[1], g.dilation[1], g.stride[1]
     budget = t.l2_bytes // 2
@@ -183,7 +184,7 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
         halo = (sw - 1 + pw) // sw - (pw - (kw - 1) * dw) // sw
         def span_of(r: int) -> int:            # grad_output rows that r consecutive rows reach
             return (r - 1 + (kh - 1) * dh) // sh + 1
-        per_row = g.cout_g * g.kernel[0] * acc_bytes       # buffer bytes per grad_output column and row
+        per_row = (math.ceil(g.cout_g / 2) if pairs else g.cout_g) * g.kernel[0] * acc_bytes   # buffer bytes per grad_output column and row
         limit = budget
         what = "input-gradient (per stride phase)"
     # rows per item: as many as keep the buffer within `limit` at full width, up to BLOCKED_ROWS,
