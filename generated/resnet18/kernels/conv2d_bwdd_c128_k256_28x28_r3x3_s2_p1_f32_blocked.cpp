@@ -18,7 +18,9 @@
 // reaches those columns reads grad_output column j + off(i0, kw), a contiguous run. The
 // grad_output rows the item's rows need are first copied once into a zero-padded buffer; a
 // register tile of CB input channels x NV vectors of j then streams output channels and taps
-// through it.
+// through it. bf16 on vdpbf16ps (PAIRS): the buffer and the packed weights hold the output
+// channels in pairs, one 32-bit word each (channel 2k in the low half, 2k + 1, or zero past the
+// last channel, in the high), and each step adds both products of a pair.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -444,18 +446,27 @@ static constexpr int64_t phase_taps(int64_t k, int64_t s, int64_t d) {
 }
 constexpr int64_t PHASE_TAPS = phase_taps(KD, SD, DD) * phase_taps(KH, SH, DH) * phase_taps(KW, SW, DW);
 constexpr int64_t SUMCH = PHASE_TAPS >= 256 ? 1 : 256 / PHASE_TAPS;      // output channels per partial sum
+constexpr bool PAIRS = false;            // bf16 reduced in pairs of channels (vdpbf16ps)
+constexpr int64_t KW2 = PAIRS ? (COUT_G + 1) / 2 : COUT_G;                 // reduced words per tap: channels or pairs
+constexpr int64_t SUMW = PAIRS ? (SUMCH + 1) / 2 : SUMCH;                  // words per partial sum
 
-// Weights repacked once per call to [g][channel block][k][kd][kh][kw][CB] in ACC, zero-padded.
+// Weights repacked once per call to [g][channel block][k][kd][kh][kw][CB] in ACC, zero-padded
+// (PAIRS: k an output-channel pair, each weight word the pair's two weights).
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t gb = 0; gb < G * CBLK; ++gb) {
     const int64_t g = gb / CBLK, c0 = (gb % CBLK) * CB;
-    ACC* dst = wp + gb * COUT_G * TAPS * CB;
-    for (int64_t ko = 0; ko < COUT_G; ++ko)
+    ACC* dst = wp + gb * KW2 * TAPS * CB;
+    for (int64_t ko = 0; ko < KW2; ++ko)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < CB; ++j) {
-          *dst++ = c0 + j < CIN_G ? to_acc(w[(g * COUT_G + ko) * W_SN + (c0 + j) * W_SC + tap_offset(t, W_SD, W_SH, W_SW)])
-                                  : (ACC)0;
+          const T* at = w + (g * COUT_G) * W_SN + (c0 + j) * W_SC + tap_offset(t, W_SD, W_SH, W_SW);
+          if (c0 + j >= CIN_G)
+            *dst++ = (ACC)0;
+          else if constexpr (PAIRS)
+            *dst++ = pair_of(at[2 * ko * W_SN], 2 * ko + 1 < COUT_G ? at[(2 * ko + 1) * W_SN] : (T)0);
+          else
+            *dst++ = to_acc(at[ko * W_SN]);
         }
   }
 }
@@ -470,7 +481,7 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
   const int64_t jn = (XW - I0 + SW - 1) / SW;                   // columns of this phase
   const int64_t jend = jn - j0 < JC ? jn - j0 : JC;
   for (int64_t cblk = 0; cblk < CBLK; ++cblk) {
-    const ACC* wc = wp + (g * CBLK + cblk) * COUT_G * TAPS * CB;
+    const ACC* wc = wp + (g * CBLK + cblk) * KW2 * TAPS * CB;
     for (int64_t jj = 0; jj < jend; jj += JB) {
       // The totals stay in memory: only the partial sums `acc` take registers in the tap loop.
       alignas(64) ACC total[CB][JB];
@@ -481,12 +492,12 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
       }
       // partial sums over SUMCH output channels at a time, added to the total (two-level
       // summation keeps the rounding error of long reductions near that of short ones)
-      for (int64_t k0 = 0; k0 < COUT_G; k0 += SUMCH) {
+      for (int64_t k0 = 0; k0 < KW2; k0 += SUMW) {
         // the partial sums: acc{v}_{q} for column vector v and channel q
         vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0), acc0_3 = vbroadcast(0), acc0_4 = vbroadcast(0);
         vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0), acc1_3 = vbroadcast(0), acc1_4 = vbroadcast(0);
         for (int64_t r = 0; r < nr; ++r)
-          for (int64_t ko = k0; ko < (k0 + SUMCH < COUT_G ? k0 + SUMCH : COUT_G); ++ko) {
+          for (int64_t ko = k0; ko < (k0 + SUMW < KW2 ? k0 + SUMW : KW2); ++ko) {
             const ACC* yr = yb + ko * RS + rows[2 * r] + jj - OMIN;
             const ACC* wt = wc + ko * TAPS * CB + rows[2 * r + 1];
             #pragma GCC unroll 16
@@ -576,14 +587,14 @@ static void phase_row_at(int64_t i0, const ACC* yb, const ACC* wp, const int64_t
 
 extern "C" int cg_conv2d_bwdd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __restrict gy, const T* __restrict w, const T* __restrict bias,
                             T* __restrict gx, int64_t n, int nthreads) {
-  ACC* wp = (ACC*)acquire((((size_t)G * CBLK * COUT_G * TAPS * CB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* wp = (ACC*)acquire((((size_t)G * CBLK * KW2 * TAPS * CB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   if (!wp) return 1;
   repack_weights(w, wp, nthreads);
   const int64_t items = n * G * XD * NRB * NCT;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
-    ACC* yb = scratch(COUT_G * RS);   // grad_output rows: [k][kd][SPAN][M]
+    ACC* yb = scratch(KW2 * RS);   // grad_output rows: [k][kd][SPAN][M] (PAIRS: k a channel pair)
     if (!yb) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -605,8 +616,9 @@ extern "C" int cg_conv2d_bwdd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __
       // 2. copy grad_output rows lo .. lo + SPAN - 1 (those inside the image), zero-padded:
       //    yb[k][kd][s][m] = gy row lo + s, column j0 + OMIN + m
       const int64_t clo = clamp64(-(j0 + OMIN), 0, M), chi = clamp64(YW - (j0 + OMIN), clo, M);
-      for (int64_t ko = 0; ko < COUT_G; ++ko) {
-        const T* gyk = gy + b * Y_SN + (g * COUT_G + ko) * Y_SC + (j0 + OMIN) * Y_SW;
+      for (int64_t ko = 0; ko < KW2; ++ko) {
+        const T* gyk = gy + b * Y_SN + (g * COUT_G + (PAIRS ? 2 * ko : ko)) * Y_SC + (j0 + OMIN) * Y_SW;
+        const bool odd = PAIRS && 2 * ko + 1 < COUT_G;   // the pair's second channel exists
         for (int64_t kd = 0; kd < KD; ++kd) {
           if (oplane[kd] < 0) continue;
           for (int64_t s = 0; s < SPAN; ++s) {
@@ -615,7 +627,10 @@ extern "C" int cg_conv2d_bwdd_c128_k256_28x28_r3x3_s2_p1_f32_blocked(const T* __
             const T* from = gyk + oplane[kd] + oh * Y_SH;
             ACC* dst = yb + ko * RS + (kd * SPAN + s) * M;
             for (int64_t m = 0; m < clo; ++m) dst[m] = 0;
-            for (int64_t m = clo; m < chi; ++m) dst[m] = to_acc(from[m * Y_SW]);
+            if constexpr (PAIRS)
+              for (int64_t m = clo; m < chi; ++m) dst[m] = pair_of(from[m * Y_SW], odd ? from[Y_SC + m * Y_SW] : (T)0);
+            else
+              for (int64_t m = clo; m < chi; ++m) dst[m] = to_acc(from[m * Y_SW]);
             for (int64_t m = chi; m < M; ++m) dst[m] = 0;
           }
         }

@@ -17,7 +17,10 @@
 // copied once into a zero-padded buffer, split into SW phases, so that every kernel tap reads a
 // contiguous run of columns whatever the padding, stride and dilation. The micro-kernel then
 // holds KB output channels x NV vectors of output columns in registers and streams input
-// channels and taps through them, one output row at a time.
+// channels and taps through them, one output row at a time. bf16 on vdpbf16ps (PAIRS): the
+// buffer and the packed weights hold the input channels in pairs, one 32-bit word each (channel 2c
+// in the low half, 2c + 1, or zero past the last channel, in the high), and each step adds both
+// products of a pair: half the steps of the widened f32 reduction.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -429,36 +432,45 @@ constexpr int64_t RB = 8, NRB = (YH + RB - 1) / RB; // output rows per item, row
 constexpr int64_t SPAN = (RB - 1) * SH + (KH - 1) * DH + 1;
 constexpr int64_t TAPS = KD * KH * KW;
 constexpr int64_t SUMCH = TAPS >= 256 ? 1 : 256 / TAPS;                    // input channels per partial sum
+constexpr bool PAIRS = false;            // bf16 reduced in pairs of channels (vdpbf16ps)
+constexpr int64_t CW = PAIRS ? (CIN_G + 1) / 2 : CIN_G;                   // reduced words per tap: channels or pairs
+constexpr int64_t SUMW = PAIRS ? (SUMCH + 1) / 2 : SUMCH;                  // words per partial sum
 
-// Weights repacked once per call to [g][channel block][ci][kd][kh][kw][KB] in ACC, zero-padded.
+// Weights repacked once per call to [g][channel block][ci][kd][kh][kw][KB] in ACC, zero-padded
+// (PAIRS: ci a channel pair, each weight word the pair's two weights).
 static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t gb = 0; gb < G * KBLK; ++gb) {
     const int64_t g = gb / KBLK, kb0 = (gb % KBLK) * KB;
-    ACC* dst = wp + gb * CIN_G * TAPS * KB;
-    for (int64_t ci = 0; ci < CIN_G; ++ci)
+    ACC* dst = wp + gb * CW * TAPS * KB;
+    for (int64_t ci = 0; ci < CW; ++ci)
       for (int64_t kd = 0; kd < KD; ++kd)
         for (int64_t kh = 0; kh < KH; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw)
             for (int64_t j = 0; j < KB; ++j) {
               const int64_t ko = kb0 + j;
-              *dst++ = ko < COUT_G ? to_acc(w[(g * COUT_G + ko) * W_SN + ci * W_SC + kd * W_SD + kh * W_SH + kw * W_SW])
-                                   : (ACC)0;
+              const T* at = w + (g * COUT_G + ko) * W_SN + kd * W_SD + kh * W_SH + kw * W_SW;
+              if (ko >= COUT_G)
+                *dst++ = (ACC)0;
+              else if constexpr (PAIRS)
+                *dst++ = pair_of(at[2 * ci * W_SC], 2 * ci + 1 < CIN_G ? at[(2 * ci + 1) * W_SC] : (T)0);
+              else
+                *dst++ = to_acc(at[ci * W_SC]);
             }
   }
 }
 
 extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __restrict x, const T* __restrict w, const T* __restrict bias,
                             T* __restrict y, int64_t n, int nthreads) {
-  ACC* wp = (ACC*)acquire((((size_t)G * KBLK * CIN_G * TAPS * KB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* wp = (ACC*)acquire((((size_t)G * KBLK * CW * TAPS * KB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   if (!wp) return 1;
   repack_weights(w, wp, nthreads);
   const int64_t items = n * G * YD * NRB * NCT;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
-    // input buffer: [ci][kd][span row][phase][M]
-    ACC* xb = scratch(CIN_G * KD * SPAN * SW * M);
+    // input buffer: [ci][kd][span row][phase][M] (PAIRS: ci a channel pair)
+    ACC* xb = scratch(CW * KD * SPAN * SW * M);
     if (!xb) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -478,8 +490,9 @@ extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __re
           const int64_t id = od * SD - PD + kd * DD, ih = ih0 + s;
           row_valid[kd * SPAN + s] = id >= 0 && id < XD && ih >= 0 && ih < XH && ih <= ih1;
         }
-      for (int64_t ci = 0; ci < CIN_G; ++ci) {
-        const T* xc = x + b * X_SN + (g * CIN_G + ci) * X_SC;
+      for (int64_t ci = 0; ci < CW; ++ci) {
+        const T* xc = x + b * X_SN + (g * CIN_G + (PAIRS ? 2 * ci : ci)) * X_SC;
+        const bool odd = PAIRS && 2 * ci + 1 < CIN_G;   // the pair's second channel exists
         for (int64_t kd = 0; kd < KD; ++kd)
           for (int64_t s = 0; s < SPAN; ++s) {
             if (!row_valid[kd * SPAN + s]) continue;
@@ -492,7 +505,11 @@ extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __re
               ACC* out = dst + ph * M;
               const T* src = xrow + (col0 * SW + ph - PW) * X_SW;
               for (int64_t m = 0; m < lo; ++m) out[m] = 0;
-              for (int64_t m = lo; m < hi; ++m) out[m] = to_acc(src[m * SW * X_SW]);
+              if constexpr (PAIRS)
+                for (int64_t m = lo; m < hi; ++m)
+                  out[m] = pair_of(src[m * SW * X_SW], odd ? src[X_SC + m * SW * X_SW] : (T)0);
+              else
+                for (int64_t m = lo; m < hi; ++m) out[m] = to_acc(src[m * SW * X_SW]);
               for (int64_t m = hi; m < M; ++m) out[m] = 0;
             }
           }
@@ -502,7 +519,7 @@ extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __re
       for (int64_t oh = oh0; oh < oh1; ++oh) {
         const int64_t s0 = (oh - oh0) * SH;   // the span row of tap kh = 0
         for (int64_t kblk = 0; kblk < KBLK; ++kblk) {
-          const ACC* wk = wp + (g * KBLK + kblk) * CIN_G * TAPS * KB;
+          const ACC* wk = wp + (g * KBLK + kblk) * CW * TAPS * KB;
           for (int64_t ow0 = 0; ow0 < ncols; ow0 += OWB) {
             vec total[KB][NV];
             for (int64_t j = 0; j < KB; ++j) {
@@ -512,11 +529,11 @@ extern "C" int cg_conv2d_fwd_c3_k64_224x224_r7x7_s2_p3_f32_blocked(const T* __re
             }
             // partial sums over SUMCH input channels at a time, added to the total: two-level
             // summation keeps the rounding error of long reductions near that of short ones
-            for (int64_t ci0 = 0; ci0 < CIN_G; ci0 += SUMCH) {
+            for (int64_t ci0 = 0; ci0 < CW; ci0 += SUMW) {
             // the partial sums: acc{v}_{j} for column vector v and channel j
             vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0), acc0_3 = vbroadcast(0), acc0_4 = vbroadcast(0);
             vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0), acc1_3 = vbroadcast(0), acc1_4 = vbroadcast(0);
-            for (int64_t ci = ci0; ci < (ci0 + SUMCH < CIN_G ? ci0 + SUMCH : CIN_G); ++ci)
+            for (int64_t ci = ci0; ci < (ci0 + SUMW < CW ? ci0 + SUMW : CW); ++ci)
               for (int64_t kd = 0; kd < KD; ++kd)
                 for (int64_t kh = 0; kh < KH; ++kh) {
                   if (!row_valid[kd * SPAN + s0 + kh * DH]) continue;
