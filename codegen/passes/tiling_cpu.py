@@ -205,8 +205,8 @@ def _blocked(plan: Plan, lanes: int) -> Plan:
                  if plan.kop is KOp.FWD else
                  f"{rb} input-gradient rows per work item share one copy of the {span} grad_output rows "
                  f"they reach; ")
-    pairs_note = ("bf16 reduced in pairs of input channels on vdpbf16ps (two products per f32 lane and step); "
-                  if pairs else "")
+    pairs_note = (f"bf16 reduced in pairs of {'input' if plan.kop is KOp.FWD else 'output'} channels on vdpbf16ps "
+                  f"(two products per f32 lane and step); " if pairs else "")
     return plan.decide("tiling", f"register tile {kb} channels x {nv} vectors of {lanes} {what} columns "
                                  f"({kb * nv} of {t.vector_registers} registers accumulate; {score:.2f} useful); "
                                  f"{pairs_note}{rows_note}{cols} columns per work item so its buffer ({(cols + halo) * per_col} B) "

@@ -447,7 +447,7 @@ static constexpr int64_t phase_taps(int64_t k, int64_t s, int64_t d) {
 constexpr int64_t PHASE_TAPS = phase_taps(KD, SD, DD) * phase_taps(KH, SH, DH) * phase_taps(KW, SW, DW);
 constexpr int64_t SUMCH = PHASE_TAPS >= 256 ? 1 : 256 / PHASE_TAPS;      // output channels per partial sum
 constexpr bool PAIRS = false;            // bf16 reduced in pairs of channels (vdpbf16ps)
-constexpr int64_t KW2 = PAIRS ? (COUT_G + 1) / 2 : COUT_G;                 // reduced words per tap: channels or pairs
+constexpr int64_t CW = PAIRS ? (COUT_G + 1) / 2 : COUT_G;                  // reduced words per tap: channels or pairs
 constexpr int64_t SUMW = PAIRS ? (SUMCH + 1) / 2 : SUMCH;                  // words per partial sum
 
 // Weights repacked once per call to [g][channel block][k][kd][kh][kw][CB] in ACC, zero-padded
@@ -456,8 +456,8 @@ static void repack_weights(const T* __restrict w, ACC* __restrict wp, int nthrea
   #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t gb = 0; gb < G * CBLK; ++gb) {
     const int64_t g = gb / CBLK, c0 = (gb % CBLK) * CB;
-    ACC* dst = wp + gb * KW2 * TAPS * CB;
-    for (int64_t ko = 0; ko < KW2; ++ko)
+    ACC* dst = wp + gb * CW * TAPS * CB;
+    for (int64_t ko = 0; ko < CW; ++ko)
       for (int64_t t = 0; t < TAPS; ++t)
         for (int64_t j = 0; j < CB; ++j) {
           const T* at = w + (g * COUT_G) * W_SN + (c0 + j) * W_SC + tap_offset(t, W_SD, W_SH, W_SW);
@@ -481,7 +481,7 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
   const int64_t jn = (XW - I0 + SW - 1) / SW;                   // columns of this phase
   const int64_t jend = jn - j0 < JC ? jn - j0 : JC;
   for (int64_t cblk = 0; cblk < CBLK; ++cblk) {
-    const ACC* wc = wp + (g * CBLK + cblk) * KW2 * TAPS * CB;
+    const ACC* wc = wp + (g * CBLK + cblk) * CW * TAPS * CB;
     for (int64_t jj = 0; jj < jend; jj += JB) {
       // The totals stay in memory: only the partial sums `acc` take registers in the tap loop.
       alignas(64) ACC total[CB][JB];
@@ -492,12 +492,12 @@ static void phase_row(const ACC* __restrict yb, const ACC* __restrict wp, const 
       }
       // partial sums over SUMCH output channels at a time, added to the total (two-level
       // summation keeps the rounding error of long reductions near that of short ones)
-      for (int64_t k0 = 0; k0 < KW2; k0 += SUMW) {
+      for (int64_t k0 = 0; k0 < CW; k0 += SUMW) {
         // the partial sums: acc{v}_{q} for column vector v and channel q
         vec acc0_0 = vbroadcast(0), acc0_1 = vbroadcast(0), acc0_2 = vbroadcast(0), acc0_3 = vbroadcast(0), acc0_4 = vbroadcast(0);
         vec acc1_0 = vbroadcast(0), acc1_1 = vbroadcast(0), acc1_2 = vbroadcast(0), acc1_3 = vbroadcast(0), acc1_4 = vbroadcast(0);
         for (int64_t r = 0; r < nr; ++r)
-          for (int64_t ko = k0; ko < (k0 + SUMW < KW2 ? k0 + SUMW : KW2); ++ko) {
+          for (int64_t ko = k0; ko < (k0 + SUMW < CW ? k0 + SUMW : CW); ++ko) {
             const ACC* yr = yb + ko * RS + rows[2 * r] + jj - OMIN;
             const ACC* wt = wc + ko * TAPS * CB + rows[2 * r + 1];
             #pragma GCC unroll 16
@@ -587,14 +587,14 @@ static void phase_row_at(int64_t i0, const ACC* yb, const ACC* wp, const int64_t
 
 extern "C" int cg_conv2d_bwdd_c64_k128_56x56_r1x1_s2_f32_blocked(const T* __restrict gy, const T* __restrict w, const T* __restrict bias,
                             T* __restrict gx, int64_t n, int nthreads) {
-  ACC* wp = (ACC*)acquire((((size_t)G * CBLK * KW2 * TAPS * CB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
+  ACC* wp = (ACC*)acquire((((size_t)G * CBLK * CW * TAPS * CB + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   if (!wp) return 1;
   repack_weights(w, wp, nthreads);
   const int64_t items = n * G * XD * NRB * NCT;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
-    ACC* yb = scratch(KW2 * RS);   // grad_output rows: [k][kd][SPAN][M] (PAIRS: k a channel pair)
+    ACC* yb = scratch(CW * RS);   // grad_output rows: [k][kd][SPAN][M] (PAIRS: k a channel pair)
     if (!yb) failed = 1;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -616,7 +616,7 @@ extern "C" int cg_conv2d_bwdd_c64_k128_56x56_r1x1_s2_f32_blocked(const T* __rest
       // 2. copy grad_output rows lo .. lo + SPAN - 1 (those inside the image), zero-padded:
       //    yb[k][kd][s][m] = gy row lo + s, column j0 + OMIN + m
       const int64_t clo = clamp64(-(j0 + OMIN), 0, M), chi = clamp64(YW - (j0 + OMIN), clo, M);
-      for (int64_t ko = 0; ko < KW2; ++ko) {
+      for (int64_t ko = 0; ko < CW; ++ko) {
         const T* gyk = gy + b * Y_SN + (g * COUT_G + (PAIRS ? 2 * ko : ko)) * Y_SC + (j0 + OMIN) * Y_SW;
         const bool odd = PAIRS && 2 * ko + 1 < COUT_G;   // the pair's second channel exists
         for (int64_t kd = 0; kd < KD; ++kd) {
