@@ -188,3 +188,20 @@ def test_the_streaming_rule(c, dtype, streams, op):
         plan = lower(problem, target, algorithm="grouplanes")
         assert plan.tiling.stream_bytes == (STREAM_L2S * target.l2_bytes if streams else 0), (isa, plan.tiling)
     assert lower(problem, cpu_target("generic"), algorithm="grouplanes").tiling.stream_bytes == 0
+
+
+def test_kernels_loaded_together_keep_their_own_taps():
+    """Each kernel's compile-time tables stay its own when many are loaded in one process: a class
+    template's static data member outside the unnamed namespace is one process-wide (GNU unique)
+    symbol, and at -O1, where it is read from memory, every kernel loaded later took the first one's
+    taps (the AVX-512 shape built for an AVX2-only host, as these tests build it there)."""
+    from code_shapes import ShapeForThisHost
+    from convgen.codegen.target import ISA_WIDTHS, TargetKind
+    shape = ShapeForThisHost(TargetKind.CPU, "avx2", ISA_WIDTHS["avx2"], 16)   # built for this host at -O1
+    names = ["3x3_w7", "k1x5_uneven", "s2_5x5_dil2", "s3_k2"]
+    keys = [(name, op) for name in names for op in OPS]
+    loaded = kernels_by_key(keys, lambda name, op: lower(_case_problem(name, op, DType.F32), shape,
+                                                         algorithm="grouplanes"))
+    for (name, op), (plan, kernel) in loaded.items():
+        check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
+            zlib.crc32(f"together-{name}-{op.value}".encode())))

@@ -192,6 +192,15 @@ extern "C" void cg_conv2d_bwdd_c128_k256_28x28_r1x1_s2_f32_blocked_use_pool(void
 constexpr int V = 8;   // lanes of one 32-byte vector of ACC
 typedef ACC vec __attribute__((vector_size(32)));
 static inline vec vload(const ACC* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
+// PIN_LOAD(x): x kept in a register from here on, so that a value loaded once serves several FMAs
+// (GCC folds the load back into each FMA as a memory operand otherwise). Only where the compiler's
+// ISA has registers of the vector's width: a code shape built for a narrower host (as the tests
+// build AVX-512's on AVX2-only CPUs) has none, and keeps the folded loads.
+#if defined(__x86_64__) && (32 <= 16 || (32 <= 32 && defined(__AVX__)) || defined(__AVX512F__))
+#define PIN_LOAD(x) asm("" : "+v"(x))
+#else
+#define PIN_LOAD(x) ((void)0)
+#endif
 static inline void vstore(ACC* p, vec v) { std::memcpy(p, &v, sizeof v); }
 // V consecutive stored values (T) as a vector of ACC: one load where they are ACC already.
 static inline vec vload_t(const T* p) {
