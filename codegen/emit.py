@@ -39,6 +39,7 @@ TEMPLATES = {
     (TargetKind.CPU, KOp.WGRAD, "pointwise"): "cpu/pointwise_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "lanes"): "cpu/lanes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.WGRAD, "depthwise"): "cpu/depthwise_wgrad.cpp.j2",
+    (TargetKind.CPU, KOp.WGRAD, "planes"): "cpu/planes_wgrad.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "depthwise"): "cpu/depthwise_planes.cpp.j2",
     (TargetKind.CPU, KOp.DGRAD, "depthwise"): "cpu/depthwise_planes.cpp.j2",
     (TargetKind.CPU, KOp.FWD, "grouplanes"): "cpu/grouplanes_fwd.cpp.j2",

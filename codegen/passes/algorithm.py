@@ -59,6 +59,8 @@ def run(plan: Plan) -> Plan:
         candidates = ("depthwise",) + candidates if g.groups > 1 else candidates + ("depthwise",)
     if _planes_fit(plan):
         candidates = candidates + ("depthwise",)
+    if _planes_wgrad_fits(plan):
+        candidates = candidates + ("planes",)
     if _pointwise_fits(plan):
         candidates = candidates + ("pointwise",)
     if _grouplanes_fits(plan):
@@ -72,6 +74,8 @@ def run(plan: Plan) -> Plan:
         choice, why = _gemm_over(plan, choice, why)
     if "pointwise" in candidates and plan.requested_algorithm is None and plan.kop is KOp.WGRAD:
         choice, why = _dots_over(plan, choice, why)
+    if "planes" in candidates and plan.requested_algorithm is None:
+        choice, why = _planes_over(plan, choice, why)
     if "depthwise" in candidates and plan.kop is not KOp.WGRAD and plan.requested_algorithm is None:
         choice, why = "depthwise", PLANES_WHY
     if "grouplanes" in candidates and plan.requested_algorithm is None:
@@ -105,6 +109,49 @@ def _planes_fit(plan: Plan) -> bool:
     g = plan.geometry
     return (plan.kop in (KOp.FWD, KOp.DGRAD) and g.groups > 1 and g.cin_g == 1 and g.cout_g == 1 and
             g.stride == (1, 1, 1) and g.kernel[0] == 1 and g.x_size[0] == 1 and g.y_size[0] == 1)
+
+
+def _planes_wgrad_fits(plan: Plan) -> bool:
+    """The planes weight gradient: unit strides, groups of more than one input channel (one is the
+    depthwise kernel's, which takes the same planes where they pay)."""
+    g = plan.geometry
+    return plan.kop is KOp.WGRAD and g.stride == (1, 1, 1) and g.groups > 1 and g.cin_g > 1
+
+
+# The planes weight gradient against lanes, whose vectors hold a group's output channels (a vector
+# narrower than the target's where there are fewer: 4 lanes for 4 channels). Zen 4, 2 threads, NCHW,
+# batch 8, kernel alone, ms, lanes / planes (gemm 3-5x slower than lanes on all of these). f32: 32
+# groups at 56x56 of 2 channels 4.50 / 0.82, of 4 (rnx_grouped) 5.99 / 2.06; 4 channels at 112x112
+# 12.3 / 4.3, at 224x224 (batch 4) 12.0 / 4.0, at 14x14 0.47 / 0.16, at 10x10 0.195 / 0.107, at
+# 7x7 0.145 / 0.098; 8 channels at 28x28 2.50 / 1.79, at 14x14 0.83 / 0.56, but at 7x7 0.18 /
+# 0.33; 12 at 28x28 6.06 / 4.16; 2 in, 8 out at 28x28 1.10 / 0.49; 4 channels 5x5 at 28x28 1.98 /
+# 0.84; 1-D, 8 channels at 4096 1.54 / 1.24; 2 groups of 64 in, 4 out at 56x56 3.49 / 1.51. A full
+# vector of output channels goes to lanes: 16 at 14x14 1.94 / 2.44, 32 at 7x7 1.53 / 5.02 (though
+# 16 at 28x28 8.12 / 7.41 and at 56x56 16.3 / 14.5). bf16 alike (lanes in pairs): 4 channels at
+# 56x56 4.50 / 1.88, 8 at 28x28 2.19 / 1.67, 16 at 14x14 1.25 / 2.14. In the AVX2 code shape (8
+# lanes): 4 channels at 56x56 6.40 / 3.09, at 14x14 0.34 / 0.19, but 8 at 28x28 2.63 / 2.66 and
+# 1-D 1.41 / 1.39. Images of fewer than PLANES_WGRAD_MIN_PIXELS output pixels stay with lanes (the
+# per-image copies and sums are not amortized), as do buffers of more than PLANES_WGRAD_MAX_L2S L2s.
+PLANES_WGRAD_MIN_PIXELS = 64
+PLANES_WGRAD_MAX_L2S = 4
+
+
+def _planes_over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
+    """planes for a weight gradient of few output channels per group, where it measured faster than `choice`."""
+    g, t = plan.geometry, plan.target
+    acc = plan.problem.dtype.accumulator.itemsize
+    lanes = t.vector_bytes // acc
+    pixels = g.y_size[0] * g.y_size[1] * g.y_size[2]
+    if any(op.layout is not Layout.CONTIGUOUS for op in plan.operands if op.kind in ("X", "Y")):
+        return choice, why
+    if g.cout_g >= lanes or pixels < PLANES_WGRAD_MIN_PIXELS:
+        return choice, why
+    kr, _ = tiling.planes_wgrad_tile(g.cout_g, g.cin_g * g.kernel[0] * g.kernel[1] * g.kernel[2],
+                                     t.vector_registers)
+    if tiling.planes_wgrad_bytes(g, kr, lanes, acc) > PLANES_WGRAD_MAX_L2S * t.l2_bytes:
+        return choice, why
+    return "planes", (f"{g.cout_g} output channels per group fill less than a vector of {lanes} (lanes' tile), "
+                      f"while over planes the pixels fill every lane")
 
 
 def _grouplanes_fits(plan: Plan) -> bool:
@@ -579,6 +626,9 @@ WHY = {
     "amx": "AMX tiles (bf16 products, f32 sums), 2 x 2 accumulator tiles per step: forward and data gradient (per "
            "stride phase) 16 pixels x 32 channels of a zero-padded channels-last copy by 32 x 16 weights, weight "
            "gradient 16 input channels x 32 pixels of a planar copy by 32 pixels x 16 output channels",
+    "planes": "weight gradient over zero-padded planes of one row pitch: each (output channel, input channel, tap) "
+              "a flat dot product over pixels in the vector lanes, a register tile of a group's output channels x "
+              "(input channel, tap) rows",
     "depthwise": "one (image, channel) plane or channel per item: forward and data gradient over a zero-padded copy "
                  "of the plane, each tap a flat run; weight gradient per-tap vector partial sums over rows or "
                  "planes",

@@ -11,7 +11,8 @@ from __future__ import annotations
 from ..pipeline import Pass
 from ..plan import Plan
 from ..target import TargetKind
-from .tiling_cpu import lanes_tile, register_tile, run_cpu   # noqa: F401 (algorithm.py scores tiles with these)
+from .tiling_cpu import (lanes_tile, planes_wgrad_bytes, planes_wgrad_tile, register_tile,  # noqa: F401 (algorithm.py
+                         run_cpu)                                                    # scores tiles with these)
 from .tiling_gpu import run_gpu
 
 

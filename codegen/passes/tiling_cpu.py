@@ -707,15 +707,22 @@ PLANES_NARROW_L2_SHARE = 0.5
 PLANES_MAX_TAPS_PER_PASS = 16
 
 
-def depthwise_plane_bytes(g, lanes: int, acc_bytes: int) -> int:
-    """Bytes of the depthwise weight gradient's two plane buffers (as depthwise_wgrad.cpp.j2 sizes them)."""
+def plane_layout(g, lanes: int) -> tuple[int, int, int]:
+    """(vectors of a grad_output plane, values of an input plane, the taps' reach) in the zero-padded
+    planes of one row pitch of the weight gradients over planes (templates/cpu/planes.j2)."""
     (kd, kh, kw), (dd, dh, dw), (pd, ph, pw) = g.kernel, g.dilation, g.pad_lo
     (xd, xh, xw), (yd, yh, yw) = g.x_size, g.y_size
     pitch, rh = max(yw + (kw - 1) * dw, pw + xw), max(yh + (kh - 1) * dh, ph + xh)
     rd = max(yd + (kd - 1) * dd, pd + xd)
     nvec = -(-((yd - 1) * rh * pitch + (yh - 1) * pitch + yw) // lanes)
     reach = (kd - 1) * dd * rh * pitch + (kh - 1) * dh * pitch + (kw - 1) * dw
-    return (max(rd * rh * pitch, reach + nvec * lanes) + nvec * lanes) * acc_bytes
+    return nvec, max(rd * rh * pitch, reach + nvec * lanes), reach
+
+
+def depthwise_plane_bytes(g, lanes: int, acc_bytes: int) -> int:
+    """Bytes of the depthwise weight gradient's two plane buffers (as depthwise_wgrad.cpp.j2 sizes them)."""
+    nvec, x_plane, _ = plane_layout(g, lanes)
+    return (x_plane + nvec * lanes) * acc_bytes
 
 
 def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
@@ -763,6 +770,76 @@ def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"{'read in place' if 'Y' in in_place else 'copied'}, input rows copied "
                                  f"{'with one memcpy each' if 'X-row' in in_place else 'element by element'}; "
                                  f"{tiling.threads_hint}", tiling=tiling)
+
+
+# The planes weight gradient (depthwise, and groups of few channels; planes_wgrad.cpp.j2) walks its
+# planes in chunks whose part of the buffers (grad_output and input planes) fits this share of the L1.
+PLANES_CHUNK_L1_SHARE = 0.5
+
+
+def planes_wgrad_tile(cout_g: int, rows: int, registers: int) -> tuple[int, int]:
+    """(KR, TB) of the planes weight gradient: KR output channels x TB (input channel, tap) rows.
+
+    Each tile step loads KR grad_output vectors and TB input vectors for KR x TB FMAs, which with
+    the KR vectors and one input vector must fit the registers (SPARE_REGISTERS left free); TB is
+    at most the template's unroll of its row loop (PLANES_MAX_TAPS_PER_PASS). Over a group's
+    cout_g x rows sums, per vector of pixels, the loads are ceil(cout_g / KR) x (passes x KR +
+    rows): the fewest wins (the larger KR on a tie), TB then evened out over the passes.
+    """
+    best = None
+    for kr in range(1, min(cout_g, 8) + 1):
+        tb = min(rows, (registers - SPARE_REGISTERS - 1 - kr) // kr, PLANES_MAX_TAPS_PER_PASS)
+        if tb < 1:
+            break
+        passes = math.ceil(rows / tb)
+        loads = math.ceil(cout_g / kr) * (passes * kr + rows)
+        if best is None or loads <= best[0]:
+            best = (loads, kr, math.ceil(rows / passes))
+    return best[1], best[2]
+
+
+def planes_wgrad_chunk(g, kr: int, lanes: int, acc_bytes: int, l1_bytes: int) -> int:
+    """Pixels per chunk (a multiple of `lanes`) of the planes weight gradient: the chunk's kr
+    grad_output runs and the input runs of the (at most) two channels whose rows one tile reads
+    (each run with the taps' reach) within PLANES_CHUNK_L1_SHARE of the L1; at least one vector.
+    (The chunk's tiles walk the channels in order, so the input runs reused are those.)"""
+    _, _, reach = plane_layout(g, lanes)
+    values = PLANES_CHUNK_L1_SHARE * l1_bytes / acc_bytes
+    runs = min(g.cin_g, 2)
+    vectors = int((values - runs * reach) / ((kr + runs) * lanes))
+    return max(1, vectors) * lanes
+
+
+def planes_wgrad_bytes(g, kr: int, lanes: int, acc_bytes: int) -> int:
+    """Bytes of a thread's plane buffers in the planes weight gradient (kr grad_output planes, cin_g
+    input planes), as planes_wgrad.cpp.j2 sizes them (each plane a whole number of lines, odd)."""
+    nvec, x_plane, _ = plane_layout(g, lanes)
+    line = 64 // acc_bytes
+
+    def lines(values: int) -> int:
+        return (-(-values // line) | 1) * line
+
+    return (kr * lines(nvec * lanes) + g.cin_g * lines(x_plane)) * acc_bytes
+
+
+def _planes_wgrad(plan: Plan, lanes: int, why: str) -> Plan:
+    """The planes weight gradient's tiling (unit strides), `why` it takes the planes."""
+    g, p, t = plan.geometry, plan.problem, plan.target
+    taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
+    kr, tb = planes_wgrad_tile(g.cout_g, g.cin_g * taps, t.vector_registers)
+    pc = planes_wgrad_chunk(g, kr, lanes, p.dtype.accumulator.itemsize, t.l1_bytes)
+    rows = g.cin_g * taps
+    items = g.groups * math.ceil(g.cout_g / kr)
+    tiling = Tiling(vector_lanes=lanes, kb=tb, nv=kr, pc=pc, planes=True,
+                    threads_hint=f"parallel over {items} blocks of output channels (a group's {kr} or fewer); each "
+                                 f"item owns its channels' taps and reduces in a fixed order, so results do not "
+                                 f"depend on the thread count")
+    return plan.decide("tiling", f"unit strides, {why}: per image, the input planes and grad_output planes copied "
+                                 f"into zero-padded buffers of one row pitch, each (output channel, input channel, "
+                                 f"tap) a flat dot product of vectors of {lanes}; register tile of {kr} output "
+                                 f"channels x {tb} of {rows} (input channel, tap) rows; chunks of {pc} pixels "
+                                 f"(within {PLANES_CHUNK_L1_SHARE:.0%} of the L1); {tiling.threads_hint}",
+                       tiling=tiling)
 
 
 def _grouplanes_stream(plan: Plan) -> int:
@@ -933,6 +1010,8 @@ def run_cpu(plan: Plan) -> Plan:
         return _gemm_wgrad(plan, lanes)
     if plan.algorithm == "pointwise":
         return _pointwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _pointwise(plan, lanes)
+    if plan.algorithm == "planes":
+        return _planes_wgrad(plan, lanes, f"{plan.geometry.cout_g} output channels per group")
     if plan.algorithm == "depthwise":
         return _depthwise_wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _depthwise_planes(plan, lanes)
     if plan.algorithm == "grouplanes":
