@@ -5,7 +5,8 @@ CPU runs the code shape and, for AVX-512 on an AVX2-only CPU, with that code sha
 this host's ISA (tests/code_shapes.py). The cases cover the template's edges: a last block of
 output channels smaller than the register tile's, a last block of (input channel, tap) rows
 smaller than the tile's (and tiles whose rows span two input channels), several chunks with a
-short last one (a small L1 in the target), 1-D, 2-D and 3-D windows, dilation, uneven padding, the
+short last one (a small L1 in the target), the batch in one part, in parts of unequal images and
+in more parts than images (the reduction cut where the groups give few work items), 1-D, 2-D and 3-D windows, dilation, uneven padding, the
 bias from grad_output and (transposed) from the input, a channels-last input read through strided
 copies, and f32, f64 and bf16. Then the rule that picks the algorithm, the register tile, and
 results that do not depend on the thread count.
@@ -56,6 +57,10 @@ CASES = {
     "g2o3_3d": ("avx2", 32 * 1024, (1, 4, 6, (4, 5, 6), (3, 3, 3), ((1, 1), (1, 1), (1, 1)), (1, 1, 1), 2)),
     # no padding, a 1-row kernel: rows of exactly the input's width
     "g2_nopad": ("avx512", 2048, (2, 4, 4, (6, 40), (1, 5), ((0, 0), (0, 0)), (1, 1), 2)),
+    # 16 groups: work items enough without cutting the batch (one part)
+    "g2_16groups": ("avx512", 32 * 1024, (3, 32, 32, (9, 10), (3, 3), ((1, 1), (1, 1)), (1, 1), 16)),
+    # 8 blocks: the batch of 5 in 2 parts, of 2 and 3 images
+    "g2_5images": ("avx2", 32 * 1024, (5, 16, 16, (8, 9), (3, 3), ((1, 1), (1, 1)), (1, 1), 8)),
 }
 DTYPES = [DType.F32, DType.F64, DType.BF16]
 
@@ -134,10 +139,16 @@ def test_the_cases_reach_the_templates_edges(kernels):
     assert tiles(("g2o7_avx2", "f32", "bias"))[0]                       # a short block of output channels
     chunks = tiles(("g2o6_uneven", "f32", "bias"))[3]
     assert chunks > 2 and chunks != int(chunks)                          # several chunks, a short last one
+    # the batch in one part, in parts of unequal images, and in more parts than images
+    assert kernels[("g2_16groups", "f32", "bias")][0].tiling.splits == 1
+    assert kernels[("g2_5images", "f32", "bias")][0].tiling.splits == 2
+    plan = kernels[("g4_2d", "f32", "bias")][0]
+    assert plan.tiling.splits > plan.problem.n
 
 
-def test_results_do_not_depend_on_the_thread_count(kernels):
-    plan, kernel = kernels[("g3o5_2d", "f32", "bias")]
+@pytest.mark.parametrize("name", ["g3o5_2d", "g2_16groups", "g2_5images"])
+def test_results_do_not_depend_on_the_thread_count(kernels, name):
+    plan, kernel = kernels[(name, "f32", "bias")]
     runs = [_run(kernel, plan.problem, "threads", threads) for threads in (1, 2, 3)]
     for _, _, gw, gb in runs[1:]:
         assert torch.equal(gw, runs[0][2]) and torch.equal(gb, runs[0][3])

@@ -829,11 +829,13 @@ def _planes_wgrad(plan: Plan, lanes: int, why: str) -> Plan:
     kr, tb = planes_wgrad_tile(g.cout_g, g.cin_g * taps, t.vector_registers)
     pc = planes_wgrad_chunk(g, kr, lanes, p.dtype.accumulator.itemsize, t.l1_bytes)
     rows = g.cin_g * taps
-    items = g.groups * math.ceil(g.cout_g / kr)
-    tiling = Tiling(vector_lanes=lanes, kb=tb, nv=kr, pc=pc, planes=True,
-                    threads_hint=f"parallel over {items} blocks of output channels (a group's {kr} or fewer); each "
-                                 f"item owns its channels' taps and reduces in a fixed order, so results do not "
-                                 f"depend on the thread count")
+    blocks = g.groups * math.ceil(g.cout_g / kr)
+    splits = _splits(blocks, blocks * (kr * rows + kr) * 8)
+    parts = f" x {splits} fixed parts of the batch (their sums added in order)" if splits > 1 else ""
+    tiling = Tiling(vector_lanes=lanes, kb=tb, nv=kr, pc=pc, planes=True, splits=splits,
+                    threads_hint=f"parallel over {blocks} blocks of output channels (a group's {kr} or fewer)"
+                                 f"{parts}; each item owns its channels' taps and reduces in a fixed order, so "
+                                 f"results do not depend on the thread count")
     return plan.decide("tiling", f"unit strides, {why}: per image, the input planes and grad_output planes copied "
                                  f"into zero-padded buffers of one row pitch, each (output channel, input channel, "
                                  f"tap) a flat dot product of vectors of {lanes}; register tile of {kr} output "
