@@ -1,4 +1,4 @@
-"""The planes weight gradient (groups of few channels, unit strides; templates/cpu/planes_wgrad.cpp.j2).
+"""The planes weight gradient (groups of few channels; templates/cpu/planes_wgrad.cpp.j2).
 
 Each case is checked against ATen in float64 with the results poisoned first, natively where the
 CPU runs the code shape and, for AVX-512 on an AVX2-only CPU, with that code shape compiled for
@@ -6,7 +6,9 @@ this host's ISA (tests/code_shapes.py). The cases cover the template's edges: a 
 output channels smaller than the register tile's, a last block of (input channel, tap) rows
 smaller than the tile's (and tiles whose rows span two input channels), several chunks with a
 short last one (a small L1 in the target), the batch in one part, in parts of unequal images and
-in more parts than images (the reduction cut where the groups give few work items), 1-D, 2-D and 3-D windows, dilation, uneven padding, the
+in more parts than images (the reduction cut where the groups give few work items), strides (the
+input split into phases; stride 2 rows split 2V columns at a time, the edges and other strides value
+by value), 1-D, 2-D and 3-D windows, dilation, uneven padding, the
 bias from grad_output and (transposed) from the input, a channels-last input read through strided
 copies, and f32, f64 and bf16. Then the rule that picks the algorithm, the register tile, and
 results that do not depend on the thread count.
@@ -31,10 +33,10 @@ from code_shapes import x86_shape
 from reference import rel_err, tolerance
 
 
-def _problem(n, c, k, size, kernel, pad, dilation, groups, dtype=DType.F32, bias=True, transposed=False,
-             layout=Layout.CONTIGUOUS) -> ConvProblem:
+def _problem(n, c, k, size, kernel, pad, dilation, groups, stride=None, dtype=DType.F32, bias=True,
+             transposed=False, layout=Layout.CONTIGUOUS) -> ConvProblem:
     r = len(size)
-    return ConvProblem(op=Op.BWD_WEIGHT, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=(1,) * r,
+    return ConvProblem(op=Op.BWD_WEIGHT, n=n, c=c, k=k, in_size=size, kernel=kernel, stride=stride or (1,) * r,
                        padding=pad, dilation=dilation, groups=groups, transposed=transposed,
                        output_padding=(0,) * r, dtype=dtype, input_layout=layout, weight_layout=layout,
                        output_layout=layout, bias=bias)
@@ -61,18 +63,32 @@ CASES = {
     "g2_16groups": ("avx512", 32 * 1024, (3, 32, 32, (9, 10), (3, 3), ((1, 1), (1, 1)), (1, 1), 16)),
     # 8 blocks: the batch of 5 in 2 parts, of 2 and 3 images
     "g2_5images": ("avx2", 32 * 1024, (5, 16, 16, (8, 9), (3, 3), ((1, 1), (1, 1)), (1, 1), 8)),
+    # stride 2: the input split into 4 phases; rows of 41 split 2V columns at a time (f32, f64) around
+    # value-by-value edges, odd padding
+    "s2_odd": ("avx512", 32 * 1024, (2, 8, 8, (11, 41), (3, 3), ((1, 1), (1, 1)), (1, 1), 2), (2, 2)),
+    # stride 2, no padding, AVX2 (vectors of 8 f32)
+    "s2_nopad_avx2": ("avx2", 32 * 1024, (2, 8, 12, (12, 40), (3, 3), ((0, 0), (0, 0)), (1, 1), 2), (2, 2)),
+    # strides 3 x 2 with a 5x4 kernel dilated 1 x 2 (taps of one phase 2 apart), uneven padding
+    "s3x2_dil": ("avx512", 32 * 1024, (2, 6, 9, (13, 35), (5, 4), ((2, 1), (1, 2)), (1, 2), 3), (3, 2)),
+    # 1-D stride 3, 3-D strides 2 x 1 x 2
+    "s3_1d": ("avx2", 32 * 1024, (2, 6, 9, (40,), (5,), ((2, 1),), (2,), 3), (3,)),
+    "s212_3d": ("avx512", 32 * 1024, (1, 4, 6, (7, 8, 9), (3, 3, 3), ((1, 1), (1, 1), (1, 1)), (1, 1, 1), 2),
+                (2, 1, 2)),
 }
 DTYPES = [DType.F32, DType.F64, DType.BF16]
 
 
 def _variants():
-    for name, (isa, l1, args) in CASES.items():
+    for name, (isa, l1, args, *stride) in CASES.items():
         for dtype in DTYPES:
             for bias in (True, False):
-                yield (name, dtype.value, "bias" if bias else "no_bias"), isa, l1, _problem(*args, dtype=dtype, bias=bias)
+                yield ((name, dtype.value, "bias" if bias else "no_bias"), isa, l1,
+                       _problem(*args, *stride, dtype=dtype, bias=bias))
     isa, l1, args = CASES["g3o5_2d"]
     yield ("g3o5_2d", "f32", "transposed"), isa, l1, _problem(*args[:5], ((1, 1), (1, 1)), *args[6:], transposed=True)
     yield ("g3o5_2d", "f32", "channels_last"), isa, l1, _problem(*args, layout=Layout.CHANNELS_LAST)
+    isa, l1, args, stride = CASES["s2_odd"]   # strided rows read value by value (channels last)
+    yield ("s2_odd", "f32", "channels_last"), isa, l1, _problem(*args, stride, layout=Layout.CHANNELS_LAST)
 
 
 VARIANTS = {key: (isa, l1, problem) for key, isa, l1, problem in _variants()}
@@ -175,7 +191,9 @@ def test_planes_where_a_groups_output_channels_fill_less_than_a_vector():
     assert _default(128, 128, (7, 7), 32) == "lanes"                          # 49 output pixels an image
     assert _default(128, 128, (8, 8), 32) == "planes"                         # 64
     assert _default(128, 128, (56, 56), 32, layout=Layout.CHANNELS_LAST) != "planes"
-    assert _default(128, 128, (56, 56), 32, stride=2) != "planes"             # unit strides only
+    assert _default(128, 128, (112, 112), 32, stride=2) == "planes"           # strided: the input in phases
+    assert _default(256, 256, (56, 56), 32, stride=2) == "planes"             # 8 of 16
+    assert _default(512, 512, (28, 28), 32, stride=2) == "lanes"              # 16 of 16
     assert _default(64, 64, (56, 56), 64) == "depthwise"                      # one input channel: its own kernel
     # 64 input planes of 58 x 58 and 4 grad_output planes (about 880 KB): within 4 L2s of 1 MB, not of 128 KB
     assert _default(128, 8, (56, 56), 2) == "planes"
@@ -195,7 +213,7 @@ def test_register_tile(cout_g, rows, registers, tile):
     assert kr * tb + kr + 1 + tiling_cpu.SPARE_REGISTERS <= registers
 
 
-def test_candidate_only_with_unit_strides_and_groups_of_several_channels():
+def test_candidate_for_groups_of_several_channels():
     def candidates(groups, stride=1, c=8):
         problem = ConvProblem(op=Op.BWD_WEIGHT, n=2, c=c, k=8, in_size=(9, 9), kernel=(3, 3), stride=(stride, stride),
                               padding=((1, 1), (1, 1)), dilation=(1, 1), groups=groups, transposed=False,
@@ -205,6 +223,6 @@ def test_candidate_only_with_unit_strides_and_groups_of_several_channels():
 
     assert "planes" in candidates(2)
     assert "planes" not in candidates(1)               # no groups: lanes' vectors fill with output channels
-    assert "planes" not in candidates(2, stride=2)
+    assert "planes" in candidates(2, stride=2)
     assert "planes" not in candidates(8)               # one input channel per group: depthwise
     assert algorithm.PLANES_WGRAD_MIN_PIXELS == 64

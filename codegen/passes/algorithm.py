@@ -112,10 +112,10 @@ def _planes_fit(plan: Plan) -> bool:
 
 
 def _planes_wgrad_fits(plan: Plan) -> bool:
-    """The planes weight gradient: unit strides, groups of more than one input channel (one is the
-    depthwise kernel's, which takes the same planes where they pay)."""
+    """The planes weight gradient: groups of more than one input channel (one is the depthwise
+    kernel's, which takes the same planes at unit strides where they pay)."""
     g = plan.geometry
-    return plan.kop is KOp.WGRAD and g.stride == (1, 1, 1) and g.groups > 1 and g.cin_g > 1
+    return plan.kop is KOp.WGRAD and g.groups > 1 and g.cin_g > 1
 
 
 # The planes weight gradient against lanes, whose vectors hold a group's output channels (a vector
@@ -130,7 +130,11 @@ def _planes_wgrad_fits(plan: Plan) -> bool:
 # 16 at 28x28 8.12 / 7.41 and at 56x56 16.3 / 14.5). bf16 alike (lanes in pairs): 4 channels at
 # 56x56 4.50 / 1.88, 8 at 28x28 2.19 / 1.67, 16 at 14x14 1.25 / 2.14. In the AVX2 code shape (8
 # lanes): 4 channels at 56x56 6.40 / 3.09, at 14x14 0.34 / 0.19, but 8 at 28x28 2.63 / 2.66 and
-# 1-D 1.41 / 1.39. Images of fewer than PLANES_WGRAD_MIN_PIXELS output pixels stay with lanes (the
+# 1-D 1.41 / 1.39. Strided (the input copied in its stride phases): f32 stride 2, 4 channels 112x112 ->
+# 56x56 10.1 / 5.2, 8 channels 56 -> 28 (ResNeXt's downsampling 3x3) 4.37 / 3.25, 4 channels 28 -> 14
+# 0.39 / 0.27, 4x4 kernel 64 -> 32 1.24 / 0.95; but 16 channels 28 -> 14 2.54 / 4.31; bf16 alike (8
+# channels 56 -> 28 3.31 / 2.70, 16 channels 1.60 / 3.89); AVX2 shape, 4 channels 112 -> 56 10.1 / 5.7.
+# Images of fewer than PLANES_WGRAD_MIN_PIXELS output pixels stay with lanes (the
 # per-image copies and sums are not amortized), as do buffers of more than PLANES_WGRAD_MAX_L2S L2s.
 PLANES_WGRAD_MIN_PIXELS = 64
 PLANES_WGRAD_MAX_L2S = 4

@@ -708,14 +708,16 @@ PLANES_MAX_TAPS_PER_PASS = 16
 
 
 def plane_layout(g, lanes: int) -> tuple[int, int, int]:
-    """(vectors of a grad_output plane, values of an input plane, the taps' reach) in the zero-padded
-    planes of one row pitch of the weight gradients over planes (templates/cpu/planes.j2)."""
+    """(vectors of a grad_output plane, values of an input plane (of one stride phase), the taps'
+    reach) in the zero-padded planes of one row pitch of the weight gradients over planes
+    (templates/cpu/planes.j2)."""
     (kd, kh, kw), (dd, dh, dw), (pd, ph, pw) = g.kernel, g.dilation, g.pad_lo
-    (xd, xh, xw), (yd, yh, yw) = g.x_size, g.y_size
-    pitch, rh = max(yw + (kw - 1) * dw, pw + xw), max(yh + (kh - 1) * dh, ph + xh)
-    rd = max(yd + (kd - 1) * dd, pd + xd)
+    (xd, xh, xw), (yd, yh, yw), (sd, sh, sw) = g.x_size, g.y_size, g.stride
+    qd, qh, qw = (kd - 1) * dd // sd, (kh - 1) * dh // sh, (kw - 1) * dw // sw
+    pitch, rh = max(yw + qw, -(-(pw + xw) // sw)), max(yh + qh, -(-(ph + xh) // sh))
+    rd = max(yd + qd, -(-(pd + xd) // sd))
     nvec = -(-((yd - 1) * rh * pitch + (yh - 1) * pitch + yw) // lanes)
-    reach = (kd - 1) * dd * rh * pitch + (kh - 1) * dh * pitch + (kw - 1) * dw
+    reach = qd * rh * pitch + qh * pitch + qw
     return nvec, max(rd * rh * pitch, reach + nvec * lanes), reach
 
 
@@ -805,25 +807,27 @@ def planes_wgrad_chunk(g, kr: int, lanes: int, acc_bytes: int, l1_bytes: int) ->
     (The chunk's tiles walk the channels in order, so the input runs reused are those.)"""
     _, _, reach = plane_layout(g, lanes)
     values = PLANES_CHUNK_L1_SHARE * l1_bytes / acc_bytes
-    runs = min(g.cin_g, 2)
+    runs = min(g.cin_g, 2) * g.stride[0] * g.stride[1] * g.stride[2]   # (each of the channels' stride phases)
     vectors = int((values - runs * reach) / ((kr + runs) * lanes))
     return max(1, vectors) * lanes
 
 
 def planes_wgrad_bytes(g, kr: int, lanes: int, acc_bytes: int) -> int:
     """Bytes of a thread's plane buffers in the planes weight gradient (kr grad_output planes, cin_g
-    input planes), as planes_wgrad.cpp.j2 sizes them (each plane a whole number of lines, odd)."""
+    input planes of as many phases as the strides make), as planes_wgrad.cpp.j2 sizes them (each
+    plane a whole number of lines, odd)."""
     nvec, x_plane, _ = plane_layout(g, lanes)
     line = 64 // acc_bytes
 
     def lines(values: int) -> int:
         return (-(-values // line) | 1) * line
 
-    return (kr * lines(nvec * lanes) + g.cin_g * lines(x_plane)) * acc_bytes
+    phases = g.stride[0] * g.stride[1] * g.stride[2]
+    return (kr * lines(nvec * lanes) + g.cin_g * phases * lines(x_plane)) * acc_bytes
 
 
 def _planes_wgrad(plan: Plan, lanes: int, why: str) -> Plan:
-    """The planes weight gradient's tiling (unit strides), `why` it takes the planes."""
+    """The planes weight gradient's tiling, `why` it takes the planes."""
     g, p, t = plan.geometry, plan.problem, plan.target
     taps = g.kernel[0] * g.kernel[1] * g.kernel[2]
     kr, tb = planes_wgrad_tile(g.cout_g, g.cin_g * taps, t.vector_registers)
@@ -836,7 +840,10 @@ def _planes_wgrad(plan: Plan, lanes: int, why: str) -> Plan:
                     threads_hint=f"parallel over {blocks} blocks of output channels (a group's {kr} or fewer)"
                                  f"{parts}; each item owns its channels' taps and reduces in a fixed order, so "
                                  f"results do not depend on the thread count")
-    return plan.decide("tiling", f"unit strides, {why}: per image, the input planes and grad_output planes copied "
+    strided = g.stride != (1, 1, 1)
+    phases = (f" (the input's split into its {g.stride[0] * g.stride[1] * g.stride[2]} stride phases, each tap "
+              f"reading one)") if strided else ""
+    return plan.decide("tiling", f"{why}: per image, the input planes{phases} and grad_output planes copied "
                                  f"into zero-padded buffers of one row pitch, each (output channel, input channel, "
                                  f"tap) a flat dot product of vectors of {lanes}; register tile of {kr} output "
                                  f"channels x {tb} of {rows} (input channel, tap) rows; chunks of {pc} pixels "
