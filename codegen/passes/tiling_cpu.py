@@ -774,7 +774,7 @@ def _depthwise_wgrad(plan: Plan, lanes: int) -> Plan:
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
-# The planes weight gradient (depthwise, and groups of few channels; planes_wgrad.cpp.j2) walks its
+# The planes weight gradient (groups of few channels; planes_wgrad.cpp.j2) walks its
 # planes in chunks whose part of the buffers (grad_output and input planes) fits this share of the L1.
 PLANES_CHUNK_L1_SHARE = 0.5
 
@@ -841,7 +841,7 @@ def _planes_wgrad(plan: Plan, lanes: int, why: str) -> Plan:
                                  f"{parts}; each item owns its channels' taps and reduces in a fixed order, so "
                                  f"results do not depend on the thread count")
     strided = g.stride != (1, 1, 1)
-    phases = (f" (the input's split into its {g.stride[0] * g.stride[1] * g.stride[2]} stride phases, each tap "
+    phases = (f" (each split into its {g.stride[0] * g.stride[1] * g.stride[2]} stride phases, each tap "
               f"reading one)") if strided else ""
     return plan.decide("tiling", f"{why}: per image, the input planes{phases} and grad_output planes copied "
                                  f"into zero-padded buffers of one row pitch, each (output channel, input channel, "
