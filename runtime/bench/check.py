@@ -24,6 +24,7 @@ from ..codegen.errors import ConvSpecError
 from ..codegen.ir import ConvProblem, Layout
 from ..codegen.target import Target, TargetKind
 from ..api import functional, ops
+from ..devices.sim import profiling
 from ..dispatch import dispatch
 from ..stats import stats
 
@@ -73,11 +74,33 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / norm if norm else o.abs().max().item()
 
 
-def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: int = 0) -> tuple[list[str], bool]:
+def profile_lines(launches: list[dict]) -> list[str]:
+    """The simulator's counters of each launch (devices/sim.py's profiling), one line each."""
+    lines = []
+    for p in launches:
+        requests, wavefronts, ideal = p["shared_requests"], p["shared_wavefronts"], p["shared_ideal"]
+        sectors, moved = p["global_sectors"], p["bytes_read"] + p["bytes_written"]
+        lines.append(
+            f"    {p['kernel']}: {p['blocks']} blocks, {p['barriers']} barriers, {p['tensor_instructions']} tensor "
+            f"instructions; shared {requests} requests, "
+            f"{(wavefronts - ideal) / requests if requests else 0:.2f} bank conflicts per request "
+            f"({wavefronts} wavefronts, {ideal} without conflicts); global {p['global_requests']} requests, "
+            f"{sectors / p['global_requests'] if p['global_requests'] else 0:.1f} sectors per request "
+            f"({100 * moved / (32 * sectors) if sectors else 0:.0f}% of their bytes used); "
+            f"{p['bytes_read']} bytes read, {p['bytes_written']} written")
+    return lines
+
+
+def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: int = 0,
+              profile: bool = False) -> tuple[list[str], bool]:
     """(one line per pass, whether all are within tolerance) for `problem`'s convolution (its op
-    is ignored: every pass runs), called with torch's `padding` argument (ints or 'same')."""
+    is ignored: every pass runs), called with torch's `padding` argument (ints or 'same'); with
+    `profile` (simulated GPU targets), each pass's launches and their counters under its line."""
     import torch.nn.functional as F
 
+    if profile and (target.kind is TargetKind.CPU or not sim):
+        raise ConvSpecError(f"--profile: the counters are the SIMT simulator's; give a GPU target and --sim "
+                            f"(got --target {target.name()}{' --sim' if sim else ''})")
     p = problem
     dtype = TORCH_DTYPES[p.dtype.value]
     gen = torch.Generator().manual_seed(seed)
@@ -107,13 +130,17 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
     lines, ok = [], True
     tf32 = target.kind is TargetKind.CUDA and dtype is torch.float32 and bool(torch.backends.cudnn.allow_tf32)
 
-    def report(name: str, out, ref, terms: int):
+    def report(name: str, call, ref, terms: int):
         nonlocal ok
+        with profiling() if profile else contextlib.nullcontext() as launches:
+            out = call()
         tol = TOLERANCE[dtype] * max(1.0, math.sqrt(terms / SHORT_REDUCTION)) + (TF32_TOLERANCE if tf32 else 0.0)
         err = _rel(out, ref) if tuple(out.shape) == tuple(ref.shape) else math.inf
         good = err <= tol
         ok = ok and good
         lines.append(f"{name:<24} relative error {err:.2e}  (tolerance {tol:.0e})  {'ok' if good else 'FAIL'}")
+        if profile:
+            lines.extend(profile_lines(launches))
 
     with _environment(**_environment_for(target, sim)):
         # every kernel in one ninja run
@@ -121,15 +148,19 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
                     for q in ops.call_problems(x, w, b, *args, output_mask=mask, grad_output=gy)}
         dispatch.prepare(list(problems.values()))
         before = stats()["sim_launches"]
-        report("fwd (with bias)", functional.convolution(x, w, b, *args), y64, over_channels)
+        report("fwd (with bias)", lambda: functional.convolution(x, w, b, *args), y64, over_channels)
         k = [p.k]
-        dx, _, _ = functional.convolution_backward(gy, x, w, k, *args, [True, False, False])
-        report("bwd_data", dx, dx64, over_channels)
-        _, dw, db = functional.convolution_backward(gy, x, w, k, *args, [False, True, True])
-        report("bwd_weight (+ bias)", dw, dw64, over_images)
-        report("bwd_bias (fused)", db, db64, over_images)
-        _, _, db_alone = functional.convolution_backward(gy, x, w, k, *args, [False, False, True])
-        report("bwd_bias (alone)", db_alone, db64, over_images)
+        report("bwd_data", lambda: functional.convolution_backward(gy, x, w, k, *args, [True, False, False])[0],
+               dx64, over_channels)
+        both = {}
+        report("bwd_weight (+ bias)",
+               lambda: both.setdefault("dw_db", functional.convolution_backward(gy, x, w, k, *args,
+                                                                                [False, True, True]))[1],
+               dw64, over_images)
+        report("bwd_bias (fused)", lambda: both["dw_db"][2], db64, over_images)
+        report("bwd_bias (alone)", lambda: functional.convolution_backward(gy, x, w, k, *args,
+                                                                           [False, False, True])[2],
+               db64, over_images)
         launches = stats()["sim_launches"] - before
     where = (f"in the SIMT simulator ({target.name()}, warp {target.warp_size}, {launches} simulated launches)"
              if target.kind is not TargetKind.CPU else f"on the CPU ({target.name()})")

@@ -25,6 +25,13 @@ from ..codegen.keys import sha256_text
 
 WARP = {"cuda": 32, "hip": 64}
 SANITIZE = ("-fsanitize=address,undefined", "-fsanitize=bounds-strict", "-fno-omit-frame-pointer")
+# The simulator's checks (sim/checks.h): every load and store of the kernel calls the library's own
+# hooks (g++'s kernel-address instrumentation in call mode; no sanitizer runtime), -g1 gives the line
+# tables that name an access's source line, -mtls-dialect=gnu2 makes the hooks' thread-local lookup a
+# short call. Not with SANITIZE (ASan owns the same instrumentation).
+INSTRUMENT = ("-fsanitize=kernel-address", "-fsanitize-recover=kernel-address",
+              "--param=asan-instrumentation-with-call-threshold=0", "--param=asan-stack=0",
+              "--param=asan-globals=0", "--param=asan-use-after-return=0")
 RUNTIME_OBJECT = "runtime.o"
 
 
@@ -61,16 +68,24 @@ def fp16_include_dir() -> Path | None:
     return _nvcc_include(str(home) if home else None, shutil.which("nvcc"))
 
 
+def check_flags() -> tuple[str, ...]:
+    """The flags that build a library with the simulator's checks (sim/checks.h)."""
+    return ("-DCONVGEN_SIM_CHECKS", *INSTRUMENT, "-mtls-dialect=gnu2",
+            f"-Wl,--version-script={gpu_templates_dir() / 'sim' / 'hooks.map'}")
+
+
 def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False,
                     cxx_argv: list[str] | None = None, debug: bool = True, pch: Path | None = None,
-                    split: bool = False) -> list[str]:
+                    split: bool = False, checks: bool = True) -> list[str]:
     """The g++ command that builds `src` (CUDA or HIP source with cuda.h/hip.h, included or
     inline) into a shared library run by the simulator with `vendor`'s warp size; debug=False
     leaves out -g (a third of the compile time; the runtime's builds, whose simulator messages
     name sites by themselves). split=True compiles the kernel file against the simulator's
     declarations only (CONVGEN_SIM_SPLIT; see sim/simt.h). `pch`: a directory made by
     precompiled_header, with the same flags and split=True: its sim/simt.h.gch is searched before
-    the headers themselves and its sim/runtime.o (the simulator's own functions) is linked in."""
+    the headers themselves and its sim/runtime.o (the simulator's own functions) is linked in.
+    checks=True (unless sanitize): the simulator's checks instrument every load and store
+    (check_flags; sim/checks.h); False only to measure what they cost."""
     if vendor not in WARP:
         raise ConvgenError(f"simulator vendor {vendor!r}: expected one of {', '.join(WARP)}")
     include = fp16_include_dir()
@@ -82,6 +97,8 @@ def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False,
             "-DCONVGEN_SIM", f"-DCONVGEN_SIM_WARP={WARP[vendor]}", *(["-DCONVGEN_SIM_SPLIT"] if split else []),
             *(["-I", str(pch)] if pch else []), "-I", str(gpu_templates_dir()),
             *(["-isystem", str(include)] if include else []), *(SANITIZE if sanitize else ()),
+            *(check_flags() if checks and not sanitize else ()),
+            *(["-g1"] if checks and not (sanitize or debug) else []),
             src, *(["-x", "none", str(pch / "sim" / RUNTIME_OBJECT)] if pch else []), "-o", out]
 
 
@@ -92,7 +109,7 @@ def headers_digest() -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for name in ("simt.h", "fiber.h", "async_copy.h", "mma.h"):
+    for name in ("simt.h", "fiber.h", "checks.h", "async_copy.h", "mma.h", "hooks.map"):
         h.update((gpu_templates_dir() / "sim" / name).read_bytes())
     return h.hexdigest()
 
@@ -128,13 +145,14 @@ def precompiled_header(vendor: str, cxx_argv: tuple[str, ...], root: str, identi
             return directory
         work = cache.private_dir("sim-pch")
         try:
-            header = [a for a in base if a not in ("-shared", "{out}", "-o")]
+            header = [a for a in base if a not in ("-shared", "{out}", "-o") and not a.startswith("-Wl,")]
             command = list(header)
             command[command.index("-x") + 1] = "c++-header"
             command += ["-o", str(work / "simt.h.gch")]
             source = work / "runtime.cpp"
             source.write_text('#include "sim/simt.h"\n')
             objects = [a if a != header[-1] else str(source) for a in header]
+            objects = [a for a in objects if a not in INSTRUMENT]   # the simulator's own code: no hooks
             objects += ["-DCONVGEN_SIM_RUNTIME", "-c", "-o", str(work / RUNTIME_OBJECT)]
             for step in (command, objects):
                 done = subprocess.run(step, capture_output=True, text=True, stdin=subprocess.DEVNULL)

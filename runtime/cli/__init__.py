@@ -234,7 +234,7 @@ def cmd_check(args) -> int:
     problem = problem_from_args(args)
     target = parse_target(args.target)
     padding = args.padding if args.padding.isalpha() else _param("--padding", args.padding)
-    lines, ok = check.run_check(problem, padding, target, args.sim, seed=args.seed)
+    lines, ok = check.run_check(problem, padding, target, args.sim, seed=args.seed, profile=args.profile)
     print("\n".join(lines))
     return 0 if ok else EXIT_FAILED
 
@@ -367,6 +367,9 @@ def parser() -> argparse.ArgumentParser:
                                    "targets run in the SIMT simulator with --sim.")
     c.add_argument("--sim", action="store_true", help="GPU targets: run the kernels in the SIMT simulator")
     c.add_argument("--seed", type=int, default=0, help="the random data's seed (default 0)")
+    c.add_argument("--profile", action="store_true",
+                   help="with --sim: under each pass, its launches' counters (bank conflicts, sectors per request, "
+                        "bytes, barriers, tensor instructions)")
     c.set_defaults(run=cmd_check)
     bench = sub.add_parser(
         "bench", parents=[_problem_flags(False, required=False)], help="time convgen against torch, side by side",

@@ -19,6 +19,9 @@ typedef cudaStream_t convgen_stream_t;
 #define CONVGEN_DYNAMIC_SHARED(T, name) \
     extern __shared__ __align__(16) unsigned char convgen_dynamic_shared_[]; \
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
+// A static shared array: `CONVGEN_SHARED(float, tile, [32][33]);` (the simulator places it where its
+// checks see it).
+#define CONVGEN_SHARED(T, name, dims) __shared__ __align__(16) T name dims
 // A kernel that takes more than 48 KiB of dynamic shared memory opts in first: 0, else CUDA's error.
 #define CONVGEN_SHARED_OPT_IN(kernel, bytes) \
     ((bytes) > 48 * 1024 \

@@ -19,6 +19,9 @@ typedef hipStream_t convgen_stream_t;
 #define CONVGEN_DYNAMIC_SHARED(T, name) \
     extern __shared__ __align__(16) unsigned char convgen_dynamic_shared_[]; \
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
+// A static shared array: `CONVGEN_SHARED(float, tile, [32][33]);` (the simulator places it where its
+// checks see it).
+#define CONVGEN_SHARED(T, name, dims) __shared__ __align__(16) T name dims
 // Dynamic LDS up to 64 KiB needs no opt-in on gfx90a/gfx940 (convgen's tiles stay below it).
 #define CONVGEN_SHARED_OPT_IN(kernel, bytes) ((bytes) > 64 * 1024 ? 1 : 0)
 // A plan entry's scratch memory (a split-K workspace), stream-ordered (ROCm 5.2 has hipMallocAsync
@@ -55,6 +58,10 @@ template <int N> struct convgen_copy_stage {
 template <int N>
 __device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>& stage, int i, void* shared, const void* global,
                                                bool valid) {
+#if defined(CONVGEN_SIM)   // 16-byte accesses fault off 16-byte boundaries (the simulator's checks)
+    if (valid) ::convgen_sim::require_aligned(global, 16, "global_load_dwordx4 (convgen_copy16's source)");
+    ::convgen_sim::require_aligned(shared, 16, "ds_write_b128 (convgen_copy16's destination)");
+#endif
     stage.value[i] = valid ? *(CONVGEN_GLOBAL_U128*)global : convgen_u128{};
     stage.shared[i] = static_cast<convgen_u128*>(shared);
 }

@@ -11,14 +11,21 @@
 
 namespace convgen_sim {
 
-inline void async_copy(void* shared, const void* global, unsigned bytes, unsigned source_bytes) {
+// Issued by the thread: checked now (sim/checks.h: alignment, the source's bounds, a write of the
+// destination live until it lands), done at the wait.
+__attribute__((noinline)) CONVGEN_SIM_UNCHECKED inline void async_copy(void* shared, const void* global, unsigned bytes,
+                                                                     unsigned source_bytes) {
+    Inside inside;
+    const void* pc = __builtin_return_address(0);
+    copy_issue(shared, global, bytes, source_bytes, pc);
     Fiber& f = *worker().current;
-    f.copies.push_back({shared, global, bytes, source_bytes, f.copy_groups});
+    f.copies.push_back({shared, global, bytes, source_bytes, f.copy_groups, pc});
 }
 
-inline void async_commit() { ++worker().current->copy_groups; }
+CONVGEN_SIM_UNCHECKED inline void async_commit() { ++worker().current->copy_groups; }
 
-inline void async_wait(unsigned newest_pending) {
+CONVGEN_SIM_UNCHECKED inline void async_wait(unsigned newest_pending) {
+    Inside inside;
     Fiber& f = *worker().current;
     unsigned long long done_below = f.copy_groups > newest_pending ? f.copy_groups - newest_pending : 0;
     std::vector<AsyncCopy> still;
@@ -26,6 +33,7 @@ inline void async_wait(unsigned newest_pending) {
         if (c.group >= done_below) { still.push_back(c); continue; }
         std::memcpy(c.shared, c.global, c.source_bytes);
         std::memset(static_cast<char*>(c.shared) + c.source_bytes, 0, c.bytes - c.source_bytes);
+        copy_landed(c.shared, c.bytes, c.pc);
     }
     f.copies.swap(still);
 }

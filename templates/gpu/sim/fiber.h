@@ -17,10 +17,12 @@ struct AsyncCopy {
     const void* global;
     unsigned bytes, source_bytes;        // source_bytes < bytes: the rest is zeros
     unsigned long long group;            // the commit group it belongs to
+    const void* pc;                      // the instruction that issued it (checks.h)
 };
 
 struct Fiber {
     std::vector<AsyncCopy> copies;      // this thread's copies in flight (cp.async)
+    unsigned inside = 0;                // > 0 while in the simulator's own functions: checks.h skips their accesses
     unsigned long long copy_groups = 0; // commit groups closed so far
     void* sp = nullptr;                 // saved stack pointer while switched out
     char* stack = nullptr;              // lowest address of the mapping (a guard page first)
@@ -39,7 +41,10 @@ struct Fiber {
 #endif
 };
 
-struct Settings { int order = 0; unsigned long long seed = 0; int workers = 0; };
+struct Settings { int order = 0; unsigned long long seed = 0; int workers = 0; bool profile = false; };
+struct Registry;      // checks.h: the buffers a plan entry was called with (per calling thread)
+struct BlockChecks;   // checks.h: a worker's shared memory, its shadow and the block's counters
+struct Counters;      // checks.h: a launch's profile
 
 struct Launch {
     const char* kernel = "";
@@ -51,6 +56,9 @@ struct Launch {
     std::atomic<bool> failed{false};
     std::mutex error_mutex;
     std::string error;                  // the first failure, handed to the launching thread's last_error()
+    Registry* registry = nullptr;       // the launching thread's buffers (checks.h); null: not checked
+    uintptr_t caller_stack_lo = 0, caller_stack_hi = 0;   // the launching thread's stack (the kernel's arguments)
+    Counters* counters = nullptr;       // with Settings::profile: the launch's profile, added to by each block
 };
 
 // Per library (simt.h gives everything here hidden visibility, so two loaded simulator libraries
@@ -67,7 +75,7 @@ struct Worker {
     Fiber* current = nullptr;
     Launch* launch = nullptr;
     std::vector<Fiber> fibers;
-    std::vector<unsigned char> dynamic_shared;
+    BlockChecks* checks = nullptr;      // shared memory (dynamic and static) and its shadow: checks.h
     uint3 block_idx{0, 0, 0};
     unsigned long long block_linear = 0;
 #ifdef CONVGEN_SIM_ASAN
@@ -75,13 +83,16 @@ struct Worker {
     const void* sched_bottom = nullptr;
     size_t sched_size = 0;
 #endif
-    ~Worker() {
-        for (Fiber& f : fibers)
-            if (f.stack) munmap(f.stack, CONVGEN_SIM_STACK_BYTES);
-    }
+    ~Worker();
 };
 inline thread_local Worker tls_worker;
-inline Worker& worker() { return tls_worker; }
+// The worker of a thread that runs blocks (set by run_queue), else null: a plain pointer, so reading
+// it needs no TLS initialisation call (the checks' hooks read it on every load and store).
+inline thread_local Worker* running_worker = nullptr;
+inline Worker& worker() {
+    Worker* w = running_worker;
+    return w ? *w : tls_worker;
+}
 
 // The scheduler's side (see CONVGEN_SIM_RT in simt.h): declared here, defined below or in the
 // runtime object.
@@ -91,6 +102,12 @@ CONVGEN_SIM_RT void record_error(const std::string& message);
 [[noreturn]] CONVGEN_SIM_RT void fail(const std::string& message);
 CONVGEN_SIM_RT void start_fiber(Fiber& f);
 CONVGEN_SIM_RT void resume(Fiber& f);
+CONVGEN_SIM_RT void free_checks(BlockChecks* c);
+inline Worker::~Worker() {
+    for (Fiber& f : fibers)
+        if (f.stack) munmap(f.stack, CONVGEN_SIM_STACK_BYTES);
+    free_checks(checks);
+}
 
 // --- the context switch ---------------------------------------------------------------------
 // switch_to(&save, next): push callee-saved registers, store rsp in *save, load next, pop, return.
@@ -223,6 +240,7 @@ CONVGEN_SIM_RT void start_fiber(Fiber& f) {
     std::memcpy(sp, control, 8);
     f.sp = sp;
     f.state = State::Ready;
+    f.inside = 0;
 }
 
 CONVGEN_SIM_RT void resume(Fiber& f) {

@@ -19,7 +19,7 @@ namespace convgen_sim {
 
 // 16-bit float bits to f32, exactly (no rounding is involved in either direction here).
 struct Bf16Bits {
-    static float to_f32(unsigned short bits) {
+    CONVGEN_SIM_UNCHECKED static float to_f32(unsigned short bits) {
         uint32_t word = static_cast<uint32_t>(bits) << 16;
         float v;
         std::memcpy(&v, &word, sizeof v);
@@ -27,7 +27,7 @@ struct Bf16Bits {
     }
 };
 struct F16Bits {
-    static float to_f32(unsigned short bits) {
+    CONVGEN_SIM_UNCHECKED static float to_f32(unsigned short bits) {
         int exponent = bits >> 10 & 31, mantissa = bits & 1023;
         float magnitude = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
                           : exponent == 31 ? (mantissa ? NAN : INFINITY)
@@ -50,13 +50,13 @@ struct Tile {
     unsigned char seen_a[M][K] = {}, seen_b[K][N] = {}, seen_d[M][N] = {};
 };
 
-[[noreturn]] inline void layout_bug(const char* what) {
+[[noreturn]] CONVGEN_SIM_UNCHECKED inline void layout_bug(const char* what) {
     std::fprintf(stderr, "convgen simulator: %s fragment layout does not cover the matrix once\n", what);
     std::abort();   // a defect of this header, not of a kernel
 }
 
 template <int M, int N, int K>
-inline void multiply(Tile<M, N, K>& t, const char* name) {
+CONVGEN_SIM_UNCHECKED inline void multiply(Tile<M, N, K>& t, const char* name) {
     for (int i = 0; i < M; ++i)
         for (int k = 0; k < K; ++k)
             if (t.seen_a[i][k] != 1) layout_bug(name);
@@ -84,7 +84,7 @@ inline void multiply(Tile<M, N, K>& t, const char* name) {
 //   C, D (16x8): c0..c3; row = groupID for c0, c1 and groupID + 8 for c2, c3;
 //      col = threadID_in_group * 2 + (i & 1).
 template <class Bits>
-inline void emulate_mma_m16n8k16(void* const* lanes) {
+CONVGEN_SIM_UNCHECKED inline void emulate_mma_m16n8k16(void* const* lanes) {
     Tile<16, 8, 16> t;
     for (int lane = 0; lane < 32; ++lane) {
         const MatrixLane& l = *static_cast<const MatrixLane*>(lanes[lane]);
@@ -120,7 +120,7 @@ inline void emulate_mma_m16n8k16(void* const* lanes) {
 //   B (16x16): lane l, item j holds B[4 * (l / 16) + j][l % 16];
 //   C, D (16x16): lane l, item j holds D[4 * (l / 16) + j][l % 16].
 template <class Bits>
-inline void emulate_mfma_16x16x16(void* const* lanes) {
+CONVGEN_SIM_UNCHECKED inline void emulate_mfma_16x16x16(void* const* lanes) {
     Tile<16, 16, 16> t;
     for (int lane = 0; lane < 64; ++lane) {
         const MatrixLane& l = *static_cast<const MatrixLane*>(lanes[lane]);
@@ -147,13 +147,13 @@ inline void emulate_mfma_16x16x16(void* const* lanes) {
 // away from zero; a carry into the exponent is exact (up to infinity for the largest finite
 // values, as rounding to nearest must). NaN stays NaN (its payload's high bits kept, quiet bit set:
 // the device's NaN payload is not documented), infinities and zeros are unchanged.
-inline uint32_t round_tf32(uint32_t bits) {
+CONVGEN_SIM_UNCHECKED inline uint32_t round_tf32(uint32_t bits) {
     if ((bits & 0x7f800000u) == 0x7f800000u) return (bits & 0x007fffffu) ? ((bits | 0x00400000u) & ~0x1fffu) : bits;
     uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7fffffffu;
     return sign | ((magnitude + 0x1000u) & ~0x1fffu);
 }
 
-inline float tf32_value(uint32_t bits) {   // matrix_instruction32 checked the low 13 bits are zero
+CONVGEN_SIM_UNCHECKED inline float tf32_value(uint32_t bits) {   // matrix_instruction32 checked the low 13 bits are zero
     float v;
     std::memcpy(&v, &bits, sizeof v);
     return v;
@@ -176,7 +176,7 @@ struct MatrixLane32 {
 // Each operand must already be a tf32 value (the wrappers round with cvt.rna); a product of two
 // (11 significant bits each) is exact in f32, and the sum is taken in f32 in k order from C, as
 // for the 16-bit shapes (the hardware's internal order and rounding of the sum are not documented).
-inline void emulate_mma_m16n8k8_tf32(void* const* lanes) {
+CONVGEN_SIM_UNCHECKED inline void emulate_mma_m16n8k8_tf32(void* const* lanes) {
     Tile<16, 8, 8> t;
     for (int lane = 0; lane < 32; ++lane) {
         const MatrixLane32& l = *static_cast<const MatrixLane32*>(lanes[lane]);
@@ -210,7 +210,7 @@ inline void emulate_mma_m16n8k8_tf32(void* const* lanes) {
 // calculator's layout for this shape, the 16x16x16 layout with one k per group of 16 lanes). The
 // products of f32 operands are not exact in f32: each step is a fused multiply-add here; the
 // device's internal precision and order are not documented (results may differ in the last bits).
-inline void emulate_mfma_16x16x4_f32(void* const* lanes) {
+CONVGEN_SIM_UNCHECKED inline void emulate_mfma_16x16x4_f32(void* const* lanes) {
     Tile<16, 16, 4> t;
     for (int lane = 0; lane < 64; ++lane) {
         const MatrixLane32& l = *static_cast<const MatrixLane32*>(lanes[lane]);
@@ -233,16 +233,18 @@ inline void emulate_mfma_16x16x4_f32(void* const* lanes) {
 
 // The calling lane's part of a matrix instruction: waits for the whole warp, which `emulate` then
 // serves at once. `a`, `b`: the lane's 16-bit elements in register order; `d`: its accumulator.
-inline void matrix_instruction(const char* site, void (*emulate)(void* const*), const unsigned short* a,
+CONVGEN_SIM_UNCHECKED inline void matrix_instruction(const char* site, void (*emulate)(void* const*), const unsigned short* a,
                                const unsigned short* b, float* d) {
+    Inside inside;
     MatrixLane lane{a, b, d};
     collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
                reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
 }
 
 // The same for a matrix instruction on 32-bit operands (tf32).
-inline void matrix_instruction32(const char* site, void (*emulate)(void* const*), const uint32_t* a, const uint32_t* b,
+CONVGEN_SIM_UNCHECKED inline void matrix_instruction32(const char* site, void (*emulate)(void* const*), const uint32_t* a, const uint32_t* b,
                                  float* d) {
+    Inside inside;
     // A .tf32 operand must be a tf32 value: the hardware's use of the low 13 bits of an unrounded
     // f32 is not documented, so an operand that skipped the wrappers' rounding is a kernel defect.
     for (int i = 0; i < 6; ++i) {
@@ -261,8 +263,9 @@ inline void matrix_instruction32(const char* site, void (*emulate)(void* const*)
 }
 
 // The same for a matrix instruction on true f32 operands (any bits: no rounding is asked of them).
-inline void matrix_instruction_f32(const char* site, void (*emulate)(void* const*), const uint32_t* a,
+CONVGEN_SIM_UNCHECKED inline void matrix_instruction_f32(const char* site, void (*emulate)(void* const*), const uint32_t* a,
                                    const uint32_t* b, float* d) {
+    Inside inside;
     MatrixLane32 lane{a, b, d};
     collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),
                reinterpret_cast<long long>(emulate), CONVGEN_SIM_WARP);
@@ -281,7 +284,7 @@ struct MatrixLane64 {
 //   C, D (8x8): c0, c1 at row groupID, col threadID_in_group * 2 + i.
 // D = A B + C in f64, a fused multiply-add per step in k order from C (the device's internal order
 // is not documented: results may differ in the last bits of a sum, never in which element goes where).
-inline void emulate_dmma_m8n8k4(void* const* lanes) {
+CONVGEN_SIM_UNCHECKED inline void emulate_dmma_m8n8k4(void* const* lanes) {
     double a[8][4], b[4][8], d[8][8];
     unsigned char seen_a[8][4] = {}, seen_b[4][8] = {}, seen_d[8][8] = {};
     for (int lane = 0; lane < 32; ++lane) {
@@ -315,7 +318,7 @@ inline void emulate_dmma_m8n8k4(void* const* lanes) {
 // of 16 lanes takes every fourth row (AMD's "AMD matrix cores" lab notes, its v_mfma_f64_16x16x4f64
 // example, unlike the f32 shapes' four consecutive rows). D = A B + C in f64, a fused multiply-add
 // per step in k order from C (the device's internal order is not documented).
-inline void emulate_mfma_16x16x4_f64(void* const* lanes) {
+CONVGEN_SIM_UNCHECKED inline void emulate_mfma_16x16x4_f64(void* const* lanes) {
     double a[16][4], b[4][16], d[16][16];
     unsigned char seen_a[16][4] = {}, seen_b[4][16] = {}, seen_d[16][16] = {};
     for (int lane = 0; lane < 64; ++lane) {
@@ -346,7 +349,7 @@ inline void emulate_mfma_16x16x4_f64(void* const* lanes) {
 
 // The calling lane's part of an f64 matrix instruction (`emulate`: mma.m8n8k4 or v_mfma_f64_16x16x4):
 // `a`, `b` one double each, `d` its accumulators.
-inline void matrix_instruction64(const char* site, void (*emulate)(void* const*), const double* a, const double* b,
+CONVGEN_SIM_UNCHECKED inline void matrix_instruction64(const char* site, void (*emulate)(void* const*), const double* a, const double* b,
                                  double* d) {
     MatrixLane64 lane{a, b, d};
     collective(site, Coll::Matrix, false, 0, reinterpret_cast<unsigned long long>(&lane),

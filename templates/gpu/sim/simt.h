@@ -35,6 +35,9 @@
 #define CONVGEN_SIM_HAVE_FP16 1
 #endif
 
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -48,9 +51,10 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) && !defined(CONVGEN_SIM_CHECKS)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CONVGEN_SIM_ASAN 1
@@ -90,10 +94,16 @@ struct dim3 {
 #else
 #define CONVGEN_SIM_DEFINE_RUNTIME 1
 #endif
-#ifdef CONVGEN_SIM_SPLIT
-#define CONVGEN_SIM_RT
+// The simulator's own code is never instrumented by the checks (sim/checks.h).
+#if defined(CONVGEN_SIM_CHECKS)
+#define CONVGEN_SIM_UNCHECKED __attribute__((no_sanitize_address))
 #else
-#define CONVGEN_SIM_RT inline
+#define CONVGEN_SIM_UNCHECKED
+#endif
+#ifdef CONVGEN_SIM_SPLIT
+#define CONVGEN_SIM_RT CONVGEN_SIM_UNCHECKED
+#else
+#define CONVGEN_SIM_RT inline CONVGEN_SIM_UNCHECKED
 #endif
 
 #pragma GCC visibility push(hidden)
@@ -111,6 +121,10 @@ CONVGEN_SIM_RT std::string describe_waits();
 CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block);
 CONVGEN_SIM_RT void run_queue(void* p);
 CONVGEN_SIM_RT int launch(Launch& l);
+
+}  // namespace convgen_sim
+#include "checks.h"
+namespace convgen_sim {
 
 #if CONVGEN_SIM_DEFINE_RUNTIME
 // --- warp collectives ----------------------------------------------------------------------
@@ -141,6 +155,7 @@ CONVGEN_SIM_RT unsigned long long warp_lanes(unsigned warp) {
 
 CONVGEN_SIM_RT unsigned long long collective(const char* site, Coll kind, bool has_mask, unsigned long long mask,
                                              unsigned long long value, long long arg, int width) {
+    Inside inside;
     Worker& w = worker();
     Fiber& f = *w.current;
     unsigned lane = f.linear % CONVGEN_SIM_WARP;
@@ -219,6 +234,7 @@ CONVGEN_SIM_RT bool resolve_collectives() {
                     lanes[i] = reinterpret_cast<void*>(b.value);
                 }
                 reinterpret_cast<void (*)(void* const*)>(a.arg)(lanes);
+                collective_done(w, first / CONVGEN_SIM_WARP, true);
                 for (unsigned i = 0; i < count; ++i) w.fibers[first + i].state = State::Ready;
                 waiting &= ~group;
                 pending &= ~group;
@@ -256,6 +272,7 @@ CONVGEN_SIM_RT bool resolve_collectives() {
                     b.result = 0;
                 }
             }
+            collective_done(w, first / CONVGEN_SIM_WARP, false);
             for (unsigned i = 0; i < count; ++i)
                 if (group >> i & 1) w.fibers[first + i].state = State::Ready;
             waiting &= ~group;
@@ -305,7 +322,7 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
             if (w.fibers[i].stack) munmap(w.fibers[i].stack, CONVGEN_SIM_STACK_BYTES);
         w.fibers.resize(n);
     }
-    w.dynamic_shared.assign(l.shared_bytes, 0xff);   // poisoned: NaN floats, -1 ints
+    block_begin(w, l);   // shared memory poisoned: NaN floats, -1 ints
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = w.fibers[i];
         f.linear = i;
@@ -339,8 +356,9 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
                 site = f.site;
             }
         }
-        if (done == n) return;
+        if (done == n) { block_end(w, l); return; }
         if (at_barrier + done == n && done == 0 && same_site) {
+            barrier_done(w, site);
             for (Fiber& f : w.fibers) f.state = State::Ready;
             continue;
         }
@@ -363,6 +381,7 @@ struct BlockQueue {
 
 CONVGEN_SIM_RT void run_queue(void* p) {
     BlockQueue& q = *static_cast<BlockQueue*>(p);
+    running_worker = &tls_worker;
     for (;;) {
         unsigned long long i = q.next.fetch_add(1);
         if (i >= q.blocks || q.launch->failed.load()) break;
@@ -374,6 +393,12 @@ CONVGEN_SIM_RT void run_queue(void* p) {
 CONVGEN_SIM_RT int launch(Launch& l) {
     launch_count()++;
     l.settings = settings();
+    l.registry = &registry();
+    caller_stack(l.caller_stack_lo, l.caller_stack_hi);
+    if (l.settings.profile) {
+        profiles().push_back({l.kernel, {}});
+        l.counters = &profiles().back().counters;
+    }
     unsigned long long blocks = 1ull * l.grid.x * l.grid.y * l.grid.z;
     unsigned long long threads = 1ull * l.block.x * l.block.y * l.block.z;
     last_error().clear();
@@ -428,12 +453,18 @@ inline int launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_
 }
 
 // --- per-thread state, barriers ------------------------------------------------------------
-inline void syncthreads(const char* site) {
+CONVGEN_SIM_UNCHECKED inline void syncthreads(const char* site) {
+    Inside inside;
     Fiber& f = *worker().current;
     f.state = State::AtBarrier;
     f.site = site;
     yield_to_scheduler();
 }
+
+CONVGEN_SIM_UNCHECKED inline uint3 thread_idx() { return worker().current->tid; }
+CONVGEN_SIM_UNCHECKED inline uint3 block_idx() { return worker().block_idx; }
+CONVGEN_SIM_UNCHECKED inline dim3 block_dim() { return worker().launch->block; }
+CONVGEN_SIM_UNCHECKED inline dim3 grid_dim() { return worker().launch->grid; }
 
 inline void syncwarp(const char* site) { collective(site, Coll::SyncWarp, false, 0, 0, 0, CONVGEN_SIM_WARP); }
 inline void syncwarp(const char* site, unsigned long long mask) {
@@ -462,8 +493,6 @@ template <class T> inline T shfl_down(const char* s, bool m, unsigned long long 
 template <class T> inline T shfl_xor(const char* s, bool m, unsigned long long mask, T v, int lanes, int width) {
     return from_bits<T>(collective(s, Coll::ShflXor, m, mask, to_bits(v), lanes, width));
 }
-
-inline unsigned char* dynamic_shared() { return worker().dynamic_shared.data(); }
 
 // --- atomics: fibers of one block never interleave inside one, blocks on other OS threads may ---
 template <class T, class Op>
@@ -510,10 +539,12 @@ inline T atomic_update(T* address, Op op) {
 #define CONVGEN_SIM_STR(x) CONVGEN_SIM_STR2(x)
 #define CONVGEN_SIM_SITE (__FILE__ ":" CONVGEN_SIM_STR(__LINE__))
 
-#define threadIdx (::convgen_sim::worker().current->tid)
-#define blockIdx (::convgen_sim::worker().block_idx)
-#define blockDim (static_cast<const dim3&>(::convgen_sim::worker().launch->block))
-#define gridDim (static_cast<const dim3&>(::convgen_sim::worker().launch->grid))
+// By value, from the simulator's own (unchecked) functions: a kernel's reads of them are no memory
+// accesses of its own for the checks to sort.
+#define threadIdx (::convgen_sim::thread_idx())
+#define blockIdx (::convgen_sim::block_idx())
+#define blockDim (::convgen_sim::block_dim())
+#define gridDim (::convgen_sim::grid_dim())
 static constexpr int warpSize = CONVGEN_SIM_WARP;
 
 #define __syncthreads() ::convgen_sim::syncthreads(CONVGEN_SIM_SITE)
@@ -563,28 +594,91 @@ typedef void* convgen_stream_t;
     ((void)(stream), ::convgen_sim::launch_kernel(#kernel, dim3(grid), dim3(block), (shared_bytes), \
                                                   [&]() { kernel(__VA_ARGS__); }))
 #define CONVGEN_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::convgen_sim::dynamic_shared())
+// A static shared array (CUDA's `__shared__ T name dims;`), placed in the block's shared memory after
+// the dynamic part, where the checks see it (sim/checks.h); one per declaration and block.
+#define CONVGEN_SHARED(T, name, dims)                                                                    \
+    typedef T convgen_shared_type_##name dims;                                                           \
+    convgen_shared_type_##name& name = *reinterpret_cast<convgen_shared_type_##name*>(                   \
+        ::convgen_sim::static_shared(sizeof(convgen_shared_type_##name), alignof(T), CONVGEN_SIM_SITE))
 #define CONVGEN_SHARED_OPT_IN(kernel, bytes) ((void)(kernel), 0)
 // A plan entry's scratch memory: host memory here (launches run to completion before they return).
 // A failure returns 2 (cudaErrorMemoryAllocation, hipErrorOutOfMemory) with a message for the caller.
+// The checks know it as "the workspace": bounds, and reads of bytes no kernel wrote yet.
 inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stream_t) {
     *p = bytes ? std::malloc(bytes) : nullptr;
     if (bytes && !*p) {
         ::convgen_sim::last_error() = "workspace: could not allocate " + std::to_string(bytes) + " bytes";
         return 2;
     }
+    if (*p) ::convgen_sim::workspace_added(*p, bytes);
     return 0;
 }
-inline int convgen_free_async(void* p, convgen_stream_t) { std::free(p); return 0; }
+inline int convgen_free_async(void* p, convgen_stream_t) {
+    if (p) ::convgen_sim::workspace_removed(p);
+    std::free(p);
+    return 0;
+}
 
 // What the Python side calls: settings before a launch, the last failure's message, a counter.
 #if CONVGEN_SIM_DEFINE_RUNTIME
 extern "C" {
 __attribute__((visibility("default"), used)) void convgen_sim_configure(int order, unsigned long long seed, int workers) {
-    convgen_sim::settings() = {order, seed, workers};
+    convgen_sim::Settings& s = convgen_sim::settings();
+    s.order = order;
+    s.seed = seed;
+    s.workers = workers;
 }
 __attribute__((visibility("default"), used)) const char* convgen_sim_error() { return convgen_sim::last_error().c_str(); }
 // the launches made by the calling thread through this library
 __attribute__((visibility("default"), used)) unsigned long long convgen_sim_launches() { return convgen_sim::launch_count(); }
 __attribute__((visibility("default"), used)) int convgen_sim_warp_size() { return CONVGEN_SIM_WARP; }
+// 1 where the library was built with the checks' instrumentation (racecheck, memcheck, initcheck of
+// every load and store), 0 where only the explicit ones run (asynchronous copies, alignment).
+__attribute__((visibility("default"), used)) int convgen_sim_checked() {
+#if defined(CONVGEN_SIM_CHECKS)
+    return 1;
+#else
+    return 0;
+#endif
+}
+// The calling thread's buffers for its next entry calls (armed = 0: global accesses unchecked):
+// name, first byte, size and element size of each (a tensor's storage). A workspace the entry
+// allocates is added and removed by the entry itself.
+__attribute__((visibility("default"), used)) void convgen_sim_set_buffers(int armed, int n, const char* const* names,
+                                                                         const unsigned long long* base,
+                                                                         const unsigned long long* bytes,
+                                                                         const int* element) {
+    convgen_sim::Registry& r = convgen_sim::registry();
+    for (auto& b : r.buffers) std::free(b.written);
+    r.buffers.clear();
+    r.armed = armed != 0;
+    for (int i = 0; i < n; ++i) {
+        convgen_sim::Buffer b;
+        b.lo = base[i];
+        b.hi = base[i] + bytes[i];
+        b.element = element[i] > 0 ? static_cast<unsigned>(element[i]) : 1u;
+        b.name = names[i];
+        r.buffers.push_back(std::move(b));
+    }
+}
+// Profile the calling thread's next launches (1) or not (0); either way the profiles so far are dropped.
+__attribute__((visibility("default"), used)) void convgen_sim_profile(int on) {
+    convgen_sim::settings().profile = on != 0;
+    convgen_sim::profiles().clear();
+}
+__attribute__((visibility("default"), used)) int convgen_sim_profile_count() {
+    return static_cast<int>(convgen_sim::profiles().size());
+}
+// Launch i's kernel name, and its counters in this order: blocks, barriers, tensor_instructions,
+// shared_requests, shared_wavefronts, shared_ideal, global_requests, global_sectors, bytes_read, bytes_written.
+__attribute__((visibility("default"), used)) const char* convgen_sim_profile_get(int i, unsigned long long* out) {
+    const convgen_sim::LaunchProfile& p = convgen_sim::profiles().at(static_cast<size_t>(i));
+    const convgen_sim::Counters& c = p.counters;
+    const unsigned long long values[] = {c.blocks, c.barriers, c.tensor_instructions, c.shared_requests,
+                                         c.shared_wavefronts, c.shared_ideal, c.global_requests, c.global_sectors,
+                                         c.bytes_read, c.bytes_written};
+    std::memcpy(out, values, sizeof values);
+    return p.kernel.c_str();
+}
 }
 #endif  // CONVGEN_SIM_DEFINE_RUNTIME
