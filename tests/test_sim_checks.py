@@ -36,12 +36,16 @@ TARGETS = {"cuda": "cuda-sm_90", "hip": "hip-gfx90a"}
 ORDERS = ("forward", "reverse", "shuffle")
 
 
-def problem(op: Op, k: int = 40, layout: Layout = Layout.CONTIGUOUS) -> ConvProblem:
-    """A bf16 3x3 layer, 32 -> k channels at 6x6, batch 2: 72 GEMM rows and a 40-filter weight
-    gradient, so every tile has ragged edges, and reductions (288 and 360 deep) longer than the
-    forward's and data gradient's pipelines (stages x 32), so that every stage is refilled."""
-    return ConvProblem(op=op, n=2, c=32, k=k, in_size=(6, 6), kernel=(3, 3), stride=(1, 1),
-                       padding=((1, 1), (1, 1)), dilation=(1, 1), groups=1, transposed=False,
+def problem(op: Op, family: str = "igemm", layout: Layout = Layout.CONTIGUOUS) -> ConvProblem:
+    """igemm: a bf16 3x3 layer, 32 -> 40 channels at 6x6, batch 2: 72 GEMM rows and a 40-filter
+    weight gradient, so every tile has ragged edges, and reductions (288 and 360 deep) longer than
+    the forward's and data gradient's pipelines (stages x 32), so that every stage is refilled.
+    depthwise: 16 channels 3x3 at 9x9; stem: 3 -> 16 channels 7x7 stride 2 at 16x16."""
+    c, k, size, kernel, stride, pad, groups = {
+        "igemm": (32, 40, (6, 6), (3, 3), 1, 1, 1), "depthwise": (16, 16, (9, 9), (3, 3), 1, 1, 16),
+        "stem": (3, 16, (16, 16), (7, 7), 2, 3, 1)}[family]
+    return ConvProblem(op=op, n=2, c=c, k=k, in_size=size, kernel=kernel, stride=(stride,) * 2,
+                       padding=((pad, pad),) * 2, dilation=(1, 1), groups=groups, transposed=False,
                        output_padding=(0, 0), dtype=DType.BF16, input_layout=layout, weight_layout=layout,
                        output_layout=layout, bias=op is not Op.BWD_DATA)
 
@@ -53,7 +57,7 @@ class Mutation:
     vendors: tuple[str, ...]
     edits: tuple[tuple[str, str], ...]   # (regex, replacement): each must match at least once
     caught: str                          # regex of the SimulatorError, or "wrong result"
-    layout: Layout = Layout.CONTIGUOUS
+    family: str = "igemm"                # the kernel family the problem takes (problem())
 
 
 BARRIER = r"\n *__syncthreads\(\);   // \.\.\. and everyone's[^\n]*"
@@ -88,13 +92,21 @@ MUTATIONS = [
     Mutation("fragment registers swapped", Op.FWD, ("cuda",),
              ((r"a\.r\[1\] = (convgen_pack2\(bottom\[0\], bottom\[1\]\));\n    a\.r\[2\] = (convgen_pack2\(top\[8\], top\[9\]\));",
                r"a.r[1] = \2;\n    a.r[2] = \1;"),), "wrong result"),
+    # the other families' barriers, and the bias gradient's block reduction (conv_common.cu.j2)
+    Mutation("depthwise window barrier deleted", Op.FWD, ("cuda", "hip"),
+             ((r"\n *__syncthreads\(\);   // the window \(and the taps\) are complete", ""),), "race", "depthwise"),
+    Mutation("stem tiles barrier deleted", Op.BWD_WEIGHT, ("cuda", "hip"),
+             ((r"\n *__syncthreads\(\);   // both tiles complete", ""),), "race", "stem"),
+    Mutation("block reduction barrier deleted", Op.BWD_BIAS, ("cuda", "hip"),
+             ((r"(warp_sums\[threadIdx\.x / CONVGEN_WARP\] = sum;)\n *__syncthreads\(\);", r"\1"),), "race"),
 ]
 
 
 def _mutated(mutation: Mutation, vendor: str, tmp_path) -> sim.SimKernel:
-    p = problem(mutation.op, layout=mutation.layout)
+    p = problem(mutation.op, mutation.family)
     plan = lower(p, parse_target(TARGETS[vendor]))
-    assert plan.algorithm == "igemm", f"{mutation.name}: the problem no longer takes igemm ({plan.algorithm})"
+    assert plan.algorithm == mutation.family, \
+        f"{mutation.name}: the problem no longer takes {mutation.family} ({plan.algorithm})"
     source = emit(plan)
     text = source.text
     for pattern, replacement in mutation.edits:
@@ -109,7 +121,7 @@ def _mutated(mutation: Mutation, vendor: str, tmp_path) -> sim.SimKernel:
                          ids=lambda x: x.name.replace(" ", "_") if isinstance(x, Mutation) else x)
 def test_every_mutation_is_caught_in_every_order(mutation, vendor, tmp_path, monkeypatch):
     kernel, p = _mutated(mutation, vendor, tmp_path)
-    check = check_weight_gradient if p.op is Op.BWD_WEIGHT else check_forward_or_data_gradient
+    check = {Op.BWD_WEIGHT: check_weight_gradient, Op.BWD_BIAS: check_bias_gradient}.get(p.op, check_forward_or_data_gradient)
     for order in ORDERS:
         monkeypatch.setenv("CONVGEN_SIM_ORDER", order)
         gen = generator_for(f"{mutation.name}-{vendor}-{order}")
@@ -119,6 +131,14 @@ def test_every_mutation_is_caught_in_every_order(mutation, vendor, tmp_path, mon
         else:
             with pytest.raises(SimulatorError, match=mutation.caught):
                 check(kernel, p, gen)
+
+
+def check_bias_gradient(kernel, p: ConvProblem, gen: torch.Generator) -> None:
+    gy = torch.randn(p.output_shape, generator=gen, dtype=torch.float64).to(torch.bfloat16)
+    db = torch.full((p.k,), float("nan"), dtype=torch.bfloat16)
+    kernel({"grad_output": gy, "grad_bias": db}, p.n, 2)
+    ref = gy.double().sum(dim=(0, 2, 3))
+    assert (db.double() - ref).abs().max() <= 0.02 * ref.abs().max(), "grad_bias rel err"
 
 
 @pytest.mark.parametrize("vendor", list(TARGETS))

@@ -134,6 +134,36 @@ __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const un
     b.r[1] = convgen_pack2(column[8], column[9]);
 }
 
+// --- ldmatrix (sm_75+): the warp loads 1, 2 or 4 8x8 matrices of 16-bit elements from shared memory.
+// Lane 8j + i passes the address of row i of matrix j (16 bytes, 16-byte aligned; lanes past 8 x NUM
+// pass any); r[j] receives the lane's register of matrix j as an mma fragment holds it: row lane/4,
+// columns 2 (lane%4) and +1, low half first; _trans: column lane/4, rows 2 (lane%4) and +1.
+#if defined(CONVGEN_SIM)
+#define convgen_ldmatrix_x1(r, row) ::convgen_sim::matrix_load<1, false>(CONVGEN_SIM_SITE, r, row)
+#define convgen_ldmatrix_x2(r, row) ::convgen_sim::matrix_load<2, false>(CONVGEN_SIM_SITE, r, row)
+#define convgen_ldmatrix_x4(r, row) ::convgen_sim::matrix_load<4, false>(CONVGEN_SIM_SITE, r, row)
+#define convgen_ldmatrix_x1_trans(r, row) ::convgen_sim::matrix_load<1, true>(CONVGEN_SIM_SITE, r, row)
+#define convgen_ldmatrix_x2_trans(r, row) ::convgen_sim::matrix_load<2, true>(CONVGEN_SIM_SITE, r, row)
+#define convgen_ldmatrix_x4_trans(r, row) ::convgen_sim::matrix_load<4, true>(CONVGEN_SIM_SITE, r, row)
+#else
+#define CONVGEN_LDMATRIX(name, shape, regs, ...)                                                          \
+    __device__ __forceinline__ void name(unsigned* r, const void* row) {                                   \
+        unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));                           \
+        asm volatile("ldmatrix.sync.aligned.m8n8." shape ".shared.b16 " regs ", [%" #__VA_ARGS__ "];\n"     \
+                     : CONVGEN_LDMATRIX_OUT_##__VA_ARGS__ : "r"(address));                                  \
+    }
+#define CONVGEN_LDMATRIX_OUT_1 "=r"(r[0])
+#define CONVGEN_LDMATRIX_OUT_2 "=r"(r[0]), "=r"(r[1])
+#define CONVGEN_LDMATRIX_OUT_4 "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+CONVGEN_LDMATRIX(convgen_ldmatrix_x1, "x1", "{%0}", 1)
+CONVGEN_LDMATRIX(convgen_ldmatrix_x2, "x2", "{%0, %1}", 2)
+CONVGEN_LDMATRIX(convgen_ldmatrix_x4, "x4", "{%0, %1, %2, %3}", 4)
+CONVGEN_LDMATRIX(convgen_ldmatrix_x1_trans, "x1.trans", "{%0}", 1)
+CONVGEN_LDMATRIX(convgen_ldmatrix_x2_trans, "x2.trans", "{%0, %1}", 2)
+CONVGEN_LDMATRIX(convgen_ldmatrix_x4_trans, "x4.trans", "{%0, %1, %2, %3}", 4)
+#undef CONVGEN_LDMATRIX
+#endif
+
 #if defined(CONVGEN_SIM)
 template <class T> struct convgen_sim_bits;
 template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };

@@ -121,7 +121,7 @@ struct BlockChecks {
     std::vector<std::pair<uintptr_t, uintptr_t>> known;    // loaded objects' segments and TLS seen so far
     Counters counters;
     std::vector<std::unordered_map<const void*, uint32_t>> executions;   // per thread: an instruction's count
-    std::unordered_map<unsigned long long, Request> requests;
+    std::map<std::tuple<const void*, uint32_t, unsigned>, Request> requests;   // (instruction, execution, warp)
     ~BlockChecks() { std::free(shared); }
 };
 
@@ -133,6 +133,7 @@ CONVGEN_SIM_RT void barrier_done(Worker& w, const char* site);
 CONVGEN_SIM_RT void collective_done(Worker& w, unsigned warp, bool matrix);
 CONVGEN_SIM_RT unsigned char* static_shared(size_t bytes, size_t align, const char* site);
 CONVGEN_SIM_RT void require_aligned(const void* p, unsigned bytes, const char* what);
+CONVGEN_SIM_RT void shared_load(const void* p, unsigned bytes, const char* what, const void* pc);
 CONVGEN_SIM_RT void copy_issue(void* shared, const void* global, unsigned bytes, unsigned source_bytes, const void* pc);
 CONVGEN_SIM_RT void copy_landed(void* shared, unsigned bytes, const void* pc);
 CONVGEN_SIM_RT void workspace_added(void* p, unsigned long long bytes);
@@ -159,9 +160,10 @@ CONVGEN_SIM_RT std::string shared_text(size_t offset, size_t bytes) {
     const BlockChecks& c = *worker().checks;
     std::string where = "shared memory bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
                         ") of the block's " + std::to_string(c.used);
+    const std::pair<const char*, size_t>* in = nullptr;   // statics are in increasing offsets
     for (const auto& s : c.statics)
-        if (offset >= s.second) where += " (the static declaration at " + std::string(s.first) + " starts at " +
-                                          std::to_string(s.second) + ")";
+        if (offset >= s.second) in = &s;
+    if (in) where += " (in the static declaration at " + std::string(in->first) + ", from byte " + std::to_string(in->second) + ")";
     return where;
 }
 
@@ -189,6 +191,11 @@ CONVGEN_SIM_RT void block_begin(Worker& w, Launch& l) {
         if (!w.checks->shared) { fprintf(stderr, "convgen simulator: cannot allocate shared memory\n"); abort(); }
     }
     BlockChecks& c = *w.checks;
+    if (l.shared_bytes > SHARED_CAPACITY) {
+        record_error("the launch asks for " + std::to_string(l.shared_bytes) + " bytes of dynamic shared memory; no GPU "
+                     "gives a block more than " + std::to_string(SHARED_CAPACITY) + " (sm_90: 232448)");
+        return;
+    }
     c.dynamic_bytes = l.shared_bytes;
     c.used = (l.shared_bytes + 15) / 16 * 16;
     c.statics.clear();
@@ -326,9 +333,7 @@ CONVGEN_SIM_RT bool known_memory(Worker& w, uintptr_t a) {
 CONVGEN_SIM_RT void record_request(Worker& w, Fiber& f, bool shared, uintptr_t a, size_t bytes, const void* pc) {
     BlockChecks& c = *w.checks;
     uint32_t n = c.executions[f.linear][pc]++;
-    unsigned long long key = (reinterpret_cast<uintptr_t>(pc) * 0x9E3779B97F4A7C15ull) ^
-                             (static_cast<unsigned long long>(n) << 20) ^ (f.linear / CONVGEN_SIM_WARP);
-    Request& r = c.requests[key];
+    Request& r = c.requests[{pc, n, f.linear / CONVGEN_SIM_WARP}];
     r.shared = shared;
     r.bytes = static_cast<unsigned>(bytes);
     r.lanes.push_back({f.linear % CONVGEN_SIM_WARP, shared ? a - reinterpret_cast<uintptr_t>(c.shared) : a});
@@ -476,10 +481,21 @@ CONVGEN_SIM_RT void access(uintptr_t a, size_t bytes, bool store, const void* pc
     --f->inside;
 }
 
-__attribute__((noinline)) CONVGEN_SIM_RT void require_aligned(const void* p, unsigned bytes, const char* what) {
+CONVGEN_SIM_RT void require_aligned(const void* p, unsigned bytes, const char* what) {
     Inside inside;
     uintptr_t a = reinterpret_cast<uintptr_t>(p);
     if (a % bytes) misaligned(what, a, bytes, __builtin_return_address(0));
+}
+
+// A load the simulator makes for a thread (an ldmatrix row): `bytes` aligned, in shared memory,
+// checked and recorded as the thread's own load at `pc`.
+CONVGEN_SIM_RT void shared_load(const void* p, unsigned bytes, const char* what, const void* pc) {
+    Worker& w = worker();
+    uintptr_t a = reinterpret_cast<uintptr_t>(p), offset = a - reinterpret_cast<uintptr_t>(w.checks->shared);
+    if (a % bytes) misaligned(what, a, bytes, pc);
+    if (offset >= SHARED_CAPACITY)
+        check_failed(std::string(what) + " at " + pc_text(pc) + ": the address 0x" + hex(a).substr(2) + " is not shared memory");
+    shared_access(w, *w.current, offset, bytes, false, pc, false);
 }
 
 CONVGEN_SIM_RT void copy_issue(void* shared, const void* global, unsigned bytes, unsigned source_bytes, const void* pc) {

@@ -9,7 +9,7 @@
 namespace convgen_sim {
 
 enum class State { Ready, AtBarrier, AtCollective, Done };
-enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All, Matrix };
+enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All, Matrix, MatrixLoad };
 
 // An asynchronous copy issued and not yet completed (sim/async_copy.h): it lands at a wait.
 struct AsyncCopy {

@@ -231,6 +231,48 @@ CONVGEN_SIM_UNCHECKED inline void emulate_mfma_16x16x4_f32(void* const* lanes) {
     }
 }
 
+// PTX ISA, "Warp-level matrix load instruction: ldmatrix" (ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}
+// .shared.b16): lane 8 j + i gives the address of row i (8 16-bit elements, 16 bytes, 16-byte
+// aligned) of matrix j; the lanes past 8 x NUM give none. Lane l receives, of each matrix j, one
+// 32-bit register: the elements of row l / 4 at columns 2 (l % 4) and 2 (l % 4) + 1, the first in
+// the low half; with .trans, those of column l / 4 at rows 2 (l % 4) and 2 (l % 4) + 1.
+struct MatrixRows {
+    unsigned short row[8];   // the row this lane gives, read (and checked) when the lane arrives
+    uint32_t* out;           // the lane's Num registers
+};
+
+template <int Num, bool Trans>
+CONVGEN_SIM_UNCHECKED inline void emulate_ldmatrix(void* const* lanes) {
+    unsigned short m[Num][8][8];
+    for (int j = 0; j < Num; ++j)
+        for (int i = 0; i < 8; ++i) std::memcpy(m[j][i], static_cast<const MatrixRows*>(lanes[8 * j + i])->row, 16);
+    for (int lane = 0; lane < 32; ++lane) {
+        uint32_t* out = static_cast<const MatrixRows*>(lanes[lane])->out;
+        const int g = lane >> 2, c = 2 * (lane & 3);
+        for (int j = 0; j < Num; ++j) {
+            uint32_t lo = Trans ? m[j][c][g] : m[j][g][c], hi = Trans ? m[j][c + 1][g] : m[j][g][c + 1];
+            out[j] = lo | hi << 16;
+        }
+    }
+}
+
+// The calling lane's part of an ldmatrix (a warp collective; CUDA's warps of 32 only): its row is
+// read now, as its own 16-byte shared load (aligned, in bounds, racecheck, initcheck).
+template <int Num, bool Trans>
+__attribute__((noinline)) CONVGEN_SIM_UNCHECKED inline void matrix_load(const char* site, uint32_t* out, const void* row) {
+    static_assert(Num == 1 || Num == 2 || Num == 4, "ldmatrix loads 1, 2 or 4 matrices");
+    static_assert(Num > 0 && CONVGEN_SIM_WARP == 32, "ldmatrix is CUDA's: warps of 32");
+    Inside inside;
+    MatrixRows lane{};
+    lane.out = out;
+    if (worker().current->linear % CONVGEN_SIM_WARP < 8 * Num) {
+        shared_load(row, 16, "ldmatrix's row", __builtin_return_address(0));
+        std::memcpy(lane.row, row, 16);
+    }
+    collective(site, Coll::MatrixLoad, false, 0, reinterpret_cast<unsigned long long>(&lane),
+               reinterpret_cast<long long>(&emulate_ldmatrix<Num, Trans>), CONVGEN_SIM_WARP);
+}
+
 // The calling lane's part of a matrix instruction: waits for the whole warp, which `emulate` then
 // serves at once. `a`, `b`: the lane's 16-bit elements in register order; `d`: its accumulator.
 CONVGEN_SIM_UNCHECKED inline void matrix_instruction(const char* site, void (*emulate)(void* const*), const unsigned short* a,

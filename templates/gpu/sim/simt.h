@@ -46,10 +46,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -141,6 +143,7 @@ CONVGEN_SIM_RT const char* coll_name(Coll c) {
         case Coll::Any: return "__any";
         case Coll::All: return "__all";
         case Coll::Matrix: return "matrix instruction";
+        case Coll::MatrixLoad: return "ldmatrix";
     }
     return "?";
 }
@@ -213,7 +216,7 @@ CONVGEN_SIM_RT bool resolve_collectives() {
                     return false;
                 }
             }
-            if (a.coll == Coll::Matrix) {   // a matrix instruction: every lane of the warp, then one emulation
+            if (a.coll == Coll::Matrix || a.coll == Coll::MatrixLoad) {   // every lane of the warp, then one emulation
                 unsigned long long exists = count == 64 ? ~0ull : ((1ull << count) - 1);
                 if (group != exists || count != CONVGEN_SIM_WARP) {
                     record_error(std::string("warp ") + std::to_string(first / CONVGEN_SIM_WARP) + ": matrix "
@@ -234,7 +237,7 @@ CONVGEN_SIM_RT bool resolve_collectives() {
                     lanes[i] = reinterpret_cast<void*>(b.value);
                 }
                 reinterpret_cast<void (*)(void* const*)>(a.arg)(lanes);
-                collective_done(w, first / CONVGEN_SIM_WARP, true);
+                collective_done(w, first / CONVGEN_SIM_WARP, a.coll == Coll::Matrix);
                 for (unsigned i = 0; i < count; ++i) w.fibers[first + i].state = State::Ready;
                 waiting &= ~group;
                 pending &= ~group;
@@ -323,6 +326,7 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
         w.fibers.resize(n);
     }
     block_begin(w, l);   // shared memory poisoned: NaN floats, -1 ints
+    if (l.failed.load()) return;
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = w.fibers[i];
         f.linear = i;
