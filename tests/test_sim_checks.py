@@ -182,3 +182,28 @@ def test_the_unedited_kernels_pass_every_check(vendor, tmp_path, monkeypatch):
         for order in ORDERS:
             monkeypatch.setenv("CONVGEN_SIM_ORDER", order)
             check(kernel, p, generator_for(f"right-{op.value}-{vendor}-{order}"))
+
+
+def test_the_profile_reports_each_launch_from_the_command_line_and_python(capsys, monkeypatch):
+    """`convgen check --sim --profile` prints every launch's counters under its pass, and
+    `convgen.sim_profile()` collects the same counters around any simulated call; --profile
+    without the simulator is refused, naming the flag."""
+    import convgen
+    from convgen.cli import main
+
+    flags = ["--input", "1,16,5,5", "--weight", "24,16,3,3", "--padding", "1", "--dtype", "bf16"]
+    assert main(["check", *flags, "--target", "cuda-sm_90", "--sim", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\n    fwd: \d+ blocks, \d+ barriers, \d+ tensor instructions; shared \d+ requests, "
+                     r"[\d.]+ bank conflicts per request", out)
+    assert "bwd_weight_partial:" in out and "bwd_data:" in out
+    assert main(["check", *flags, "--target", "cpu", "--profile"]) != 0
+    assert "--profile" in capsys.readouterr().err
+
+    x, w = torch.randn(1, 16, 5, 5).bfloat16(), torch.randn(24, 16, 3, 3).bfloat16()
+    monkeypatch.setenv("CONVGEN_SIM", "cuda")
+    with convgen.sim_profile() as launches:
+        convgen.conv2d(x, w, padding=1)
+    (launch,) = [p for p in launches if p["kernel"] == "fwd"]
+    assert launch["tensor_instructions"] > 0 and launch["bytes_written"] == 24 * 25 * 2
+    assert launch["shared_wavefronts"] >= launch["shared_ideal"] > 0 and launch["global_sectors"] > 0

@@ -86,7 +86,8 @@ def profile_lines(launches: list[dict]) -> list[str]:
             f"{(wavefronts - ideal) / requests if requests else 0:.2f} bank conflicts per request "
             f"({wavefronts} wavefronts, {ideal} without conflicts); global {p['global_requests']} requests, "
             f"{sectors / p['global_requests'] if p['global_requests'] else 0:.1f} sectors per request "
-            f"({100 * moved / (32 * sectors) if sectors else 0:.0f}% of their bytes used); "
+            f"({100 * moved / (32 * sectors) if sectors else 0:.0f}% of their bytes asked for; over 100%: lanes "
+            f"sharing bytes); "
             f"{p['bytes_read']} bytes read, {p['bytes_written']} written")
     return lines
 

@@ -103,12 +103,13 @@ class SimLibrary:
         return self.lib.convgen_sim_launches()
 
     def _set_buffers(self, buffers: Sequence[Buffer] | None) -> None:
+        """Tell the library the buffers of the next calls (none: global accesses unchecked)."""
         if not hasattr(self.lib, "convgen_sim_set_buffers"):
             return
         buffers = list(buffers or ())
         n = len(buffers)
         self.lib.convgen_sim_set_buffers(
-            int(buffers is not None and n > 0), n, (ctypes.c_char_p * n)(*[b.name.encode() for b in buffers]),
+            int(n > 0), n, (ctypes.c_char_p * n)(*[b.name.encode() for b in buffers]),
             (ctypes.c_ulonglong * n)(*[b.base for b in buffers]), (ctypes.c_ulonglong * n)(*[b.nbytes for b in buffers]),
             (ctypes.c_int * n)(*[b.element for b in buffers]))
 
