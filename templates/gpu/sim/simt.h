@@ -1,6 +1,7 @@
 // convgen SIMT simulator: compiles and runs CUDA/HIP kernel source with g++ on the CPU.
 // This header: configuration, the block scheduler, barriers, warp collectives, atomics, launches
-// and the CUDA/HIP names; fiber.h: the execution contexts (fibers, context switch, failure).
+// and the CUDA/HIP names; fiber.h: the execution contexts (fibers, context switch, failure);
+// checks.h: racecheck, memcheck, alignment, initcheck and the profile.
 //
 // Execution model (CUDA's): every GPU thread is a fiber with its own stack, switched by a small
 // x86-64 context switch (callee-saved registers and the stack pointer; no signal-mask syscall).
@@ -16,12 +17,12 @@
 //
 // A failure never kills the process: the failing fiber switches back to its scheduler, the launch
 // stops, the launch macro returns a non-zero status and convgen_sim_error() holds the message.
-// (Out-of-bounds memory accesses are not caught here: build with ASan for those.)
+// Memory accesses (races, bounds, alignment, uninitialised reads) are checked by checks.h.
 //
 // What it proves: indexing, tiling, boundaries, barrier placement, warp logic. What it does not:
 // the vendor compilers' code, hardware rounding (FMA contraction, fast math) or speed.
 // Matrix instructions (mma.sync m16n8k16, MFMA 16x16x16) are emulated in mma.h from the vendors'
-// documented fragment layouts, as warp collectives. Not emulated yet: async copies.
+// documented fragment layouts, as warp collectives (ldmatrix too); async_copy.h emulates cp.async.
 #pragma once
 
 #if !defined(__x86_64__)
