@@ -97,7 +97,6 @@ class SimLibrary:
         self.checked = bool(getattr(self.lib, "convgen_sim_checked", lambda: 0)())
         if hasattr(self.lib, "convgen_sim_profile_get"):
             self.lib.convgen_sim_profile_get.restype = ctypes.c_char_p
-        self.profile: list[dict] = []   # the last call's launches, with profile=True
 
     def launches(self) -> int:
         return self.lib.convgen_sim_launches()
@@ -118,8 +117,8 @@ class SimLibrary:
         """Run launch entry `entry` (returns int status) with ctypes `args`, in the order and seed
         of knobs (or those given); raise SimulatorError with the simulator's message on failure.
         `buffers`: every buffer the entry may touch (else those of the BufferPointer arguments when
-        every pointer argument is one, else global accesses go unchecked). `profile`: returns (and
-        keeps in .profile) one dict of counters per launch the entry made."""
+        every pointer argument is one, else global accesses go unchecked). `profile`: returns one
+        dict of counters per launch the entry made (else an empty list)."""
         order = order or knobs.sim_order()
         if order not in knobs.SIM_ORDERS:
             raise ConvgenError(f"simulator order {order!r}: expected one of {', '.join(knobs.SIM_ORDERS)}")
@@ -141,8 +140,7 @@ class SimLibrary:
         if status != 0:
             message = self.lib.convgen_sim_error().decode("utf-8", "replace")
             raise SimulatorError(f"{self.path.name}: {entry}: {source_lines(self.path, message) or f'launch status {status}'}")
-        self.profile = self._profiles() if profile else []
-        return self.profile
+        return self._profiles() if profile else []
 
     def _profiles(self) -> list[dict]:
         out = (ctypes.c_ulonglong * len(COUNTERS))()
