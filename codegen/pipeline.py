@@ -6,33 +6,22 @@ A pass whose requirement nobody provides fails here, before anything runs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import importlib
-from typing import Callable
 
 import networkx as nx
 
 from .errors import ConvgenError
 from .ir import ConvProblem
 from .plan import Plan
+from .passes import Pass, algorithm, canonicalise, group_split, layout, tiling, validate
 from .target import Target
 
 # The passes of the first set, in no particular order: the graph decides the order.
-PASS_MODULES = ("validate", "canonicalise", "algorithm", "layout", "group_split", "tiling")
-
-
-@dataclasses.dataclass(frozen=True)
-class Pass:
-    name: str
-    run: Callable[[Plan], Plan]
-    requires: tuple[str, ...] = ()
-    provides: tuple[str, ...] = ()
-    doc: str = ""
+PASS_MODULES = (validate, canonicalise, algorithm, layout, group_split, tiling)
 
 
 def load_passes() -> list[Pass]:
-    return [importlib.import_module(f"{__package__}.passes.{m}").PASS for m in PASS_MODULES]
+    return [m.PASS for m in PASS_MODULES]
 
 
 def order_passes(passes: list[Pass]) -> list[Pass]:

@@ -65,34 +65,6 @@ class Operand:
     optional: bool = False   # may be passed as a null pointer (bias)
 
 
-def asm_tile_registers(nv: int, pb: int) -> int:
-    """Vector registers a CPU register tile of NV x PB accumulators stepped in assembly holds
-    (templates/cpu/fma_tile.j2): the accumulators, the smaller side held, and one register that
-    streams the other side."""
-    return nv * pb + min(nv, pb) + 1
-
-
-def row_tile_taps(g: Geometry, fwd: bool, split: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """For a lanes kernel whose register tiles lie within one row (`split`: the row's tile sizes, in
-    order), per tile of the row and kw tap, the tile's pixels that read inside the input at that tap
-    (forward: output pixel w reads input column w * SW + kw * DW - PW; stride-1 data gradient: input
-    pixel w reads grad_output column w + PW - kw * DW); the others would read zero padding."""
-    out, start = [], 0
-    for size in split:
-        per_kw = []
-        for kw in range(g.kernel[2]):
-            cols = []
-            for j in range(size):
-                w = start + j
-                at = w * g.stride[2] + kw * g.dilation[2] - g.pad_lo[2] if fwd else w + g.pad_lo[2] - kw * g.dilation[2]
-                if 0 <= at < (g.x_size[2] if fwd else g.y_size[2]):
-                    cols.append(j)
-            per_kw.append(tuple(cols))
-        out.append(tuple(per_kw))
-        start += size
-    return tuple(out)
-
-
 @dataclasses.dataclass(frozen=True)
 class Tiling:
     vector_lanes: int        # SIMD lanes of the accumulator type on the target

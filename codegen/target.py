@@ -12,7 +12,10 @@ import functools
 import os
 import platform
 
-from .gpu_target import GpuArch, parse_gpu_arch
+from .arch.gpu import GpuArch, parse_gpu_arch
+from .. import knobs   # the environment is read in one place (runtime/knobs.py)
+from .arch.cpu import ISA_WIDTHS
+from .errors import ConvgenError, ConvSpecError
 from .keys import canonical_json, sha256_text, to_jsonable
 
 
@@ -36,7 +39,7 @@ class Target:
       16 x 32 bf16 by 32 x 16, f32 sums): natively in AVX-512 code (the CPU must have AMX-BF16), through a C emulation of the tile
       instructions in other code (portable, for the tests).
     gpu: for CUDA/HIP targets the GpuArch (warp size, shared memory, registers, SMs, matrix
-    instruction, async copy; see gpu_target.py); None for CPUs.
+    instruction, async copy; see arch/gpu.py); None for CPUs.
     """
 
     kind: TargetKind = TargetKind.CPU
@@ -150,7 +153,6 @@ def _cache_bytes(level: int, default: int) -> int:
     return default
 
 
-ISA_WIDTHS = {"avx512": 64, "avx2": 32, "generic": 16}   # vector bytes per CPU ISA level
 _ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2": {"avx2", "fma", "bmi2"}}
 
 
@@ -251,9 +253,6 @@ def host_cpu() -> Target:
     reduced in pairs on vdpbf16ps where the CPU has it and it pays (BF16_DOT_VENDORS; CONVGEN_BF16_DOT
     overrides the choice), and bf16 kernels on AMX tiles in AVX-512 code where the CPU has AMX-BF16
     (CONVGEN_AMX=0 turns them off)."""
-    from .. import knobs   # the environment is read in one place (runtime/knobs.py)
-    from .errors import ConvgenError
-
     runs, l1, l2 = _host_facts()
     asked = knobs.isa()
     if asked and asked not in runs:
@@ -296,8 +295,6 @@ def isa_note(target: Target) -> str:
 def parse_target(text: str) -> Target:
     """A target from its command-line spelling: cpu, cpu-avx2, cuda, cuda-sm_80, hip-gfx940, ...
     A GPU target without an arch takes sm_90 / gfx90a (present-device detection is the runtime's)."""
-    from .errors import ConvSpecError
-
     kind_text, _, isa = text.partition("-")
     try:
         kind = TargetKind(kind_text)

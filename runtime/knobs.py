@@ -34,7 +34,7 @@ from pathlib import Path
 
 from convgen.codegen.version import generator_version
 from convgen.codegen.errors import CacheError, ConvgenError
-from convgen.codegen.target import ISA_WIDTHS
+from convgen.codegen.arch.cpu import ISA_WIDTHS
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}

@@ -1,4 +1,5 @@
-"""The runtime's layout (runtime/README.md): one room per concern, imports flowing one way.
+"""The layout of the runtime (runtime/README.md: one room per concern) and of the compiler
+(codegen/README.md: floors, a module per kernel family), imports flowing one way.
 
 The imports of every module under runtime/ are read with ast (module level and inside functions
 alike; nothing is imported) and checked against the declared order of the rooms below:
@@ -9,7 +10,10 @@ alike; nothing is imported) and checked against the declared order of the rooms 
 - no two modules import each other, directly or through others (no circle, also inside a room);
 - no intra-package import hides inside a function: an import deferred for its cost would have to
   be listed in DEFERRED with the reason, and today none is;
-- the compiler (codegen/) imports nothing of the runtime but the settings (knobs.py).
+- the compiler (codegen/) imports nothing of the runtime but the settings (knobs.py);
+- codegen/'s modules likewise, by floor (CODEGEN_FLOORS): no import upward, none between two rooms
+  of one floor (the CPU and GPU families), no circle, none inside a function; and no file of it
+  longer than SOURCE_LINES, no function longer than FUNCTION_LINES.
 
 Each check also runs against a small made-up package with the faults it must find, so a checker
 that finds nothing cannot pass silently.
@@ -90,6 +94,8 @@ def imports(root: Path, package: str = "convgen", skip: tuple[str, ...] = ("code
                     if parts[0] == package:
                         targets.append(parts[1:])
             elif isinstance(node, ast.ImportFrom):
+                if node.level > len(_package_of(name)) + 1:
+                    continue   # past the root: codegen's `from .. import knobs` (the runtime's settings)
                 if node.level:
                     base = _package_of(name)
                     if node.level > 1:
@@ -229,6 +235,91 @@ def test_the_compiler_imports_only_the_settings():
     assert not bad, "\n".join(bad)
 
 
+# ---------------------------------------------------------------------------------- the compiler's floors
+
+# codegen/ by floor, top first (codegen/README.md): a module imports from its own room and from the
+# floors below; two rooms of one floor do not import each other (the CPU and GPU kernel families).
+CODEGEN_FLOORS = (
+    ("pipeline", "emit"),                        # lower(problem, target) -> plan; emit(plan) -> source
+    ("passes",),                                 # the passes, which ask the families
+    ("cpu", "gpu"),                              # a module per kernel family: fit, rules, tile, context, template
+    ("render",),                                 # the Jinja environment, operand strides
+    ("plan", "source"),                          # the plan the passes build; the source emit returns
+    ("target",),                                 # a code-generation target
+    ("arch",),                                   # machines as data: ISA levels, GPU archs and their tiles
+    ("ir",),                                     # the problem IR and its rules
+    ("errors", "keys", "version", "__init__"),   # leaves
+)
+SOURCE_LINES = 500     # no file of the compiler longer
+FUNCTION_LINES = 80    # nor a function
+
+
+def floor_of(name: str, floors=CODEGEN_FLOORS) -> tuple[int, str]:
+    """(floor, room) of a codegen module, the floor counted from the top."""
+    room = name.split(".")[0]
+    for i, rooms in enumerate(floors):
+        if room in rooms:
+            return i, room
+    raise AssertionError(f"codegen/{name.replace('.', '/')}.py is in no floor: add its room to CODEGEN_FLOORS in "
+                         f"tests/test_layout.py (in its place) and to codegen/README.md")
+
+
+def wrong_floor(found: list[Import], floors=CODEGEN_FLOORS) -> list[str]:
+    bad = []
+    for imp in found:
+        (src_floor, src), (dst_floor, dst) = floor_of(imp.source, floors), floor_of(imp.target, floors)
+        if src != dst and dst_floor <= src_floor:
+            where = "beside it" if dst_floor == src_floor else "above it"
+            bad.append(f"{imp.source} (room {src}) imports {imp.target} (room {dst}, {where}) at line {imp.line}")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def codegen_imports() -> list[Import]:
+    return imports(CODEGEN, package="convgen.codegen")
+
+
+def test_every_compiler_module_is_on_a_floor(codegen_imports):
+    for name in module_names(CODEGEN):
+        floor_of(name)
+
+
+def test_the_compiler_imports_flow_down_its_floors(codegen_imports):
+    bad = wrong_floor(codegen_imports)
+    assert not bad, "imports against codegen's floors (codegen/README.md):\n" + "\n".join(bad)
+
+
+def test_no_import_circle_in_the_compiler(codegen_imports):
+    found = circles(codegen_imports)
+    assert not found, "compiler modules that import each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_compiler_import_hidden_in_a_function(codegen_imports):
+    bad = [f"{imp.source} imports {imp.target} inside a function (line {imp.line})" for imp in codegen_imports
+           if imp.deferred]
+    assert not bad, "an import inside a function hides a dependency (or a circle):\n" + "\n".join(bad)
+
+
+def too_long(root: Path, source_lines: int = SOURCE_LINES, function_lines: int = FUNCTION_LINES) -> list[str]:
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > source_lines:
+            bad.append(f"{path.relative_to(root)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > function_lines:
+                    bad.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {length} lines")
+    return bad
+
+
+def test_compiler_files_and_functions_stay_short():
+    bad = too_long(CODEGEN)
+    assert not bad, (f"split these (files of at most {SOURCE_LINES} lines, functions of at most {FUNCTION_LINES}):\n"
+                     + "\n".join(bad))
+
+
 # ---------------------------------------------------------------------------------- the checker itself
 
 
@@ -283,3 +374,29 @@ def test_the_old_flat_layout_fails(tmp_path):
     with pytest.raises(AssertionError, match="not in a room"):
         for name in module_names(root):
             room_of(name)
+
+
+def test_the_floor_checker_finds_the_old_flat_compiler(tmp_path):
+    """The compiler before its floors: emit and the GPU family modules importing each other (lazily,
+    inside functions), ir and its rules, a family beside the other device's, a long file."""
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "ir/__init__.py": "", "ir/problem.py": "def validate():\n    from .rules import check\n",
+        "ir/rules.py": "from .problem import ConvProblem\n",
+        "render.py": "",
+        "emit.py": "from .gpu import igemm\n",
+        "gpu/__init__.py": "", "gpu/igemm.py": "def context():\n    from ..emit import environment\n",
+        "cpu/__init__.py": "", "cpu/lanes.py": "from ..gpu.igemm import context\n",
+        "passes/__init__.py": "", "passes/tiling.py": "from ..pipeline import Pass\n",
+        "pipeline.py": "from .passes import tiling\n",
+        "plan.py": "from .render import environment\n" + "\n" * SOURCE_LINES,
+    })
+    found = imports(root, package="convgen.codegen")
+    assert sorted(wrong_floor(found)) == [
+        "cpu.lanes (room cpu) imports gpu.igemm (room gpu, beside it) at line 1",
+        "gpu.igemm (room gpu) imports emit (room emit, above it) at line 2",
+        "passes.tiling (room passes) imports pipeline (room pipeline, above it) at line 1",
+        "plan (room plan) imports render (room render, above it) at line 1"]
+    assert sorted(circles(found)) == [["emit", "gpu.igemm"], ["ir.problem", "ir.rules"], ["passes.tiling", "pipeline"]]
+    assert len([i for i in found if i.deferred]) == 2
+    assert too_long(root) == [f"plan.py: {SOURCE_LINES + 1} lines"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..ir import Layout, Op
-from ..pipeline import Pass
+from . import Pass
 from ..plan import Geometry, KOp, Operand, Plan
 
 

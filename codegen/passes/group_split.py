@@ -7,7 +7,7 @@ own shape of that loop (one input channel per group).
 
 from __future__ import annotations
 
-from ..pipeline import Pass
+from . import Pass
 from ..plan import Plan
 
 

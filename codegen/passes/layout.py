@@ -5,14 +5,15 @@ either layout in place; converting a tensor costs a full pass over it, which the
 never win back. So each operand stays in the layout the caller holds it in, and no conversion
 is added. The GPU implicit-GEMM kernel is the exception: its forward and data gradient copy their
 operands 16 bytes at a time only from channels-last, so this pass weighs converting NCHW operands
-(the cost of the transpose against the gathers it saves, codegen/gpu_staging.py) and records the
+(the cost of the transpose against the gathers it saves, codegen/gpu/staging.py) and records the
 internal layout; the emitter launches the conversion into the entry's workspace.
 """
 
 from __future__ import annotations
 
+from ..gpu.staging import staging
 from ..ir import Layout
-from ..pipeline import Pass
+from . import Pass
 from ..plan import KOp, Plan
 
 
@@ -26,8 +27,6 @@ def run(plan: Plan) -> Plan:
         layouts.setdefault(operand.kind, operand.layout)
     described = ", ".join(f"{kind}={lay.value}" for kind, lay in sorted(layouts.items()))
     if plan.target.gpu is not None and plan.algorithm == "igemm":
-        from ..gpu_staging import staging
-
         staged = staging(plan.problem, plan.target)
         # the data gradient's weight copy has filters innermost, a layout of its own (its internal
         # layout stays the caller's name); every other staged operand is channels-last

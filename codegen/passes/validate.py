@@ -1,6 +1,6 @@
-"""Pass `validate`: the shape and parameter rules (codegen.rules) — nothing past it sees a bad problem."""
+"""Pass `validate`: the shape and parameter rules (codegen/ir/rules.py) — nothing past it sees a bad problem."""
 
-from ..pipeline import Pass
+from . import Pass
 from ..plan import Plan
 
 

@@ -9,7 +9,7 @@ Owns the benchmark method, the report (a JSON-able dict) and its table:
 3. check: once per shape, each result (output, grad_input, grad_weight, grad_bias) of convgen and
    of torch against ATen on the operands upcast to float64: ‖out − ref‖ / ‖ref‖; convgen's is
    flagged above its tolerance: the larger of the dtype's bound grown with the reduction length
-   (the rule of tests/reference.py) and twice torch's own error on the same result.
+   (the rule of tests/support/reference.py) and twice torch's own error on the same result.
 4. time: the public entry points end to end (`convgen.convolution` against
    `aten.convolution`, `convgen.convolution_backward` against `aten.convolution_backward` with
    output_mask [True, True, True]), so allocation and any layout conversion are counted. After a
@@ -57,7 +57,7 @@ from .suites import BenchShape
 MASK = [True, True, True]
 RESULTS = ("output", "grad_input", "grad_weight", "grad_bias")
 # ‖out − ref‖ / ‖ref‖ bounds against float64 for reductions of up to 4096 terms, growing with
-# √(terms / 4096) beyond: the rule (and the reasoning) of tests/reference.py.
+# √(terms / 4096) beyond: the rule (and the reasoning) of tests/support/reference.py.
 TOLERANCE = {DType.F64: 1e-12, DType.F32: 1e-6, DType.BF16: 1e-2, DType.F16: 1e-3}
 SHORT_REDUCTION = 4096
 
@@ -171,7 +171,7 @@ def rel_err(out: torch.Tensor | None, ref: torch.Tensor | None) -> float:
 
 
 def tolerances(problem: ConvProblem, dtype: DType) -> dict[str, float]:
-    """Per result: the dtype's bound, grown by √(terms / 4096) for long reductions (tests/reference.py)."""
+    """Per result: the dtype's bound, grown by √(terms / 4096) for long reductions (tests/support/reference.py)."""
     over_channels = max(problem.c, problem.k) // problem.groups * math.prod(problem.kernel)
     over_images = problem.n * max(math.prod(problem.in_size), math.prod(problem.out_size))
     terms = {"output": over_channels, "grad_input": over_channels, "grad_weight": over_images,

@@ -8,7 +8,7 @@ the bias gradient alone. Tolerance: ‖out − ref‖ / ‖ref‖ at most TOLERA
 bounds: f64 1e-12, f32 1e-6, bf16 1e-2, f16 1e-3), grown by √(terms / 4096) for reductions
 longer than 4096 terms; inputs are drawn in float64 and rounded to the dtype before the
 reference sees them. f32 on a CUDA target while torch allows tf32 (torch.backends.cudnn.allow_tf32)
-runs on tf32 matrix instructions: its bound is TF32_TOLERANCE added to f32's (tests/reference.py
+runs on tf32 matrix instructions: its bound is TF32_TOLERANCE added to f32's (tests/support/reference.py
 derives it).
 """
 
@@ -30,7 +30,7 @@ from ..stats import stats
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 SHORT_REDUCTION = 4096
-TF32_TOLERANCE = 2.0 ** -10   # operands rounded to tf32 (11 significant bits): see tests/reference.py
+TF32_TOLERANCE = 2.0 ** -10   # operands rounded to tf32 (11 significant bits): see tests/support/reference.py
 TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
 
 

@@ -215,7 +215,7 @@ MORE = [
       padding=2, groups=1152),
 ]
 
-# Seconds, not minutes: one of each kind of path, for tests/test_bench.py.
+# Seconds, not minutes: one of each kind of path, for tests/cli/test_bench.py.
 SMOKE = [
     S("smoke_3x3", "small 2-D 3x3 with padding", (2, 8, 10, 10), (8, 8, 3, 3), padding=1),
     S("smoke_1d_dil", "small 1-D, dilated", (2, 6, 32), (8, 6, 3), padding=2, dilation=2),

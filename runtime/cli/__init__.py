@@ -29,7 +29,7 @@ import sys
 import torch
 
 from ..codegen.emit import emit
-from ..codegen.gpu_resources import explain_lines
+from ..codegen.gpu.resources import explain_lines
 from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
 from ..codegen.ir import ConvProblem, DType, Layout, Op
 from ..codegen.pipeline import lower

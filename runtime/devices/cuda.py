@@ -27,7 +27,7 @@ from typing import Callable, Container, Sequence
 import torch
 
 from ..codegen.errors import ConvgenError
-from ..codegen.gpu_target import GPU_ARCHS, supported
+from ..codegen.arch.gpu import GPU_ARCHS, WHY_NOT, supported
 from ..codegen.source import KernelSource
 from ..codegen.target import Target, parse_target
 from . import hip
@@ -55,9 +55,7 @@ def target_of(device: torch.device) -> Target:
         return known
     vendor, arch = arch_of(torch.device("cuda", index))
     if arch not in GPU_ARCHS or GPU_ARCHS[arch].vendor != vendor:
-        from ..codegen.gpu_target import _WHY_NOT
-
-        why = _WHY_NOT.get(arch)
+        why = WHY_NOT.get(arch)
         raise ConvgenError(f"device cuda:{index} is {vendor} arch {arch}, for which convgen has no target"
                            f"{f' ({why})' if why else ''}; convgen's {vendor} targets are "
                            f"{', '.join(supported(vendor))}. Use torch's own convolution on this device "
@@ -100,7 +98,7 @@ def _torch_release(pointer: int | None, stream: int | None) -> None:
 
 def use_torch_allocator(library: ctypes.CDLL, entry: str) -> bool:
     """Point the plan entry's workspaces at torch's caching allocator (`<entry>_set_allocator`,
-    codegen/emit_gpu.py); False for an entry without one (no workspace, or a bundle built before it)."""
+    codegen/gpu/entry.py); False for an entry without one (no workspace, or a bundle built before it)."""
     setter = getattr(library, f"{entry}_set_allocator", None)
     if setter is None:
         return False

@@ -1,6 +1,6 @@
 """From torch tensors and ATen-style arguments to `ConvProblem`s, with the tensor-level checks.
 
-The shape and parameter rules live in the compiler (convgen.codegen.rules); here are the rules
+The shape and parameter rules live in the compiler (convgen.codegen.ir.rules); here are the rules
 only tensors can break (rank, dtype, device, bias shape, grad_output shape) and the parsing of
 torch's argument spellings (ints or lists, 'same' and 'valid').
 """

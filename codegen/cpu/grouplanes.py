@@ -1,0 +1,111 @@
+"""Family `grouplanes`: depthwise or small groups in channels last, the groups' channels in the
+vector lanes (every pixel's channels one contiguous load). Where it fits (`fits`) it is the
+default, first among the candidates, for every kernel op.
+
+- Forward and data gradient: a register tile of NB vectors of channels x PB pixels; small groups
+  (M = 2, 4 or 8 channels on both sides) spread each input vector's channel m of every group across
+  the group's lanes (a shuffle) against per-lane weights. Large results stored past the caches.
+- Weight gradient: each group's grad_output channels spread across its lanes once per pixel, for
+  every tap; the output rows cut into MIN_ITEMS fixed parts whose sums are added in order.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir import Layout
+from ..plan import KOp, Plan, Tiling
+from ..target import TargetKind
+from .family import Family
+from .work import MIN_ITEMS, SPARE_REGISTERS, STREAM_L2S, vector_lanes
+
+NAME = "grouplanes"
+WHY = ("depthwise or small groups in channels last: the groups' channels in the vector lanes, a register "
+       "tile of channel vectors x pixels, every pixel's channels one contiguous load")
+TEMPLATES = {KOp.FWD: "cpu/grouplanes_fwd.cpp.j2", KOp.DGRAD: "cpu/grouplanes_dgrad.cpp.j2",
+             KOp.WGRAD: "cpu/grouplanes_wgrad.cpp.j2"}
+
+# Register tile of the forward and data gradient: at most this many vectors of channels x this many
+# pixels.
+GROUPLANES_VECTORS = 2
+GROUPLANES_PIXELS = 4
+
+
+def fits(plan: Plan) -> bool:
+    """Whether the grouplanes kernels compute this kernel op: one channel per group on both sides
+    (depthwise, multiplier 1), or small groups (M = 2, 4 or 8 channels on both sides, whole groups
+    per vector), with channels the contiguous axis of input and output, so that one vector load
+    takes a run of groups. Where they fit they are the default: they ran faster than every other
+    candidate. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", grouplanes.fits)"""
+    g = plan.geometry
+    lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
+    small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0
+    return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and
+            all(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
+
+
+def _stream(plan: Plan) -> int:
+    """The result bytes per call from which the forward and data gradient store past the caches
+    (0: never): x86 targets, pixels of whole 64-byte lines (every store of a channel vector then
+    fills whole lines with the tile's others). Unlike the lanes data gradient's, both gain: these
+    kernels do little arithmetic per value, and a cached store first reads the line.
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", grouplanes._stream)"""
+    g, t, p = plan.geometry, plan.target, plan.problem
+    if t.kind is not TargetKind.CPU or t.isa not in ("avx2", "avx512"):
+        return 0
+    if (g.groups * g.cin_g * p.dtype.itemsize) % 64:
+        return 0
+    return STREAM_L2S * t.l2_bytes
+
+
+def grouplanes_tile(vectors: int, registers: int) -> tuple[int, int]:
+    """(NB, PB) of the grouplanes forward and data gradient: NB vectors of channels x PB pixels,
+    with NB weight vectors and one input vector in registers, SPARE_REGISTERS left free."""
+    nb = max(1, min(GROUPLANES_VECTORS, vectors))
+    pb = max(1, min(GROUPLANES_PIXELS, (registers - SPARE_REGISTERS - nb - 1) // nb))
+    return nb, pb
+
+
+def _wgrad(plan: Plan, lanes: int) -> Plan:
+    g = plan.geometry
+    splits, m = MIN_ITEMS, g.cin_g
+    per = (f"{g.kernel[2]} vectors of partial sums (one per kernel column)" if m == 1 else
+           f"{m} x {g.kernel[2]} vectors of partial sums (one per group channel of grad_output, spread across "
+           f"the group's lanes once per pixel, and kernel column)")
+    tiling = Tiling(vector_lanes=lanes, splits=splits,
+                    threads_hint=f"parallel over {splits} fixed parts of the output rows; each part keeps its "
+                                 f"own sums, added in order at the end, so results do not depend on the thread "
+                                 f"count")
+    return plan.decide("tiling", f"{math.ceil(g.groups * m / lanes)} vectors of {lanes} channels; per output "
+                                 f"row, channel vector and input row, {per} in registers, added to the part's "
+                                 f"sums in double; {tiling.threads_hint}",
+                       tiling=tiling)
+
+
+def tile(plan: Plan) -> Plan:
+    """Depthwise in channels last: the groups in the vector lanes."""
+    g, t = plan.geometry, plan.target
+    lanes = vector_lanes(plan)
+    if plan.kop is KOp.WGRAD:
+        return _wgrad(plan, lanes)
+    vectors = math.ceil(g.groups / lanes)
+    nb, pb = grouplanes_tile(vectors, t.vector_registers)
+    rows = math.prod(g.y_size[:2]) if plan.kop is KOp.FWD else math.prod(g.x_size[:2])
+    # rows of one image x channel chunks: at least MIN_ITEMS items per image when the channels allow
+    chunks = max(1, min(math.ceil(vectors / nb), math.ceil(MIN_ITEMS / rows)))
+    cch = math.ceil(math.ceil(vectors / chunks) / nb) * nb
+    what = "output" if plan.kop is KOp.FWD else "input-gradient"
+    stream = _stream(plan)
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nb, ksb=cch, stream_bytes=stream,
+                    threads_hint=f"parallel over (batch, {what} row, chunk of {cch} channel vectors)")
+    slide = ("; one channel per group: the tile slides along the row, each column it reads loaded once for "
+             "every pixel and tap it serves" if g.cin_g == 1 else "")
+    streamed = (f"; results of {stream >> 20} MB or more per call written with non-temporal stores (a cached "
+                f"store first reads each line)" if stream else "")
+    pixels = "output pixels" if plan.kop is KOp.FWD else "input-gradient columns of one stride phase"
+    return plan.decide("tiling", f"register tile {nb} vectors of {lanes} channels x {pb} {pixels} "
+                                 f"({nb * pb} of {t.vector_registers} registers accumulate){slide}; input and output "
+                                 f"read and written in place{streamed}; {tiling.threads_hint}", tiling=tiling)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile)

@@ -1,0 +1,176 @@
+"""The depthwise GPU kernels: forward, data gradient and weight gradient of convolutions whose
+every group holds one input channel (groups == channels), rendered for CUDA or HIP from
+`templates/gpu/depthwise.cu.j2`.
+
+Taken: groups == C, K == C x multiplier (multiplier 1 is the usual depthwise; multiplier > 1,
+as in CASES 7, is taken too: output channel k reads input channel k / multiplier), normal (not
+transposed) problems, rank 1-3 (as 3-D with unit axes in front), stride, dilation, asymmetric
+padding, each of input, weight and output contiguous or channels-last (every access through its
+strides), f32/f64/bf16/f16 with f32 accumulation (f64 for f64) and one rounding at the end.
+
+- forward: a block owns a tile of 1 x TH x TW output pixels of CT channels (CT = 1 when every
+  tensor is contiguous; a run of channels when one is channels-last, so that consecutive threads
+  read consecutive channels), stages the input window of the tile and the channels' taps in shared
+  memory (zeros where the window overhangs the padding) and each thread computes a few outputs.
+- data gradient: by stride phases (normal.py): a launch per residue per axis, a block owns a tile
+  of that phase's grad_input positions, stages the grad_output rows they gather from, and each
+  position sums exactly the taps that reach it (no zero-insertion; residues with no taps are
+  written as zeros by the same launch).
+- weight gradient: per channel and tap, a reduction over batch x output pixels, split SPLIT ways
+  over blocks; a block walks its share tile by tile (the forward's tile), each thread summing the
+  products of its taps over a fixed subset of the tile's pixels, then a shuffle reduction across
+  the LANES threads that share a (channel, tap). Partials (f32, f64 for f64) go to a workspace and
+  a second kernel sums them in split order and rounds once: no atomics, the same bits in any
+  order. `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes `<prefix>_bwd_weight(
+  grad_output, input, grad_weight, workspace, batch, stream)` needs; `<prefix>_bwd_bias` has the
+  direct kernel's signature (one block per filter, a fixed-order reduction), for the bias gradient
+  asked alone; asked with the weight gradient it is fused into it (BIAS_WHY,
+  `<prefix>_bwd_weight_bias(grad_output, input, grad_weight, grad_bias, workspace, batch, stream)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..errors import ConvSpecError
+from ..ir import ConvProblem, Layout
+from ..plan import GpuTiling, Plan
+from ..render import render
+from ..target import Target
+from .context import ENTRIES, file_fields, tensor_fields
+from .family import Family
+from .normal import Normal, Phase
+from .windows import (SCALARS, THREADS, WindowContext, check_common, choose_tile, fixed_block_context,
+                      fixed_block_tiling, pow2_at_least, refusal_of, split_ways, window_fields)
+
+TEMPLATE = "gpu/depthwise.cu.j2"
+NAME = "depthwise GPU kernel"
+OUTPUTS_PER_THREAD = 2   # the forward's and data gradient's tile: THREADS x this many results
+MAX_TAPS = 256           # weight gradient: a thread keeps ceil(taps / SLOTS) sums in registers
+REDUCE_GROUP = 32        # CT x LANES: the threads of one (tap) sum lie in an aligned group of 32 lanes
+WHY = ("depthwise (groups == channels): a block stages shared-memory windows of its channels' pixels, the "
+       "data gradient by stride phases, the weight gradient split over blocks with partials summed in order; "
+       "every dtype")
+BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: the threads of tap slot 0 also sum "
+            "their channel's staged grad_output tiles (the same lanes and shuffle tree) into partials after the "
+            "weight's in the workspace, added in split order by the second kernel and rounded once")
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseTiles:
+    """The kernels' tiles: CT channels a block, LANES threads per (channel, tap) sum, the forward's
+    (and weight gradient's) and the data gradient's tiles, the grad_output window a data tile
+    gathers from, the weight gradient's split, and why."""
+
+    ct: int
+    lanes: int
+    tile: tuple[int, int]          # forward and weight gradient: TH x TW output pixels
+    data_tile: tuple[int, int]     # data gradient: TH x TW positions of one phase
+    data_window: tuple[int, int, int]   # grad_output planes, rows, columns a data tile gathers from
+    split: int
+    phases: tuple[Phase, ...]
+    why: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseContext(WindowContext):
+    ct: int
+    tile: tuple[int, int]
+    data_tile: tuple[int, int]
+    data_window: tuple[int, int, int]
+    lanes: int
+    phases: tuple[Phase, ...]
+
+
+def check(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseTiles:
+    """The tiles of `problem`, entries named `prefix`_<entry>; ConvSpecError for what the depthwise
+    kernels do not take."""
+    check_common(problem, target, prefix, NAME)
+    if problem.groups != problem.c or problem.k % problem.c:
+        raise ConvSpecError(f"groups={problem.groups}, channels={problem.c}, filters={problem.k}: the {NAME} takes "
+                            "one input channel per group (groups == channels) and filters a multiple of channels")
+    if problem.c == 0:
+        raise ConvSpecError(f"channels=0: the {NAME} needs at least one channel")
+    taps = math.prod(problem.kernel)
+    if taps > MAX_TAPS:
+        raise ConvSpecError(f"kernel {problem.kernel}: the {NAME} takes at most {MAX_TAPS} taps (has {taps})")
+    return choose_tiles(problem, target)
+
+
+def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
+    """The tiles of a problem the other checks take: the fewest staged elements per useful pixel within the
+    shared-memory budget (ConvSpecError when not even one pixel fits)."""
+    normal = Normal.of(problem)
+    kernel, stride, dilation, out_size = normal.kernel, normal.stride, normal.dilation, normal.out_size
+    taps = math.prod(problem.kernel)
+    acc_bytes = 8 if SCALARS[problem.dtype][1] == "double" else 4
+    channels_last = Layout.CHANNELS_LAST in (problem.input_layout, problem.weight_layout, problem.output_layout)
+    ct = min(REDUCE_GROUP, pow2_at_least(problem.k)) if channels_last else 1
+    lanes = REDUCE_GROUP // ct
+    pixels = THREADS * OUTPUTS_PER_THREAD // ct
+
+    def fwd_bytes(th, tw):   # input window of every depth tap + (taps for the forward, or the grad_output tile)
+        wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
+        ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
+        return acc_bytes * ct * (kernel[0] * wh * ww + max(taps, th * tw))
+
+    what = f"kernel {problem.kernel}, dilation {problem.dilation}"
+    min_cols = 1 if channels_last else 32   # contiguous rows: a warp's worth of consecutive pixels
+    th, tw = choose_tile(out_size[1], out_size[2], pixels, min_cols, fwd_bytes, what)
+
+    per_axis = normal.axis_phases()
+    phases = normal.phases()
+    reach = [max([0] + [(a.taps - 1) * a.out_step for a in axis]) for axis in per_axis]   # 0: no taps at all
+    planes = max((a.taps for a in per_axis[0]), default=0) or 1   # grad_output depth planes a position gathers
+
+    def data_bytes(dth, dtw):
+        return acc_bytes * ct * (planes * (dth + reach[1]) * (dtw + reach[2]) + taps)
+
+    counts = [max((a.count for a in axis), default=1) for axis in per_axis]
+    dth, dtw = choose_tile(counts[1], counts[2], pixels, min_cols, data_bytes, what)
+
+    tiles_per_image = out_size[0] * -(-out_size[1] // th) * -(-out_size[2] // tw)
+    split, split_why = split_ways(-(-problem.k // ct), tiles_per_image, target)
+    order = "a run of channels x pixels (channels-last: consecutive threads read consecutive channels)" \
+        if channels_last else "pixels of one channel (consecutive threads read consecutive pixels)"
+    why = (f"forward and weight gradient: {THREADS} threads own {ct} channel(s) x {th}x{tw} output pixels, "
+           f"{order}; input window {fwd_bytes(th, tw)} bytes of shared memory",
+           f"data gradient: {len(phases)} stride phases, tiles of {ct} channel(s) x {dth}x{dtw} positions, "
+           f"each gathering only its phase's taps from {data_bytes(dth, dtw)} bytes of staged grad_output",
+           f"weight gradient: {lanes} thread(s) per (channel, tap) over a tile's pixels"
+           + (", reduced by shuffles; " if lanes > 1 else "; ") +
+           f"{THREADS // (ct * lanes)} tap slots, {-(-taps // (THREADS // (ct * lanes)))} sums per thread",
+           split_why)
+    return DepthwiseTiles(ct, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split, phases,
+                          why)
+
+
+def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseContext:
+    """The template context for depthwise `problem` on GPU `target`; entries are named
+    `prefix`_fwd, _bwd_data, _bwd_weight (+ _bwd_weight_workspace_bytes) and _bwd_bias.
+    ConvSpecError for what this kernel does not take."""
+    tiles = check(problem, target, prefix)
+    normal = Normal.of(problem)
+    return DepthwiseContext(
+        **file_fields(problem, target, prefix, normal), **tensor_fields(normal), **window_fields(problem),
+        ct=tiles.ct, tile=tiles.tile, data_tile=tiles.data_tile, data_window=tiles.data_window, lanes=tiles.lanes,
+        split=tiles.split, phases=tiles.phases, why=tiles.why)
+
+
+def render_depthwise(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:
+    """CUDA or HIP source (by `target`) of the depthwise kernels for `problem`, with their entries."""
+    return render(TEMPLATE, c=depthwise_context(problem, target, prefix))
+
+
+def _refusal(plan: Plan) -> str | None:
+    return refusal_of(check, plan)
+
+
+def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
+    return fixed_block_tiling(plan, "a block per tile of channels x output pixels (or a stride phase's positions)",
+                              choose_tiles(plan.problem, plan.target).why, BIAS_WHY)
+
+
+FAMILY = Family("depthwise", _refusal, lambda plan: WHY, _tiling, fixed_block_context(depthwise_context, ENTRIES),
+                TEMPLATE, lambda context: ("bwd_weight", "bwd_weight_bias"))

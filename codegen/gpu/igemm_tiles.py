@@ -1,0 +1,242 @@
+"""The implicit-GEMM kernel's per-GEMM decisions (igemm.py): how it multiplies, block tile, pipeline
+stages, reduction order and which operands travel by 16-byte asynchronous copies. The candidates are
+the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is made here.
+
+- Multiply: bf16/f16 on matrix instructions; f32 with tf32 on CUDA's tf32 ones, on HIP's
+  v_mfma_f32_16x16x4f32; f64 on matrix instructions on both (`on_f64_matrix`); CUDA f32 without tf32
+  on FMAs (`on_fma`), each lane keeping a register tile of its warp's quarter.
+- Block tile BLOCK_M x BLOCK_N from the arch's sides for the operands' class (64 or 128 each on
+  every arch today), WARPS warps (waves) of (BLOCK_M/2) x (BLOCK_N/2): a side takes the largest the
+  GEMM has that many of along it (rows per image for the forward and data gradient, whose rows also
+  grow with the run-time batch; filters or (channel, tap) columns otherwise), so a small GEMM does
+  not compute mostly padding; a side taken down to the smallest until two stages fit a block's
+  shared memory.
+- Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
+  while the tensor cores work on the current one; up to the arch's max_stages while two blocks
+  still fit an SM's shared memory, fewer when the reduction has fewer steps: sm_80's 128x128 bf16
+  tiles take 4 (20 KiB a stage), sm_90's 5, 64-wide ones 6; tf32's 128x128 tiles 2 on sm_80, 3 on
+  sm_90. Not yet timed on a device: with 4 warps a block and two blocks an SM, the copies in flight
+  are what hides global memory. On HIP (gfx90a, gfx940) copies are staged through registers into
+  two LDS buffers.
+- Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements, 4 f32 ones for tf32)
+  when that many consecutive reduction indices are consecutive, 16-byte aligned elements in memory:
+  channels-last activations (the caller's, or the copies the layout pass stages: `staged`,
+  staging.py) with channel counts (per group and in all) multiple of the vector and the reduction
+  ordered tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel,
+  tap) reduction of a multiple of it; a contiguous grad_output along its pixels (weight gradient,
+  output pixels a multiple of it). The launch entry also checks the pointers' 16-byte alignment at
+  run time; the other operands (and misaligned pointers) are gathered element by element, with the
+  same predicates, into the same stages.
+- Element size: 2 bytes (bf16/f16 bits), 4 (f32, as tf32 or on FMAs) or 8 (f64): shared rows are
+  the step's depth + one 16-byte vector of elements long, and a stage's bytes, hence the stages
+  that fit, scale with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..arch.gpu import BlockTiles
+from ..ir import ConvProblem, DType, Layout
+from ..render import operand_strides
+from ..target import Target, TargetKind
+from .normal import Normal
+
+WARPS = 4   # warps (waves) a block, each a quarter of its tile: the template's 2 x 2 layout
+
+
+def on_f64_matrix(problem: ConvProblem, target: Target) -> bool:
+    """Whether the kernel multiplies f64 on matrix instructions, which every GPU arch convgen targets
+    has: the f64 tensor cores' `mma.sync` m8n8k4 .f64 (DMMA) on CUDA (sm_80 and later), the matrix
+    cores' `v_mfma_f64_16x16x4f64` on HIP (gfx90a, gfx940)."""
+    return problem.dtype is DType.F64 and target.kind in (TargetKind.CUDA, TargetKind.HIP)
+
+
+def on_fma(problem: ConvProblem, target: Target) -> bool:
+    """Whether the kernel multiplies on the vector units (CUDA cores, AMD's SIMDs) with fused
+    multiply-adds instead of matrix instructions: on CUDA f32 without tf32 (HIP's f32 takes
+    v_mfma_f32_16x16x4f32; f64 takes matrix instructions on both, `on_f64_matrix`)."""
+    return (problem.dtype is DType.F64 and not on_f64_matrix(problem, target)) or (
+        problem.dtype is DType.F32 and not problem.tf32 and target.kind is TargetKind.CUDA)
+
+
+def vector_of(itemsize: int) -> int:
+    """Elements of one 16-byte copy: 8 of 2 bytes, 4 of 4 bytes."""
+    return 16 // itemsize
+
+
+def block_tiles(target: Target, itemsize: int, fma: bool) -> BlockTiles:
+    """The arch's block tiles for operands of `itemsize` bytes (on FMAs with `fma`)."""
+    tiling = target.gpu.igemm
+    return tiling.f64 if itemsize == 8 else tiling.fma if fma else tiling.matrix
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmTile:
+    """One GEMM's block tile, pipeline depth and operand access."""
+
+    m: int
+    n: int
+    stages: int
+    tap_major: bool     # reduction (tap, channel) instead of (channel, tap)
+    vector_a: bool      # A by 16-byte copies (when the pointers are aligned)
+    vector_b: bool
+    itemsize: int       # bytes of one operand element in shared memory (2: bf16/f16 bits, 4: f32, 8: f64)
+    depth: int          # the reduction step (BLOCK_K)
+
+    @property
+    def lds(self) -> int:
+        """A shared row's elements: the step's depth plus 16 bytes of padding (fragment loads spread
+        over banks)."""
+        return self.depth + vector_of(self.itemsize)
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * (self.m + self.n) * self.lds * self.itemsize
+
+    def describe(self, async_copy: bool) -> str:
+        how = "cp.async" if async_copy else "register-staged"
+        operands = [name for name, on in (("A", self.vector_a), ("B", self.vector_b)) if on]
+        copies = (f"{' and '.join(operands)} by 16-byte {how} copies" if operands
+                  else "operands gathered element by element")
+        return (f"{self.m}x{self.n}x{self.depth}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
+                f"{copies}{', reduction tap-major' if self.tap_major else ''}")
+
+
+@dataclasses.dataclass(frozen=True)
+class IgemmTiles:
+    fwd: GemmTile
+    dgrad: GemmTile
+    wgrad: GemmTile
+    reasons: tuple[str, ...]
+
+
+def _side(sides: tuple[int, ...], length: int) -> int:
+    """The largest side the GEMM has `length` of along it, else the smallest."""
+    return max([s for s in sides if length >= s], default=sides[0])
+
+
+def _fitted(target: Target, shape: BlockTiles, m: int, n: int, itemsize: int) -> tuple[int, int]:
+    """(m, n), the longer side taken down to the smallest until two stages fit a block's shared
+    memory: HIP's 64 KiB of LDS holds two 128x128 stages of 2-byte operands, not of 4-byte ones."""
+    row = (shape.depth + vector_of(itemsize)) * itemsize
+    while 2 * (m + n) * row > target.gpu.shared_bytes_per_block and max(m, n) > shape.sides[0]:
+        m, n = (shape.sides[0], n) if m >= n else (m, shape.sides[0])
+    return m, n
+
+
+def _stages(target: Target, per_stage: int, steps: int) -> int:
+    """Pipeline stages of one GEMM whose stage is `per_stage` bytes (see the module)."""
+    gpu = target.gpu
+    if target.kind is not TargetKind.CUDA or not gpu.async_copy:
+        return 2
+    fit = min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) // per_stage
+    return max(2, min(gpu.igemm.max_stages, fit, steps))
+
+
+def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction: int, itemsize: int,
+          tap_major: bool, vector_a: bool, vector_b: bool) -> GemmTile:
+    m, n = _fitted(target, shape, _side(shape.sides, rows), _side(shape.sides, columns), itemsize)
+    steps = max(1, -(-reduction // shape.depth))
+    per_stage = (m + n) * (shape.depth + vector_of(itemsize)) * itemsize
+    return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth)
+
+
+def _contiguous(strides: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    """strides of (outer, c, d, h, w) are the dense row-major ones for sizes (c, d, h, w)."""
+    expected, step = [], 1
+    for size in reversed(sizes):
+        expected.append(step)
+        step *= size
+    return tuple(strides[1:]) == tuple(reversed(expected))
+
+
+def _channels_last(strides: tuple[int, ...]) -> bool:
+    return strides[1] == 1
+
+
+def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(x, y, w) element strides the forward and data gradient read: the caller's layouts, channels-last
+    for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at)."""
+    lay = {k: Layout.CHANNELS_LAST if k in staged else v for k, v in zip("XWY", normal.layouts)}
+    g = normal.groups or 1
+    return (operand_strides(lay["X"], normal.channels, normal.in_size),
+            operand_strides(lay["Y"], normal.filters, normal.out_size),
+            operand_strides(lay["W"], normal.channels // g, normal.kernel))
+
+
+def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
+                 fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False) -> IgemmTiles:
+    """The three GEMMs' tiles for `normal` on GPU `target`, for operands of `itemsize` bytes in shared
+    memory, multiplied on matrix instructions, (`fma`) by each thread's register tile of fused
+    multiply-adds, or (`f64_matrix`) f64 on matrix instructions. `staged`: the (x, y, w) strides the
+    forward and data gradient read when the layout pass stages operands channels-last (staging.py);
+    the weight gradient reads the caller's. `dgrad_b`: the data gradient reads a copy of the weight
+    with filters innermost (16-byte copies of B when its reduction is tap-major)."""
+    wg_y_strides = y_strides
+    if staged is not None:
+        x_strides, y_strides, w_strides = staged
+    shape = block_tiles(target, itemsize, fma)
+    vector = vector_of(itemsize)   # elements of one 16-byte copy
+
+    g = max(normal.groups, 1)
+    cg, kg = normal.channels // g, normal.filters // g
+    taps, ov = math.prod(normal.kernel), math.prod(normal.out_size)
+    tap_phase = max(1, math.prod(-(-r // (s // math.gcd(s, d)))
+                                 for r, s, d in zip(normal.kernel, normal.stride, normal.dilation)))
+    positions = max(1, math.prod(normal.in_size) // math.prod(normal.stride))
+    aligned_c = normal.channels % vector == 0 and cg % vector == 0
+    aligned_k = normal.filters % vector == 0 and kg % vector == 0
+
+    # forward: A = input (rows pixels, reduction (channel, tap)), B = weight (columns filters)
+    fwd_tap = _channels_last(x_strides) and aligned_c
+    fwd_b = (fwd_tap and _channels_last(w_strides)) or (
+        not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % vector == 0)
+    fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, fwd_tap, fwd_tap, fwd_b)
+    # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
+    dg_tap = _channels_last(y_strides) and aligned_k
+    dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_tap, dg_tap, dg_tap and dgrad_b)
+    # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
+    wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
+    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, False)
+    return IgemmTiles(fwd, dgrad, wgrad, _reasons(target, shape, fwd, dgrad, wgrad, itemsize, fma, f64_matrix))
+
+
+def _multiply(target: Target, shape: BlockTiles, itemsize: int, fma: bool, f64_matrix: bool) -> str:
+    """How the warps multiply, in words."""
+    side = shape.sides[-1]
+    quarter, lanes = side // 2, target.gpu.warp_size
+    unit = "warp" if target.kind is TargetKind.CUDA else "wave"
+    if fma:
+        return (f"on FMAs: each thread of a {lanes}-wide {unit} keeps {quarter * quarter // lanes} results in "
+                f"registers ({quarter // (lanes // 8)} rows x 4 columns, strided over the quarter so a {unit}'s "
+                f"shared-memory reads do not conflict), {itemsize}-byte operands, fused multiply-adds in "
+                f"{'f64' if itemsize == 8 else 'f32'}; tiles {side} a side to keep those registers")
+    if f64_matrix and target.kind is TargetKind.CUDA:
+        return (f"on the f64 tensor cores (mma.sync m8n8k4 .f64, two per 16 x 8 x 4 step), f64 accumulation; tiles "
+                f"{side} a side: a warp's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
+                f"accumulators ({2 * quarter * quarter // lanes} registers) a thread")
+    if f64_matrix:
+        return (f"on the matrix cores (v_mfma_f64_16x16x4f64, one 16 x 16 x 4 block each), f64 accumulation; tiles "
+                f"{side} a side: a wave's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
+                f"accumulators ({2 * quarter * quarter // lanes} registers) a lane")
+    return "on the matrix instructions"
+
+
+def _reasons(target: Target, shape: BlockTiles, fwd: GemmTile, dgrad: GemmTile, wgrad: GemmTile, itemsize: int,
+             fma: bool, f64_matrix: bool) -> tuple[str, str]:
+    """The tiles and the pipeline, in the tiling pass's words."""
+    gpu, cuda = target.gpu, target.kind is TargetKind.CUDA
+    if cuda and gpu.async_copy:
+        how = (f"up to {gpu.igemm.max_stages} stages of cp.async copies in flight while two blocks fit an SM's "
+               f"{gpu.shared_bytes_per_sm // 1024} KiB of shared memory, no more stages than reduction steps")
+    else:
+        how = "two LDS buffers, the next stage's copies staged in registers while the block computes on the other"
+    unit = "warps" if cuda else "waves"
+    big = gpu.igemm.matrix.sides[-1]
+    return (f"block tiles ({WARPS} {unit} each, a {big} side where the GEMM has {big} along it, CUTLASS/CK-like; "
+            f"{_multiply(target, shape, itemsize, fma, f64_matrix)}): "
+            f"forward {fwd.describe(cuda)}; data gradient {dgrad.describe(cuda)}; weight gradient "
+            f"{wgrad.describe(cuda)}",
+            f"pipeline: {how}; data visible to the warps only after the copies' wait and a barrier")

@@ -1,0 +1,192 @@
+"""Staging for the implicit-GEMM GPU kernel (igemm.py): which of the GEMM's operands
+the `layout` pass converts before the kernel reads them -- activations to channels-last, the weight
+to channels-last (forward) or filters innermost (data gradient) -- and why.
+
+The kernel moves an operand into shared memory by 16-byte copies (cp.async on CUDA, registers on
+HIP) only where consecutive reduction indices are consecutive in memory (igemm_tiles.py):
+for the forward's input and the data gradient's grad_output that is channels-last with the channel
+counts a multiple of the copy's elements, the reduction ordered (tap, channel); for the forward's
+weight, channels-last too once its reduction is tap-major; for the data gradient's weight, whose
+reduction runs over (tap, filter), filters innermost -- a layout no caller holds: (group, channel,
+tap, filter), or (group, tap, channel, filter) from a channels-last weight. In the caller's NCHW
+the same operand is gathered element by element. The layout pass may instead convert it: a
+transpose kernel (32 x 32 tiles through shared memory, both sides coalesced) writes the copy into
+the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue
+writes through strides); the weight gradient is not staged (its grad_output is read along pixels,
+which NCHW already gives 16 bytes at a time, and its input is gathered by (channel, tap) columns in
+either layout).
+
+The cost model, per image of a batch of REFERENCE_BATCH (the batch is a run-time argument and the
+kernel serves every batch, so the decision is made for one typical of training; the weight's
+conversion and the launches' latency are shared by the batch's images):
+
+- conversion: 2 x the operand's bytes (read once, written once) at the arch's memory bandwidth,
+  plus LAUNCH_SECONDS for the extra launch (the gap a dependent kernel leaves on a stream);
+- the kernel's time with and without staging: max(multiplies at the units' peak, compulsory bytes at
+  the memory bandwidth, instruction issue), the issue from the operands' element loads at
+  GATHER_INSTRUCTIONS per element gathered or COPY_INSTRUCTIONS per 16-byte copy, issued at one
+  instruction per lane and cycle (the f32 FMA peak / 2: instructions are per thread);
+- each subset of the stageable operands (an activation, the weight, both) weighed, the fastest
+  taken; none when the caller's layouts are the fastest. Small problems stage nothing: the launches
+  cost more than the gathers.
+
+GATHER_INSTRUCTIONS and COPY_INSTRUCTIONS come from the sm_90 machine code of this kernel (nvcc 13.0,
+cuobjdump -sass, a 256 -> 256 3x3 bf16 forward): the element-gather loop is about 200 instructions
+for 4 elements (division by constants for pixel, tap and channel, the padding predicates, a 2-byte
+load and a shared store each), the main loop of the 16-byte path ~640 instructions besides its 64
+HMMA and 80 LDS for 8 copies. The same source compiles for AMD; its counts there are assumed alike.
+Peaks are the arch's datasheet figures (codegen/arch/gpu.py; archs without figures use sm_80's).
+These are estimates for a decision, not measurements of a device: no GPU has run them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from ..arch.gpu import GPU_ARCHS, Peaks
+from ..ir import ConvProblem, Layout, Op
+from ..target import Target
+from .igemm_tiles import choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of
+from .normal import Normal
+
+GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
+COPY_INSTRUCTIONS = 80     # per 16-byte copy
+REFERENCE_BATCH = 32       # images the weight's conversion and the launches are shared by
+LAUNCH_SECONDS = 3e-6      # a dependent launch's gap on a stream: a few microseconds on current GPUs
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """The operands (normal-convolution kinds "X", "W", "Y") the kernel reads from a channels-last
+    copy in its workspace, and the layout pass's reason."""
+
+    kinds: tuple[str, ...]
+    reason: str
+
+
+def gemm_of(problem: ConvProblem) -> str | None:
+    """Which of the kernel's GEMMs serves `problem`: "FWD" (a normal forward, a transposed data
+    gradient), "DGRAD" (a normal data gradient, a transposed forward), or None (weight, bias)."""
+    if problem.op is Op.FWD:
+        return "DGRAD" if problem.transposed else "FWD"
+    if problem.op is Op.BWD_DATA:
+        return "FWD" if problem.transposed else "DGRAD"
+    return None
+
+
+def _peaks(target: Target) -> Peaks:
+    return (target.gpu or GPU_ARCHS[target.isa]).peaks or GPU_ARCHS["sm_80"].peaks
+
+
+def _units_peak(problem: ConvProblem, target: Target, peaks: Peaks) -> float:
+    if on_fma(problem, target):
+        return peaks.f64 if problem.dtype.itemsize == 8 else peaks.f32
+    if on_f64_matrix(problem, target):
+        return peaks.matrix64
+    if problem.dtype.itemsize == 4:
+        return peaks.tf32 if problem.tf32 else peaks.matrix32
+    return peaks.matrix16
+
+
+def _loads(normal, tile, gemm: str) -> tuple[int, int]:
+    """(A elements, B elements) one image's GEMM loads into shared memory: A once per column block,
+    B once per row block (one image's rows, at least one block)."""
+    g = max(normal.groups, 1)
+    cg, kg = normal.channels // g, normal.filters // g
+    taps = math.prod(normal.kernel)
+    if gemm == "FWD":
+        rows, reduction_rows = math.prod(normal.out_size), cg * taps
+        a = rows * reduction_rows * -(-kg // tile.n) * g
+        b = kg * reduction_rows * -(-rows // tile.m) * g
+        return a, b
+    a = b = 0
+    for phase in normal.phases():
+        positions = math.prod(axis.count for axis in phase.axes)
+        reduction = kg * math.prod(axis.taps for axis in phase.axes)
+        a += positions * reduction * -(-cg // tile.n) * g
+        b += cg * reduction * -(-positions // tile.m) * g
+    return a, b
+
+
+def _issue(elements: int, vector: bool, per_copy: int) -> float:
+    """Instructions (per lane) of loading `elements` elements."""
+    return elements * (COPY_INSTRUCTIONS / per_copy if vector else GATHER_INSTRUCTIONS)
+
+
+def staging(problem: ConvProblem, target: Target) -> Staging:
+    """Which operands of `problem`'s implicit GEMM on GPU `target` to stage channels-last (see the module)."""
+
+    gemm = gemm_of(problem)
+    if gemm is None:
+        return Staging((), "weight and bias gradients read their operands in the caller's layouts (NCHW grad_output "
+                           "is already 16-byte copies along pixels): no conversion")
+    normal = Normal.of(problem)
+    x_layout, w_layout, y_layout = normal.layouts
+    g = max(normal.groups, 1)
+    vector = vector_of(problem.dtype.itemsize)
+    a_kind, a_layout, a_channels = (("X", x_layout, normal.channels) if gemm == "FWD"
+                                    else ("Y", y_layout, normal.filters))
+    if gemm == "FWD" and a_layout is Layout.CHANNELS_LAST and w_layout is Layout.CHANNELS_LAST:
+        return Staging((), "input and weight already channels-last, as the forward GEMM copies them 16 bytes at a "
+                           "time: no conversion")
+    if a_channels % vector or (a_channels // g) % vector:
+        return Staging((), f"{a_kind} has {a_channels} channels ({a_channels // g} a group): not whole 16-byte copies "
+                           f"of {vector} elements, so channels-last would not give vector loads; no conversion")
+    # the data gradient's weight is gathered in either caller layout (its reduction runs over filters):
+    # its copy has filters innermost whatever the caller's layout
+    kinds = tuple(k for k, lay in ((a_kind, a_layout), ("W", w_layout))
+                  if lay is not Layout.CHANNELS_LAST or (k == "W" and gemm == "DGRAD"))
+
+    fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
+    peaks = _peaks(target)
+    issue_rate = peaks.f32 * 1e12 / 2   # lane-instructions per second: one FMA (2 flops) per lane and cycle
+    bandwidth = peaks.memory * 1e12
+    flops = problem.flops / max(problem.n, 1)
+    compulsory = problem.bytes_moved / max(problem.n, 1)
+    multiply = flops / (_units_peak(problem, target, peaks) * 1e12)
+    memory = compulsory / bandwidth
+
+    def kernel_time(staged: tuple[str, ...]) -> tuple[float, float]:
+        tiles = choose_tiles(normal, *kernel_strides(normal, staged), target, problem.dtype.itemsize, fma, f64_matrix,
+                             dgrad_b="W" in staged)
+        tile = tiles.fwd if gemm == "FWD" else tiles.dgrad
+        a, b = _loads(normal, tile, gemm)
+        issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
+        return max(multiply, memory, issue), issue
+
+    # elements converted for a batch of REFERENCE_BATCH images
+    image = {"X": REFERENCE_BATCH * normal.channels * math.prod(normal.in_size),
+             "Y": REFERENCE_BATCH * normal.filters * math.prod(normal.out_size),
+             "W": normal.filters * (normal.channels // g) * math.prod(normal.kernel)}
+    us = lambda seconds: f"{seconds * 1e6:.3g} us"
+
+    def total(staged: tuple[str, ...]) -> tuple[float, str]:
+        """The conversions and the GEMM on them, and the figures in words."""
+        gemm_time, issue = kernel_time(staged)
+        if not staged:
+            return gemm_time, (f"{gemm.lower()} GEMM in the caller's layouts {us(gemm_time)} (operand loads "
+                               f"{us(issue)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element gathered, "
+                               f"~{COPY_INSTRUCTIONS} a 16-byte copy)")
+        converted = sum(image[k] for k in staged) * problem.dtype.itemsize
+        conversion = (2 * converted / bandwidth + len(staged) * LAUNCH_SECONDS) / REFERENCE_BATCH
+        return conversion + gemm_time, (f"{'+'.join(staged)} staged {us(conversion + gemm_time)} (conversion "
+                                        f"{us(conversion)}: 2 x {converted} B at {peaks.memory:g} TB/s and "
+                                        f"{len(staged)} launch{'es' if len(staged) > 1 else ''}, over "
+                                        f"{REFERENCE_BATCH} images; GEMM {us(gemm_time)}, loads {us(issue)})")
+
+    # every subset of what could be staged (an activation alone, the weight alone, both)
+    options = sorted(((total(subset), subset) for r in range(len(kinds) + 1)
+                      for subset in itertools.combinations(kinds, r)), key=lambda option: option[0][0])
+    chosen = options[0][1]
+    # (the old module path below is part of every staged file's header text, which must not change)
+    numbers = (f"an image's share of a batch of {REFERENCE_BATCH}: "
+               + "; ".join(words for (_, words), _ in options)
+               + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu_staging.py)")
+    if chosen:
+        copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last"
+                  for k in chosen]
+        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (a transpose kernel each, before the "
+                               f"GEMM) so that they move by 16-byte copies, the fastest option: {numbers}")
+    return Staging((), f"no conversion: it would not pay for itself: {numbers}")

@@ -1,0 +1,337 @@
+"""torch CUDA/ROCm tensors served by the kernels of their device's arch (runtime/devices/cuda.py).
+
+Without a GPU (this machine) the tests prove what can be proven here: the arch -> target
+mapping with faked device facts, the errors (meta and fake CUDA tensors), the fake kernels on
+CUDA fake tensors, the launch path of GpuKernel against a stand-in library (pointers by role, the
+batch, torch's current stream, the out-of-memory retry), that the CPU path's remembered calls
+never reach device code, and that nvcc/hipcc build loadable libraries that export the plan entry.
+The tests in the last section need a CUDA device and skip, saying so, where torch has none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import convgen
+from convgen.building import gpu_library
+from convgen.codegen.emit import emit
+from convgen.codegen.errors import ConvgenError, ConvSpecError
+from convgen.codegen.pipeline import lower
+from convgen.codegen.source import KernelSource
+from convgen.codegen.target import parse_target
+from convgen.devices import cuda as cuda_device
+from convgen.dispatch.problem import base_problem
+
+from support.reference import assert_close
+
+
+# ------------------------------------------------------------------------ arch -> target
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Fakes torch's view of cuda:0; call it with capability=(9, 0) or gcn='gfx90a:sramecc+:xnack-'."""
+    def fake(capability=None, gcn=None):
+        cuda_device.forget_targets()
+        monkeypatch.setattr(torch.version, "hip", "6.2.0" if gcn else None)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda index=None: types.SimpleNamespace(gcnArchName=gcn))
+    yield fake
+    cuda_device.forget_targets()
+
+
+@pytest.mark.parametrize("capability, target", [((8, 0), "cuda-sm_80"), ((8, 6), "cuda-sm_86"),
+                                                ((8, 9), "cuda-sm_89"), ((9, 0), "cuda-sm_90")])
+def test_an_nvidia_device_is_served_by_its_compute_capability(fake_device, capability, target):
+    fake_device(capability=capability)
+    assert cuda_device.target_of(torch.device("cuda", 0)).name() == target
+    assert cuda_device.target_of(torch.device("cuda")).name() == target   # no index: the current device
+
+
+@pytest.mark.parametrize("gcn, target", [("gfx90a:sramecc+:xnack-", "hip-gfx90a"), ("gfx940", "hip-gfx940")])
+def test_a_rocm_device_is_served_by_its_gcn_arch_name(fake_device, gcn, target):
+    fake_device(gcn=gcn)
+    assert cuda_device.target_of(torch.device("cuda", 0)).name() == target
+
+
+@pytest.mark.parametrize("fact, words", [
+    (dict(capability=(7, 0)), ["cuda:0", "sm_70", "sm_80+", "cuda-sm_80"]),
+    (dict(capability=(12, 0)), ["cuda:0", "sm_120", "no target", "cuda-sm_90"]),
+    (dict(gcn="gfx1100"), ["cuda:0", "gfx1100", "RDNA3", "hip-gfx90a"]),
+])
+def test_a_device_whose_arch_has_no_target_is_a_clear_error(fake_device, fact, words):
+    fake_device(**fact)
+    with pytest.raises(ConvgenError) as info:
+        cuda_device.target_of(torch.device("cuda", 0))
+    for word in words:
+        assert word in str(info.value)
+
+
+# ------------------------------------------------------------------------ errors and fake kernels
+
+
+def test_tensors_on_different_devices_are_refused_naming_both():
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    with pytest.raises(ConvSpecError, match="input is on meta and weight is on cpu"):
+        convgen.conv2d(x.to("meta"), w)
+    with pytest.raises(ConvSpecError, match="input is on device meta: convgen runs its kernels on the CPU and on CUDA"):
+        convgen.conv2d(x.to("meta"), w.to("meta"))
+
+
+def test_a_cpu_weight_with_a_cuda_input_is_refused_like_torch():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 8, 8, device="cuda")
+        w = torch.empty(8, 3, 3, 3)
+        with pytest.raises(ConvSpecError, match="Expected all tensors to be on the same device, but input is on "
+                                                "cuda:0 and weight is on cpu"):
+            convgen.conv2d(x, w)
+        with pytest.raises(ConvSpecError, match="bias is on cpu"):
+            convgen.conv2d(x, torch.empty(8, 3, 3, 3, device="cuda"), torch.empty(8))
+
+
+def test_the_fake_kernels_give_cuda_results_on_cuda_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w = torch.empty(2, 3, 8, 8, device="cuda"), torch.empty(8, 3, 3, 3, device="cuda")
+        y = torch.ops.convgen.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        assert (y.shape, y.device.type) == ((2, 8, 8, 8), "cuda")
+        grads = torch.ops.convgen.convolution_backward(y, x, w, [8], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                       [True, True, True])
+        assert [tuple(g.shape) for g in grads] == [(2, 3, 8, 8), (8, 3, 3, 3), (8,)]
+        assert {g.device.type for g in grads} == {"cuda"}
+
+
+# ------------------------------------------------------------------------ the launch path, stood in for
+
+
+_STAND_IN = r"""
+#include <stdint.h>
+static void* seen[5]; static long long seen_batch; static void* seen_stream; static int calls, fail;
+int entry(void* gy, void* x, void* gw, void* gb, long long batch, void* stream) {
+    seen[0] = gy; seen[1] = x; seen[2] = gw; seen[3] = gb; seen_batch = batch; seen_stream = stream;
+    ++calls; return fail-- > 0 ? 2 : 0;
+}
+void* seen_pointer(int i) { return seen[i]; }
+long long seen_n(void) { return seen_batch; }
+void* seen_s(void) { return seen_stream; }
+int calls_made(void) { return calls; }
+void fail_next(int n) { fail = n; }
+/* the plan entry's allocator hook (codegen/emit_gpu.py): what the runtime sets, called as the entry would */
+static void* (*alloc_fn)(unsigned long long, void*); static void (*release_fn)(void*, void*);
+void entry_set_allocator(void* alloc, void* release) {
+    alloc_fn = (void* (*)(unsigned long long, void*))alloc; release_fn = (void (*)(void*, void*))release;
+}
+void* try_alloc(unsigned long long bytes, void* stream) { return alloc_fn ? alloc_fn(bytes, stream) : (void*)1; }
+void try_release(void* p, void* stream) { if (release_fn) release_fn(p, stream); }
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """A GpuKernel over a CPU library with the plan entry's parameters that records its call;
+    torch's current device and stream faked (cuda:0, stream 0x5000)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the stand-in library")
+    src, lib = tmp_path / "stand_in.c", tmp_path / "stand_in.so"
+    src.write_text(_STAND_IN)
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    signature = (("ptr", "grad_output"), ("ptr", "input"), ("ptr", "grad_weight"), ("ptr", "grad_bias"),
+                 ("i64", "n"), ("stream", "stream"))
+    source = KernelSource(name="stand_in", text="", entry="entry", signature=signature,
+                          target=parse_target("cuda-sm_90"), language="cuda")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda_device, "_raw_stream", lambda index: 0x5000 + index)
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    kernel = cuda_device.GpuKernel(source, lib)
+    recorder = ctypes.CDLL(str(lib))
+    for name in ("seen_pointer", "seen_s", "try_alloc"):
+        getattr(recorder, name).restype = ctypes.c_void_p
+    recorder.try_alloc.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p]
+    recorder.try_release.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    recorder.seen_n.restype = ctypes.c_longlong
+    return kernel, recorder, emptied
+
+
+class _OnDevice:
+    """A tensor's stand-in on cuda:0: its data pointer and device, nothing else."""
+
+    def __init__(self, address):
+        self.address, self.device = address, torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self.address
+
+
+def test_a_gpu_kernel_gets_its_pointers_by_role_the_batch_and_torchs_current_stream(stand_in):
+    kernel, recorder, _ = stand_in
+    roles = ("grad_output", "input", "grad_weight", "grad_bias")
+    run = kernel.bind(roles, ["grad_output", "input", "grad_weight"], 7, 1)
+    run(_OnDevice(0x1000), _OnDevice(0x2000), _OnDevice(0x3000), None)
+    assert [recorder.seen_pointer(i) for i in range(4)] == [0x1000, 0x2000, 0x3000, None]
+    assert (recorder.seen_n(), recorder.seen_s(), recorder.calls_made()) == (7, 0x5000, 1)
+
+
+def test_out_of_memory_for_the_workspace_empties_torchs_cache_and_retries_once(stand_in):
+    kernel, recorder, emptied = stand_in
+    run = kernel.bind(("grad_output", "input", "grad_weight", "grad_bias"),
+                      ["grad_output", "input", "grad_weight"], 2, 1)
+    recorder.fail_next(1)
+    run(_OnDevice(0x1000), _OnDevice(0x2000), _OnDevice(0x3000), None)
+    assert (recorder.calls_made(), len(emptied)) == (2, 1)
+    recorder.fail_next(2)
+    with pytest.raises(torch.OutOfMemoryError, match="stand_in on cuda:0: out of memory for its workspace"):
+        run(_OnDevice(0x1000), _OnDevice(0x2000), _OnDevice(0x3000), None)
+
+
+def test_the_plan_entrys_workspaces_come_from_torchs_caching_allocator(stand_in, monkeypatch):
+    """Loading a GPU kernel hands its plan entry torch's caching allocator (`<entry>_set_allocator`):
+    the entry's allocations reach torch.cuda.caching_allocator_alloc on the entry's stream, its
+    releases caching_allocator_delete; torch's out of memory is a null block (the entry's status 2)."""
+    _, recorder, _ = stand_in
+    calls = []
+
+    def alloc(size, device=None, stream=None):
+        calls.append(("alloc", size, stream))
+        if size > 1 << 40:
+            raise torch.OutOfMemoryError("too much")
+        return 0x7000
+
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", alloc)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda pointer: calls.append(("delete", pointer)))
+    assert recorder.try_alloc(4096, 0x5000) == 0x7000
+    recorder.try_release(0x7000, 0x5000)
+    assert recorder.try_alloc(1 << 41, 0x5000) is None
+    assert calls == [("alloc", 4096, 0x5000), ("delete", 0x7000), ("alloc", 1 << 41, 0x5000)]
+
+
+def test_the_cpu_paths_remembered_calls_never_reach_device_code(monkeypatch):
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    convgen.conv2d(x, w, padding=1)   # built and remembered
+    reached = []
+    monkeypatch.setattr(cuda_device, "target_of", lambda device: reached.append(device))
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_filename)
+    sys.setprofile(profile)
+    try:
+        convgen.conv2d(x, w, padding=1)
+    finally:
+        sys.setprofile(None)
+    assert reached == []
+    assert not [f for f in calls if any(part in f for part in ("devices/cuda", "devices/hip", "dispatch/"))], calls
+
+
+# ------------------------------------------------------------------------ vendor builds (no device needed)
+
+
+def _biased_3x3_problem():
+    """The forward of a 3x3 convolution of 8 channels to 16 (8x8, padding 1), with a bias."""
+    x, w = torch.randn(2, 8, 8, 8), torch.randn(16, 8, 3, 3)
+    return base_problem(x, w, torch.randn(16), 1, 1, 1, False, 0, 1)
+
+
+@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90", "hip-gfx90a"])
+def test_the_vendor_compiler_builds_a_loadable_library_that_exports_the_plan_entry(target):
+    t = parse_target(target)
+    if (convgen.knobs.nvcc() if t.kind.value == "cuda" else convgen.knobs.hipcc()) is None:
+        pytest.skip(f"no {'nvcc' if t.kind.value == 'cuda' else 'hipcc'} on this machine to build {target}")
+    source = emit(lower(_biased_3x3_problem(), t))
+    path = gpu_library.build_library(source)
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True).stdout
+    assert f" T {source.entry}\n" in symbols
+
+
+def test_fat_binary_flags_name_every_arch():
+    from convgen.codegen.target import TargetKind
+
+    assert gpu_library.arch_flags(TargetKind.CUDA, ["sm_80", "sm_90"]) == [
+        "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+    assert gpu_library.arch_flags(TargetKind.HIP, ["gfx90a", "gfx940"]) == ["--offload-arch=gfx90a",
+                                                                             "--offload-arch=gfx940"]
+
+
+# ------------------------------------------------------------------------ on a real CUDA device
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA (or ROCm) device: torch.cuda.is_available() is False here")
+
+MASKS = [(True, True, True), (True, False, False), (False, True, False), (False, False, True),
+         (True, True, False), (False, True, True)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_on_the_device_matches_aten_in_float64(dtype):
+    x = torch.randn(3, 8, 10, 10, device="cuda", dtype=dtype)
+    w = torch.randn(16, 8, 3, 3, device="cuda", dtype=dtype)
+    b = torch.randn(16, device="cuda", dtype=dtype)
+    y = convgen.conv2d(x, w, b, padding=1)
+    assert y.device == x.device
+    ref = torch.nn.functional.conv2d(x.cpu().double(), w.cpu().double(), b.cpu().double(), padding=1)
+    assert_close(y.cpu(), ref, dtype, "forward", terms=8 * 9)
+
+
+@needs_cuda
+@pytest.mark.parametrize("mask", MASKS)
+def test_backward_on_the_device_matches_aten_for_every_output_mask(mask):
+    x, w = torch.randn(2, 8, 9, 9, device="cuda"), torch.randn(4, 8, 3, 3, device="cuda")
+    gy = torch.randn(2, 4, 5, 5, device="cuda")
+    args = ([4], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, list(mask))
+    got = convgen.convolution_backward(gy, x, w, *args)
+    ref = torch.ops.aten.convolution_backward(gy.cpu().double(), x.cpu().double(), w.cpu().double(), *args)
+    for name, g, r in zip(("grad_input", "grad_weight", "grad_bias"), got, ref):
+        assert (g is None) == (r is None), name
+        if g is not None:
+            assert g.device == x.device
+            assert_close(g.cpu(), r, torch.float32, name, terms=2 * 25)
+
+
+@needs_cuda
+def test_autograd_convert_and_stats_on_the_device():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 3, stride=2, padding=1)).cuda()
+    ref_model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(8, 4, 3, stride=2, padding=1))
+    ref_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    ref_model = ref_model.double()
+    convgen.convert(model)
+    x = torch.randn(2, 3, 12, 12, device="cuda", requires_grad=True)
+    before = convgen.stats()["builds"]
+    y = model(x)
+    y.square().sum().backward()
+    x64 = x.detach().cpu().double().requires_grad_()
+    ref_model(x64).square().sum().backward()
+    assert_close(x.grad.cpu(), x64.grad, torch.float32, "grad_input", terms=8 * 9)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        assert_close(p.grad.cpu(), q.grad, torch.float32, name, terms=2 * 144)
+    assert convgen.stats()["builds"] > before or convgen.stats()["disk_hits"] > 0 or convgen.stats()["bundle_hits"]
+
+
+@needs_cuda
+def test_kernels_run_on_torchs_current_stream_without_synchronising():
+    x, w = torch.randn(4, 8, 16, 16, device="cuda"), torch.randn(8, 8, 3, 3, device="cuda")
+    convgen.conv2d(x, w, padding=1)   # built
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = convgen.conv2d(x, w, padding=1)
+    torch.cuda.current_stream().wait_stream(side)
+    side.synchronize()
+    ref = torch.nn.functional.conv2d(x.cpu().double(), w.cpu().double(), padding=1)
+    assert_close(y.cpu(), ref, torch.float32, "forward on a side stream", terms=8 * 9)

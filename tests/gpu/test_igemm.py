@@ -1,0 +1,471 @@
+"""The implicit-GEMM GPU kernel (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2) on the matrix
+instructions of templates/gpu/cuda.h and hip.h.
+
+- The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64 for the
+  forward, data, weight and bias gradients, bf16 and f16, with the tolerances of tests/support/reference.py.
+- The weight gradient's split-K sum is bitwise the same under forward, reversed and shuffled orders.
+- Every rendered variant builds with nvcc for sm_80 and sm_90 with spills as errors and with hipcc
+  for gfx90a and gfx940, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions.
+(The wrappers themselves and their emulation are tested in sim/test_mma.py.)
+
+Entry prefixes name the vendor and the case, so that failures say which library ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convgen.devices import sim
+from convgen.building import sim_build
+from convgen.codegen.errors import ConvSpecError
+from convgen.codegen.gpu.igemm import igemm_context, render_igemm
+from convgen.codegen.gpu.normal import axis_phases
+from convgen.codegen.ir import DType, Layout
+from convgen.codegen.target import parse_target
+
+from support.problems import case_problem
+from support.reference import assert_close, generator_for, in_layout, randn, reduction_terms
+from support.toolchain import cuda_tool, run_sanitized
+
+HAVE_FP16 = sim_build.fp16_include_dir() is not None
+
+# (name, input N,C,*spatial, K, kernel, stride, padding (low, high) per axis, dilation, groups)
+CASES = [
+    ("c1", (1, 3, 4, 4), 3, (3, 3), (2, 2), ((2, 2), (2, 2)), (1, 1), 1),              # CASES 1: padding as large as allowed
+    ("c2", (2, 4, 8, 8), 2, (3, 3), (3, 2), ((2, 2), (1, 1)), (4, 4), 2),              # CASES 2: mixed stride, dilation 4, groups
+    ("c5", (1, 4, 5, 5), 1, (2, 3), (1, 1), ((1, 2), (3, 3)), (3, 3), 1),              # CASES 5: 'same', asymmetric padding
+    ("c8", (2, 4, 6, 5), 6, (3, 2), (1, 1), ((0, 0), (0, 0)), (1, 1), 2),              # CASES 8: grouped, non-square
+    ("c13", (2, 2, 4, 20), 2, (3, 5), (1, 10), ((0, 0), (0, 0)), (1, 1), 2),           # CASES 13: stride larger than the kernel
+    ("c19", (4, 8, 50), 16, (5,), (2,), ((2, 2),), (2,), 1),                           # CASES 19: 1-D
+    ("c20", (3, 9, 3, 1, 9), 3, (3, 1, 9), (2, 2, 2), ((0, 0),) * 3, (1, 1, 1), 3),    # CASES 20: 3-D, groups
+    ("ragged", (2, 3, 9, 7), 5, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),          # C=3, K=5: nothing a multiple of 8
+    ("tiles", (2, 20, 6, 6), 70, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),         # several block tiles along M and N
+    # data-gradient stride phases (the CK bug: stride > dilation left slices of dx zero)
+    ("s3d1", (1, 4, 10, 11), 4, (2, 2), (3, 3), ((0, 0), (0, 0)), (1, 1), 1),          # kernel smaller than stride: taps-free residues
+    ("s2d2", (2, 3, 9, 9), 5, (3, 3), (2, 2), ((2, 2), (2, 2)), (2, 2), 1),            # gcd 2: half the residues have no taps
+    ("s3d2", (1, 5, 11, 10), 3, (3, 3), (3, 3), ((1, 1), (2, 2)), (2, 2), 1),          # gcd 1: three phases, steps of 3 taps
+    ("s3d1_1d", (2, 5, 31), 3, (2,), (3,), ((1, 1),), (1,), 1),                        # 1-D, kernel smaller than stride
+    ("s_3d", (1, 3, 5, 6, 7), 4, (2, 2, 3), (2, 3, 2), ((0, 0), (1, 1), (1, 1)), (1, 2, 2), 1),  # 3-D phases, mixed
+    ("split", (2, 3, 1024), 5, (3,), (1,), ((1, 1),), (1,), 1),                        # weight gradient split several ways
+    ("empty", (0, 6, 7, 8), 12, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 3),          # CASES 15: empty batch
+    # 16-byte copies (codegen/gpu_tiles.py), reductions longer than the pipeline's stages:
+    ("vec_cl", (2, 16, 6, 6), 24, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),        # fwd A, B and dgrad A by vectors, tap-major
+    ("vec_nchw", (2, 8, 8, 8), 16, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1),       # fwd B (C*taps % 8 == 0), wgrad A (16 pixels)
+    ("vec_groups", (2, 32, 5, 5), 16, (3, 3), (1, 1), ((1, 1), (2, 0)), (1, 1), 2),    # grouped, asymmetric padding, tap-major
+    ("vec_xcl", (1, 16, 7, 7), 8, (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 2), 1),        # input channels-last only: B gathered
+    # staged channels-last (nchw_staged): 3-D with stride and dilation, a 1x1 whose tiles span images
+    ("vec_3d", (2, 8, 3, 5, 4), 16, (3, 2, 3), (1, 2, 1), ((1, 1), (0, 0), (1, 1)), (1, 1, 2), 1),
+    ("vec_1x1", (3, 16, 5, 7), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+]
+BY_NAME = {c[0]: c for c in CASES}
+DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
+F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
+# layouts (support/problems.py's GPU_LAYOUTS): "nchw" all contiguous, "cl" all channels-last, "x_cl" the
+# input only ("nchw_staged": NCHW tensors with every GEMM's operand that can be staged channels-last
+# staged -- the forward's input and weight and the data gradient's grad_output, codegen/gpu_staging.py --
+# where the layout pass would stage only the ones its problem's own GEMM reads, when they pay)
+CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
+                       "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl"}
+F16_CASES |= {"vec_nchw"}
+NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
+STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16"}
+PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES
+           if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT | {"vec_3d", "vec_1x1"}]
+          + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()]
+          + [(name, d, "nchw_staged") for name, d in STAGED_CASES.items()])
+ORDERS = ("forward", "reverse", "shuffle")
+
+
+def _random_cases(count: int, seed: int) -> list[tuple]:
+    """Small valid problems drawn over every axis (rank, groups, ragged channels, kernel, stride,
+    dilation, asymmetric padding), the same on every run."""
+    rng, cases = random.Random(seed), []
+    while len(cases) < count:
+        rank, groups = rng.randint(1, 3), rng.randint(1, 3)
+        kernel = tuple(rng.randint(1, 4) for _ in range(rank))
+        stride = tuple(rng.randint(1, 3) for _ in range(rank))
+        dilation = tuple(rng.randint(1, 3) for _ in range(rank))
+        padding = tuple((rng.randint(0, 2), rng.randint(0, 2)) for _ in range(rank))
+        size = tuple(rng.randint(1, 9 if rank < 3 else 5) for _ in range(rank))
+        shape = (rng.randint(1, 3), groups * rng.randint(1, 6), *size)
+        case = (f"rand{len(cases)}", shape, groups * rng.randint(1, 7), kernel, stride, padding, dilation, groups)
+        try:
+            case_problem(case, DType.BF16)
+        except ConvSpecError:
+            continue   # the kernel does not fit the padded input: draw again
+        cases.append(case)
+    return cases
+
+
+RANDOM_CASES = _random_cases(8, seed=17)
+BY_NAME.update((c[0], c) for c in RANDOM_CASES)
+PARAMS += [(c[0], "bf16" if i % 2 else "f16", "cl" if i % 3 == 0 and len(c[1]) > 3 else "nchw")
+           for i, c in enumerate(RANDOM_CASES)]
+
+
+def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
+    return f"{vendor}_{name}_{dtype}_{layout}"
+
+
+def _staged(layout: str) -> tuple[str, ...] | None:
+    """The operands a layout key stages: all three for nchw_staged, else the layout pass's rule (None)."""
+    return ("X", "W", "Y") if layout == "nchw_staged" else None
+
+
+def _source(vendor: str, arch: str | None = None) -> str:
+    target = parse_target(f"{vendor}-{arch}" if arch else vendor)
+    return "".join(render_igemm(case_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay),
+                                staged=_staged(lay))
+                   for n, d, lay in PARAMS)
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    if not HAVE_FP16:
+        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+    d = tmp_path_factory.mktemp("gpu_igemm")
+    return {vendor: sim.build(_source(vendor), d, "igemm", vendor) for vendor in sim_build.WARP}
+
+
+# ----------------------------------------------------------------------- the kernel's decisions
+
+
+def test_stride_phases_cover_every_input_position_once_with_the_right_taps():
+    for size, out, kernel, stride, pad, dilation in [(10, 3, 2, 3, 0, 1), (9, 5, 3, 2, 2, 2), (11, 3, 3, 3, 1, 2),
+                                                     (31, 11, 2, 3, 1, 1), (7, 4, 3, 2, 1, 1)]:
+        phases = axis_phases(size, out, kernel, stride, pad, dilation)
+        covered = sorted(p.first + stride * t for p in phases for t in range(p.count))
+        assert covered == list(range(size))
+        for p in phases:
+            for t in range(p.count):
+                i = p.first + stride * t
+                expected = [r for r in range(kernel) if (i + pad - r * dilation) % stride == 0]
+                got = [p.tap0 + j * p.tap_step for j in range(p.taps)]
+                assert got == expected
+                for j, r in enumerate(got):
+                    assert p.base + t - j * p.out_step == (i + pad - r * dilation) // stride
+
+
+def test_what_the_kernel_does_not_take_is_refused_by_name():
+    base = case_problem(BY_NAME["ragged"], DType.BF16)
+    cuda = parse_target("cuda-sm_80")
+    with pytest.raises(ConvSpecError, match="tf32 on hip-gfx90a"):   # f32 as tf32 is CUDA's path (f32 alone runs on FMAs)
+        igemm_context(dataclasses.replace(base, dtype=DType.F32, tf32=True), parse_target("hip-gfx90a"), "p")
+    for change, word in [({"groups": 65537, "c": 65537, "k": 65537}, "groups=65537"),
+                         ({"in_size": (1 << 15, 1 << 15)}, "an input image has 3221225472 elements")]:
+        with pytest.raises(ConvSpecError, match=word):
+            igemm_context(dataclasses.replace(base, **change), cuda, "p")
+    with pytest.raises(ConvSpecError, match="cuda or hip"):
+        igemm_context(base, parse_target("cpu"), "p")
+    with pytest.raises(ConvSpecError, match="prefix"):
+        igemm_context(base, cuda, "not an identifier")
+    with pytest.raises(ConvSpecError, match="threads=256"):
+        igemm_context(base, cuda, "p", threads=256)
+    with pytest.raises(ConvSpecError, match="entries"):
+        igemm_context(base, cuda, "p", entries=("bwd_everything",))
+
+
+# ----------------------------------------------------------------------- against ATen
+
+
+def _reference(case, x, w, b, dy):
+    """ATen's results in float64, padding applied explicitly so asymmetric pairs work too."""
+    _, _, _, _, stride, padding, dilation, groups = case
+    pads = [p for pair in reversed(padding) for p in pair]
+    x64 = F.pad(x.double(), pads)
+    zeros = [0] * len(stride)
+    y = torch.ops.aten.convolution(x64, w.double(), b.double(), list(stride), zeros, list(dilation), False, zeros, groups)
+    dxp, dw, db = torch.ops.aten.convolution_backward(dy.double(), x64, w.double(), [b.numel()], list(stride), zeros,
+                                                      list(dilation), False, zeros, groups, [True, True, True])
+    slices = [slice(None), slice(None)] + [slice(lo, dxp.shape[2 + i] - hi) for i, (lo, hi) in enumerate(padding)]
+    return y, dxp[tuple(slices)], dw, db
+
+
+def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=None):
+    """Every pass of `prefix`'s kernels on poisoned outputs: y, dx, dw, db (alone), then dw and db
+    fused (bwd_weight_bias: the weight gradient's two launches, no third); `keep` (a dict) receives
+    the workspaces ("workspace", "fused workspace")."""
+    p, n = sim.pointer, ctypes.c_longlong(problem.n)
+    x, w, dy = in_layout(x, problem.input_layout), in_layout(w, problem.weight_layout), in_layout(dy, problem.output_layout)
+    y, dx, dw, db = (in_layout(torch.full(s, float("nan"), dtype=torch_dtype), layout) for s, layout in
+                     ((problem.output_shape, problem.output_layout), (problem.input_shape, problem.input_layout),
+                      (problem.weight_shape, problem.weight_layout), ((problem.k,), Layout.CONTIGUOUS)))
+    dw_fused, db_fused = torch.full_like(dw, float("nan")), torch.full_like(db, float("nan"))
+
+    def workspace(entry):   # poisoned: every partial is written
+        lib.lib[f"{prefix}_{entry}_workspace_bytes"].restype = ctypes.c_ulonglong
+        return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // 4,), float("nan"), dtype=torch.float32)
+
+    plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
+    # the entries that stage operands channels-last take a workspace too (poisoned: what the GEMM
+    # reads there is what the conversion wrote)
+    staged = {entry: (workspace(entry),) if hasattr(lib.lib, f"{prefix}_{entry}_workspace_bytes") else ()
+              for entry in ("fwd", "bwd_data")}   # the tensors, alive through the calls
+    lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), *map(p, staged["fwd"]), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), *map(p, staged["bwd_data"]), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), p(plain), n, None, order=order, seed=seed)
+    lib.call(f"{prefix}_bwd_bias", p(dy), p(db), n, None, order=order, seed=seed)
+    launches = lib.launches()
+    lib.call(f"{prefix}_bwd_weight_bias", p(dy), p(x), p(dw_fused), p(db_fused), p(fused), n, None, order=order,
+             seed=seed)
+    assert lib.launches() - launches == 2   # partials and their ordered sum, the bias gradient inside them
+    assert fused.numel() == plain.numel() + plain.numel() // dw.numel() * problem.k
+    if keep is not None:
+        keep["workspace"], keep["fused workspace"] = plain, fused
+    return y, dx, dw, db, dw_fused, db_fused
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+@pytest.mark.parametrize("name,dtype,layout", PARAMS)
+def test_every_pass_matches_aten(libs, vendor, name, dtype, layout):
+    check_every_pass(libs[vendor], _prefix(vendor, name, dtype, layout), BY_NAME[name], DTYPES[dtype], layout,
+                     ORDERS[(len(name) + (vendor == "hip")) % 3], f"igemm-{vendor}-{name}-{dtype}-{layout}")
+
+
+def check_every_pass(lib, prefix: str, case, dtypes, layout: str, order: str, seed_name: str) -> None:
+    """`prefix`'s kernels of `case` ((DType, torch dtype) `dtypes`, `layout`) against ATen in float64:
+    every pass and the fused bias gradient, in `order`, on data drawn for `seed_name`."""
+    problem = case_problem(case, dtypes[0], layout)
+    torch_dtype = dtypes[1]
+    g = generator_for(seed_name)
+    x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
+    b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
+    out = _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=len(case[0]))
+    terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
+    names = ("forward", "grad_input", "grad_weight", "grad_bias", "grad_weight (fused)", "grad_bias (fused)")
+    reference = _reference(case, x, w, b, dy)
+    for what, got, ref in zip(names, out, reference + reference[2:]):
+        assert_close(got, ref, torch_dtype, f"{prefix} {what} ({order})", terms[what.split(" ")[0]])
+    assert torch.equal(out[4], out[2])   # fusing the bias changes no weight's sum
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
+    problem = case_problem(BY_NAME["split"], DType.BF16)
+    assert igemm_context(problem, parse_target(vendor), "p").split > 1
+    g = generator_for(f"igemm-determinism-{vendor}")
+    x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
+    w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
+    kept = [{} for _ in range(4)]
+    results = [_run(libs[vendor], _prefix(vendor, "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, order, seed,
+                    keep) for (order, seed), keep in zip((("forward", 0), ("reverse", 0), ("shuffle", 1), ("shuffle", 2)), kept)]
+    for other, keep in zip(results[1:], kept[1:]):
+        for i in (2, 4, 5):   # grad_weight, and fused with grad_bias
+            assert torch.equal(results[0][i].view(torch.int16), other[i].view(torch.int16))
+        for space in ("workspace", "fused workspace"):
+            assert torch.equal(kept[0][space].view(torch.int32), keep[space].view(torch.int32)), space
+
+
+def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_order(libs):
+    """The workspace holds full f32 partials (not rounded to bf16) and grad_weight is their sum in
+    split order, in f32, rounded to bf16 once."""
+    problem = case_problem(BY_NAME["split"], DType.BF16)
+    split = igemm_context(problem, parse_target("cuda"), "p").split
+    g = generator_for("igemm-split-rounding")
+    x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
+    w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
+    keep = {}
+    out = _run(libs["cuda"], _prefix("cuda", "split", "bf16"), problem, torch.bfloat16, x, w, b, dy, "shuffle", 5, keep)
+    dw = out[2]
+    partials = keep["workspace"].view(split, *problem.weight_shape)
+    assert torch.isfinite(partials).all()
+    assert not torch.equal(partials, partials.bfloat16().float())   # f32 precision, not bf16
+    total = torch.zeros(problem.weight_shape, dtype=torch.float32)
+    for s in range(split):
+        total += partials[s]
+    assert torch.equal(dw.view(torch.int16), total.bfloat16().view(torch.int16))
+    # fused: the bias partials (f32) follow the weight's; grad_bias is their in-order sum, rounded once
+    bias_partials = keep["fused workspace"][partials.numel():].view(split, problem.k)
+    assert torch.isfinite(bias_partials).all()
+    assert not torch.equal(bias_partials, bias_partials.bfloat16().float())
+    bias = torch.zeros(problem.k, dtype=torch.float32)
+    for s in range(split):
+        bias += bias_partials[s]
+    assert torch.equal(out[5].view(torch.int16), bias.bfloat16().view(torch.int16))
+
+
+def test_the_vector_cases_take_the_16_byte_copies():
+    """The vec_* cases exercise what they are for: operands by 16-byte copies, more reduction steps
+    than pipeline stages (so the ring of stages wraps), tap-major reductions for channels-last."""
+    for vendor in sim_build.WARP:
+        target = parse_target(vendor)
+        tiles = {name: dict(igemm_context(case_problem(BY_NAME[name], DType.BF16, layout), target, "p", staged=()).tiles)
+                 for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
+        # staged (codegen/gpu_staging.py): the forward and data gradient copy 16 bytes, tap-major, from
+        # the NCHW tensors' channels-last copies and (data gradient) the weight's filters-innermost one;
+        # the weight gradient keeps grad_output's pixels
+        staged = dict(igemm_context(case_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)
+        assert staged["FWD"].vector_a and staged["FWD"].vector_b and staged["FWD"].tap_major
+        assert staged["DGRAD"].vector_a and staged["DGRAD"].vector_b and staged["DGRAD"].tap_major
+        assert staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"] and not tiles["vec_cl"]["DGRAD"].vector_b
+        assert tiles["vec_cl"]["FWD"].vector_a and tiles["vec_cl"]["FWD"].vector_b and tiles["vec_cl"]["FWD"].tap_major
+        assert tiles["vec_cl"]["DGRAD"].vector_a and tiles["vec_cl"]["DGRAD"].tap_major
+        assert tiles["vec_nchw"]["FWD"].vector_b and not tiles["vec_nchw"]["FWD"].vector_a
+        assert tiles["vec_nchw"]["WGRAD"].vector_a
+        assert tiles["vec_groups"]["FWD"].vector_a and tiles["vec_groups"]["DGRAD"].vector_a
+        assert tiles["vec_xcl"]["FWD"].vector_a and not tiles["vec_xcl"]["FWD"].vector_b
+        cuda = vendor == "cuda"
+        assert tiles["vec_cl"]["FWD"].stages == (5 if cuda else 2)   # 16 x 9 = 144: five steps of 32, five stages
+        assert tiles["vec_cl"]["DGRAD"].stages == (6 if cuda else 2)   # 24 x 9 = 216: seven steps, the ring wraps
+
+
+@pytest.mark.parametrize("vendor", list(sim_build.WARP))
+def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor):
+    """Tensors whose data starts 2 bytes past a 16-byte boundary: the launch sees it and gathers
+    element by element (a 16-byte copy there would fault on a device); results still match ATen."""
+    name, layout = "vec_nchw", "nchw"
+    case = BY_NAME[name]
+    problem = case_problem(case, DType.BF16, layout)
+    g = generator_for(f"igemm-misaligned-{vendor}")
+
+    def shifted(shape):   # a tensor whose storage begins one bf16 element past an aligned one
+        flat = randn((1 + torch.Size(shape).numel(),), torch.bfloat16, g)
+        return flat[1:].view(shape)
+
+    x, w, dy = shifted(problem.input_shape), shifted(problem.weight_shape), shifted(problem.output_shape)
+    b = randn((problem.k,), torch.bfloat16, g)
+    assert x.data_ptr() % 16 and w.data_ptr() % 16 and dy.data_ptr() % 16
+    out = _run(libs[vendor], _prefix(vendor, name, "bf16", layout), problem, torch.bfloat16, x, w, b, dy, "shuffle", 3)
+    terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
+    for what, got, ref in zip(("forward", "grad_input", "grad_weight", "grad_bias"), out, _reference(case, x, w, b, dy)):
+        assert_close(got, ref, torch.bfloat16, f"{vendor} misaligned {what}", terms[what])
+
+
+def test_the_batch_size_is_a_run_time_argument(libs):
+    case = BY_NAME["c2"]
+    problem = case_problem(case, DType.BF16)
+    g = generator_for("igemm-batch")
+    x = randn((1, *problem.input_shape[1:]), torch.bfloat16, g)
+    w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
+    y = torch.full((1, *problem.output_shape[1:]), float("nan"), dtype=torch.bfloat16)
+    p = sim.pointer
+    libs["cuda"].call("cuda_c2_bf16_nchw_fwd", p(x), p(w), p(b), p(y), ctypes.c_longlong(1), None)
+    assert_close(y, _reference(case, x, w, b, torch.zeros_like(y))[0], torch.bfloat16, "batch 1 forward", 36)
+
+
+# ----------------------------------------------------------------------- the vendors' compilers
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_path, arch):
+    src = tmp_path / f"igemm_{arch}.cu"
+    src.write_text(_source("cuda", arch))
+    cubin = tmp_path / "igemm.cubin"
+    done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v,-warn-spills,-Werror",
+                           "-I", str(sim_build.gpu_templates_dir()), str(src), "-o", str(cubin)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = done.stdout + done.stderr
+    assert re.findall(r"(\d+) bytes spill stores", report) and set(re.findall(r"(\d+) bytes spill stores", report)) == {"0"}
+    nvdisasm = cuda_tool("nvdisasm")
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not found (CUDA toolkit or `pip install nvidia-cuda-nvdisasm`): machine code not checked")
+    sass = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
+    # every matrix kernel (fwd, bwd_data, bwd_weight_partial) of every variant uses the tensor cores
+    functions = re.split(r"\n\s*\.text\.", sass)
+    gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E", f)]
+    assert len(gemm_kernels) == 3 * len(PARAMS)
+    for body in gemm_kernels:
+        assert re.search(r"HMMA\.16816\.F32(\.BF16)?", body), body.split(":", 1)[0]
+    # the GEMMs whose plan moves an operand by 16-byte copies do so with cp.async (LDGSTS), the
+    # others never (their operands are gathered element by element)
+    target = parse_target(f"cuda-{arch}")
+    kernel_of = {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}
+    for n, d, lay in PARAMS:
+        tiles = dict(igemm_context(case_problem(BY_NAME[n], DTYPES[d][0], lay), target, "p", staged=_staged(lay)).tiles)
+        prefix = _prefix("cuda", n, d, lay)
+        for gemm, symbol in kernel_of.items():
+            (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
+            uses = bool(re.search(r"\bLDGSTS\b", body))
+            assert uses == (tiles[gemm].vector_a or tiles[gemm].vector_b), (prefix, symbol, uses)
+
+
+def hipcc_functions(directory: Path, source: str, name: str) -> dict[str, list[str]]:
+    """`source` built by hipcc for gfx90a and gfx940 (HIP_PLATFORM=amd), asserted to succeed without
+    scratch (spills); each arch's assembly split into its functions."""
+    src = directory / f"{name}.cu"
+    src.write_text(source)
+    done = subprocess.run(["hipcc", "-x", "hip", "--offload-arch=gfx90a", "--offload-arch=gfx940", "-c", "-save-temps",
+                           "-Rpass-analysis=kernel-resource-usage", "-I", str(sim_build.gpu_templates_dir()), str(src),
+                           "-o", str(directory / f"{name}.o")], capture_output=True, text=True, cwd=directory,
+                          env={**os.environ, "HIP_PLATFORM": "amd"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(re.findall(r"ScratchSize \[bytes/lane\]: (\d+)", done.stderr)) == {"0"}   # no spills to scratch
+    return {arch: re.split(r"\n(?=_ZN\w+:)", next(directory.glob(f"{name}*{arch}*.s")).read_text())
+            for arch in ("gfx90a", "gfx940")}
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc (apt: hipcc libamdhip64-dev) is not on PATH")
+def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores(tmp_path):
+    # the HIP source is the same for both archs; gfx90a spells the instructions
+    # v_mfma_f32_16x16x16bf16_1k / ...f16, gfx940 ..._bf16 / ..._f16
+    for arch, functions in hipcc_functions(tmp_path, _source("hip", "gfx90a"), "igemm_hip").items():
+        gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E\w*:", f)]
+        assert len(gemm_kernels) == 3 * len(PARAMS), arch
+        for body in gemm_kernels:
+            assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
+        # 16-byte staged copies: dwordx4 global loads and b128 LDS stores (not flat accesses)
+        for n, d, lay in PARAMS:
+            tiles = dict(igemm_context(case_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p", staged=_staged(lay)).tiles)
+            prefix = _prefix("hip", n, d, lay)
+            for gemm, symbol in {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}.items():
+                (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
+                vector = tiles[gemm].vector_a or tiles[gemm].vector_b
+                # (a copy whose address the compiler proves uniform may load with s_load_dwordx4 instead)
+                assert vector or not re.search(r"\bglobal_load_dwordx4\b", body), (arch, prefix, symbol)
+                assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
+
+
+# ----------------------------------------------------------------------- sanitizers
+
+ASAN_SCRIPT = r"""
+import sys
+from pathlib import Path
+import test_igemm as T
+from convgen.devices import sim
+from convgen.building import sim_build
+from convgen.codegen.gpu.igemm import render_igemm
+from convgen.codegen.target import parse_target
+from support.problems import case_problem
+from support.reference import generator_for, randn
+for vendor in sim_build.WARP:
+    target = parse_target(vendor)
+    source = "".join(render_igemm(case_problem(T.BY_NAME[n], T.DTYPES[d][0], lay), target, T._prefix(vendor, n, d, lay),
+                                  staged=T._staged(lay))
+                     for n, d, lay in T.SANITIZED)
+    lib = sim.build(source, Path(sys.argv[1]), "asan_" + vendor, vendor, sanitize=True)
+    for n, d, lay in T.SANITIZED:
+        problem, torch_dtype = case_problem(T.BY_NAME[n], T.DTYPES[d][0], lay), T.DTYPES[d][1]
+        g = generator_for("asan")
+        x, w = randn(problem.input_shape, torch_dtype, g), randn(problem.weight_shape, torch_dtype, g)
+        b, dy = randn((problem.k,), torch_dtype, g), randn(problem.output_shape, torch_dtype, g)
+        T._run(lib, T._prefix(vendor, n, d, lay), problem, torch_dtype, x, w, b, dy, "shuffle", 3)
+        print("ran", vendor, n, d, lay, flush=True)
+print("all ran")
+"""
+# the edges: ragged channels in channels-last, taps-free phases, several tiles along M and N
+SANITIZED = [("ragged", "bf16", "cl"), ("s3d1", "bf16", "nchw"), ("tiles", "bf16", "x_cl"),
+             ("vec_cl", "bf16", "cl"), ("vec_nchw", "bf16", "nchw"),   # and the 16-byte copies' paths
+             ("vec_3d", "bf16", "nchw_staged")]   # and the channels-last conversions
+
+
+def test_the_kernels_run_clean_under_asan_and_ubsan(tmp_path):
+    """Every access of every pass stays inside its tensor, workspace and shared array."""
+    if not HAVE_FP16:
+        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+    done = run_sanitized(ASAN_SCRIPT, tmp_path, __file__)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0 and "all ran" in text, text
+    assert "AddressSanitizer" not in text and "runtime error" not in text, text
+    assert text.count("ran ") == 2 * len(SANITIZED)

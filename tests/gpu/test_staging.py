@@ -1,0 +1,159 @@
+"""The layout pass's channels-last staging for the GPU implicit GEMM (codegen/gpu_staging.py): which
+operands it converts and why, and what the emitted plan entry does with that decision. The staged
+kernels' numbers against ATen are tests/gpu/test_igemm.py's (its nchw_staged cases and the NCHW
+cases the rule stages) and tests/sim/test_runtime.py's (CASES.md through the plan entries)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from convgen.codegen.gpu.entry import emit_gpu, staged_kinds
+from convgen.codegen.gpu.igemm import igemm_context, render_igemm
+from convgen.codegen.gpu.staging import staging
+from convgen.codegen.ir import ConvProblem, DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import parse_target
+
+from support.problems import conv_problem
+
+CL, NCHW = Layout.CHANNELS_LAST, Layout.CONTIGUOUS
+
+
+def _layer(op=Op.FWD, c=256, k=256, size=(14, 14), kernel=(3, 3), stride=1, dtype=DType.BF16, groups=1,
+           layouts=(NCHW, NCHW, NCHW), transposed=False, n=8) -> ConvProblem:
+    """A layer without bias (bf16, 256 -> 256 channels at 14x14, 3x3, batch 8 unless said otherwise),
+    padded by (kernel - 1) // 2 on both sides of each axis; validated."""
+    return conv_problem(n, c, k, size, kernel, stride, tuple((r - 1) // 2 for r in kernel), groups=groups, op=op,
+                        transposed=transposed, dtype=dtype, layout=layouts, bias=False).validate()
+
+
+def _layout_reason(plan) -> str:
+    return [reason for name, reason in plan.reasons if name == "layout"][-1]
+
+
+@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90", "hip-gfx90a", "hip-gfx940"])
+def test_a_3x3_nchw_forward_and_data_gradient_are_staged_with_their_costs_in_the_reason(target):
+    fwd = lower(_layer(), parse_target(target))
+    assert fwd.algorithm == "igemm" and staged_kinds(fwd) == ("W", "X")
+    assert dict(fwd.layouts) == {"X": CL, "W": CL, "Y": NCHW} and len(fwd.conversions) == 2
+    reason = _layout_reason(fwd)
+    # every option with its figures, the chosen one first
+    assert re.search(r"fastest option: an image's share of a batch of 32: X\+W staged [\d.]+ us \(conversion "
+                     r"[\d.]+ us: 2 x \d+ B at [\d.]+ TB/s and 2 launches, over 32 images; GEMM [\d.]+ us", reason), reason
+    assert "in the caller's layouts" in reason and "X staged" in reason and "W staged" in reason
+    # the data gradient: grad_output channels-last and the weight with filters innermost (its own
+    # layout: the plan keeps the caller's name for it and says so in the conversion)
+    dgrad = lower(_layer(op=Op.BWD_DATA), parse_target(target))
+    assert staged_kinds(dgrad) == ("W", "Y") and dict(dgrad.layouts) == {"X": NCHW, "W": NCHW, "Y": CL}
+    assert any(c.startswith("W: contiguous -> filters innermost") for c in dgrad.conversions)
+
+
+def test_weight_and_bias_gradients_read_the_caller_layouts():
+    for op in (Op.BWD_WEIGHT, Op.BWD_BIAS):
+        plan = lower(_layer(op=op), parse_target("cuda-sm_90"))
+        assert plan.conversions == () and staged_kinds(plan) == ()
+    assert staging(_layer(op=Op.BWD_WEIGHT), parse_target("cuda-sm_90")).kinds == ()
+
+
+def test_what_staging_cannot_help_is_not_staged_and_says_why():
+    cuda = parse_target("cuda-sm_90")
+    ragged = staging(_layer(c=12), cuda)   # 12 channels: not whole 16-byte copies of 8 bf16
+    assert ragged.kinds == () and "12 channels" in ragged.reason and "8 elements" in ragged.reason
+    grouped = staging(_layer(c=48, k=48, groups=6, size=(56, 56)), cuda)   # 8 a group: whole copies
+    assert grouped.kinds == ("X", "W")
+    assert staging(_layer(c=48, k=48, groups=4, size=(56, 56)), cuda).kinds == ()   # 12 a group
+    # a small problem: the launches' gaps cost more than its gathers
+    small = staging(_layer(c=8, k=8, size=(32, 32)), cuda)
+    assert small.kinds == () and "would not pay for itself" in small.reason and "launch" in small.reason
+    already = staging(_layer(layouts=(CL, CL, NCHW)), cuda)
+    assert already.kinds == () and "already channels-last" in already.reason
+    # an input already channels-last with a contiguous weight: only the weight, so that B copies 16 bytes too
+    assert staging(_layer(layouts=(CL, NCHW, NCHW)), cuda).kinds == ("W",)
+    # grad_output already channels-last: the data gradient's weight is still gathered in any caller
+    # layout, so it alone is staged (filters innermost), from a channels-last weight too
+    assert staging(_layer(op=Op.BWD_DATA, layouts=(NCHW, NCHW, CL)), cuda).kinds == ("W",)
+    assert staging(_layer(op=Op.BWD_DATA, layouts=(CL, CL, CL)), cuda).kinds == ("W",)
+
+
+def test_the_conversion_is_weighed_against_what_it_saves():
+    cuda = parse_target("cuda-sm_90")
+    # a 1x1 from 64 channels reads each input element once per 128 filters: the conversion costs
+    # about what it saves, and the GEMM is bound by memory anyway
+    pointwise = staging(_layer(c=64, k=256, size=(56, 56), kernel=(1, 1)), cuda)
+    assert pointwise.kinds == () and "would not pay for itself" in pointwise.reason
+    # the same layer with nine taps reads every element nine times: staging wins
+    assert staging(_layer(c=64, k=256, size=(56, 56), kernel=(3, 3)), cuda).kinds == ("X", "W")
+    # the decision is the batch's: every cost and saving grows with it (the weight's charged in full)
+    for n in (1, 2, 64, 512):
+        assert staging(_layer(n=n), cuda).kinds == ("X", "W")
+    # each subset is weighed: a 3-D 8 -> 16 forward (CASES.md 20c) stages its input alone, its small
+    # weight's gathers cheaper than one more launch; its data gradient grad_output alone
+    for op, alone, both in ((Op.FWD, ("X",), "X+W staged"), (Op.BWD_DATA, ("Y",), "Y+W staged")):
+        three_d = staging(_layer(op=op, c=8, k=16, size=(6, 10, 10), kernel=(3, 3, 3), n=2), cuda)
+        assert three_d.kinds == alone and both in three_d.reason and "W staged" in three_d.reason
+
+
+def test_a_transposed_forward_stages_its_input_as_the_normal_grad_output():
+    plan = lower(_layer(transposed=True), parse_target("cuda-sm_90"))
+    assert plan.kop.value == "dgrad" and staged_kinds(plan) == ("W", "Y")
+    source = emit_gpu(plan).text
+    assert re.search(r"int cgk_\w+_fwd\(const convgen_bf16\* input,[^)]*float\* workspace, long long batch", source)
+
+
+def test_the_plan_entry_allocates_the_workspace_and_launches_the_conversions():
+    plan = lower(_layer(), parse_target("cuda-sm_90"))
+    source = emit_gpu(plan).text
+    entry = source[source.index("The plan's scratch memory"):]
+    assert "_fwd_workspace_bytes(batch)" in entry and "convgen_malloc_async" in entry and "convgen_free_async" in entry
+    assert "_set_allocator(void* alloc, void* release)" in entry
+    assert "__global__ void CONVGEN_LAUNCH_BOUNDS(THREADS, 1) to_channels_last" in source
+    assert source.count("convert(") == 3   # the helper's definition, X's and W's launch
+    # without staging the entry neither converts nor takes a workspace
+    plain = render_igemm(_layer(), parse_target("cuda-sm_90"), "p", entries=("fwd",), staged=())
+    assert "to_channels_last" not in plain and "p_fwd_workspace_bytes" not in plain
+
+
+def test_staged_kinds_are_checked_and_only_their_entries_take_a_workspace():
+    cuda = parse_target("cuda-sm_90")
+    with pytest.raises(Exception, match=r"staged \['Z'\]"):
+        igemm_context(_layer(), cuda, "p", staged=("Z",))
+    context = igemm_context(_layer(), cuda, "p", staged=("X", "W", "Y"))
+    assert context.staged_entries == ("fwd", "bwd_data")
+    assert dict(context.converts) == {"FWD": ("X", "W"), "DGRAD": ("Y", "W")}
+    assert igemm_context(_layer(), cuda, "p", staged=("Y",)).staged_entries == ("bwd_data",)
+    # a transposed problem's fwd entry is the normal data gradient (reads Y), its bwd_data the normal forward
+    assert igemm_context(_layer(transposed=True), cuda, "p", staged=("Y",)).staged_entries == ("fwd",)
+    # what is channels-last already is not converted again; the data gradient's weight copy always is
+    cl = igemm_context(_layer(layouts=(CL, CL, CL)), cuda, "p", staged=("X", "W", "Y"))
+    assert dict(cl.converts) == {"FWD": (), "DGRAD": ("W",)} and cl.staged_entries == ("bwd_data",)
+    # the weight gradient's tiles read the caller's layouts whatever is staged
+    assert context.tiles[2][1] == igemm_context(_layer(), cuda, "p", staged=()).tiles[2][1]
+
+
+def test_the_cases_md_matrix_reaches_every_staging_path():
+    """tests/sim/test_runtime.py runs every CASES.md case through the plan entries on both vendors: among
+    them are forwards and data gradients that stage an activation, the weight or both, normal and
+    transposed, so the conversions run there against ATen (this pins that they still do)."""
+    import torch
+
+    from convgen.api.ops import call_problems
+    from support import cases
+
+    seen = set()
+    for case in cases.CASES:
+        for layout in ("contiguous", "channels_last"):
+            if layout not in cases.variants_of(case):
+                continue
+            ops = cases.operands(case, torch.bfloat16, layout)
+            for p in call_problems(ops.x, ops.w, ops.b, *case.args(), output_mask=(True, True, True),
+                                   grad_output=ops.gy):
+                for vendor in ("cuda", "hip"):
+                    plan = lower(p, parse_target(vendor))
+                    if plan.staged:
+                        seen.add((vendor, plan.kop.value, staged_kinds(plan), p.transposed))
+    for vendor in ("cuda", "hip"):
+        assert {(vendor, "fwd", ("W", "X"), False), (vendor, "dgrad", ("W", "Y"), False),
+                (vendor, "dgrad", ("Y",), True)} <= seen, sorted(seen)
+    assert {("hip", "fwd", ("W",), False), ("hip", "dgrad", ("W",), False), ("hip", "dgrad", ("W", "Y"), True)} <= seen

@@ -1,0 +1,44 @@
+"""What the GPU plans of a call launch, for tests that count simulated launches (so that a silent
+fallback, or the wrong GPU algorithm, cannot pass): the algorithm the `algorithm` pass chooses for
+a problem on a simulated vendor, and the kernel launches its plan entry makes."""
+
+from __future__ import annotations
+
+from convgen.codegen.gpu.normal import Normal
+from convgen.codegen.ir import ConvProblem
+from convgen.codegen.pipeline import lower
+from convgen.codegen.plan import KOp
+from convgen.codegen.target import parse_target
+from convgen.api.ops import call_problems
+
+
+def algorithm_of(problem: ConvProblem, vendor: str) -> str:
+    return lower(problem, parse_target(vendor)).algorithm
+
+
+def launches_of(problem: ConvProblem, vendor: str) -> int:
+    """Launches of one non-empty problem's plan entry: direct launches one kernel per pass; igemm and
+    depthwise one per stride phase for a data gradient; igemm, depthwise and stem two (partials,
+    ordered sum) for a weight gradient, its bias gradient fused into them (no launch of its own);
+    and one before them per operand the layout pass converts to channels-last (igemm's staging)."""
+    plan = lower(problem, parse_target(vendor))
+    if plan.algorithm == "empty":
+        return 0
+    conversions = len(plan.conversions)
+    if plan.kop is KOp.DGRAD:   # igemm and depthwise: a launch per stride phase
+        return conversions + (len(Normal.of(problem).phases()) if plan.algorithm in ("igemm", "depthwise") else 1)
+    if plan.kop is KOp.WGRAD:   # igemm, depthwise, stem: split-K partials, then their ordered sum
+        return 1 if plan.algorithm == "direct" else 2
+    return conversions + 1
+
+
+def call_launches(ops, case, vendor: str, masks) -> tuple[int, set[str]]:
+    """Launches of a case's forward and its backward over `masks` (as tests/support/cases.py's
+    check_case makes them), and the GPU algorithms chosen for them."""
+    total, algorithms = 0, set()
+    for i, mask in enumerate(masks):
+        problems = call_problems(ops.x, ops.w, ops.b, *case.args(), output_mask=mask, grad_output=ops.gy)
+        for p in problems[(0 if i == 0 else 1):]:   # the forward once
+            total += launches_of(p, vendor)
+            algorithms.add(algorithm_of(p, vendor))
+    return total, algorithms

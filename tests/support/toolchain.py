@@ -1,0 +1,56 @@
+"""The tools of the host and of the GPU vendors that some tests need: CUDA binary tools found on
+PATH or in pip packages, and the host compiler's AddressSanitizer and UndefinedBehaviorSanitizer
+runtimes, under which a test runs a script in a fresh process."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convgen import knobs
+
+from support.paths import TESTS
+
+
+def cuda_tool(name: str) -> str | None:
+    """A CUDA binary tool from PATH, else from the nvidia-cuda-* pip packages' bin directory."""
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in Path(root).glob(f"*/bin/{name}"):
+            return str(candidate)
+    return None
+
+
+def sanitizer_runtimes() -> list[str] | None:
+    """The host compiler's libasan and libubsan, or None where it has either not."""
+    found = []
+    for name in ("libasan.so", "libubsan.so"):
+        path = subprocess.run([*knobs.cxx(), f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(path):
+            return None
+        found.append(path)
+    return found
+
+
+def run_sanitized(script: str, tmp_path: Path, test_file: str) -> subprocess.CompletedProcess:
+    """Run `script` (Python source) in a fresh process with ASan and UBSan preloaded (leaks not
+    reported), with tmp_path as its first argument; it can import `support` and the test modules
+    beside `test_file`. Skips the calling test where the host compiler has no such runtimes."""
+    runtimes = sanitizer_runtimes()
+    if runtimes is None:
+        pytest.skip(f"the host compiler {knobs.cxx()[0]} has no libasan/libubsan")
+    path = tmp_path / "asan_run.py"
+    path.write_text(script)
+    paths = [os.path.dirname(os.path.abspath(test_file)), str(TESTS), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "LD_PRELOAD": ":".join(runtimes), "ASAN_OPTIONS": "detect_leaks=0",
+           "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    return subprocess.run([sys.executable, str(path), str(tmp_path)], capture_output=True, text=True, env=env)
