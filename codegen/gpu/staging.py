@@ -180,10 +180,9 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
     options = sorted(((total(subset), subset) for r in range(len(kinds) + 1)
                       for subset in itertools.combinations(kinds, r)), key=lambda option: option[0][0])
     chosen = options[0][1]
-    # (the old module path below is part of every staged file's header text, which must not change)
     numbers = (f"an image's share of a batch of {REFERENCE_BATCH}: "
                + "; ".join(words for (_, words), _ in options)
-               + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu_staging.py)")
+               + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu/staging.py)")
     if chosen:
         copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last"
                   for k in chosen]
