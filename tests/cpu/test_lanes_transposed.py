@@ -2,7 +2,7 @@
 
 A transposed convolution's data gradient is a strided forward kernel: on the AVX-512 shape in NCHW,
 2-D ones take lanes from 32 channels of grad_output and 3-D ones from 16
-(codegen/passes/algorithm.py, WIDE_TRANSPOSED_LANES_MIN_IN); 1-D ones, fewer channels and the AVX2
+(codegen/cpu/lanes.py, WIDE_TRANSPOSED_LANES_MIN_IN); 1-D ones, fewer channels and the AVX2
 shape keep blocked. A strided data-gradient kernel (a transposed convolution's forward, or a strided
 convolution's data gradient) whose stride phases are one vector wide takes lanes there too, since
 lanes stores a stride-2 phase's pixels two masked vector stores per channel (vstore_t_step2 of

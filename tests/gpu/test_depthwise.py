@@ -1,5 +1,5 @@
-"""The depthwise kernels (codegen/gpu_depthwise.py, templates/gpu/depthwise.cu.j2) and the
-few-channel (stem) weight gradient (codegen/gpu_stem.py, templates/gpu/stem_wgrad.cu.j2).
+"""The depthwise kernels (codegen/gpu/depthwise.py, templates/gpu/depthwise.cu.j2) and the
+few-channel (stem) weight gradient (codegen/gpu/stem.py, templates/gpu/stem_wgrad.cu.j2).
 
 - Rendered kernels run in the simulator at warp 32 (cuda.h) and 64 (hip.h) against ATen in
   float64 on fresh random data, every output poisoned with NaN first, with the tolerances of

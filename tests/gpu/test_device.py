@@ -128,7 +128,7 @@ long long seen_n(void) { return seen_batch; }
 void* seen_s(void) { return seen_stream; }
 int calls_made(void) { return calls; }
 void fail_next(int n) { fail = n; }
-/* the plan entry's allocator hook (codegen/emit_gpu.py): what the runtime sets, called as the entry would */
+/* the plan entry's allocator hook (codegen/gpu/entry.py): what the runtime sets, called as the entry would */
 static void* (*alloc_fn)(unsigned long long, void*); static void (*release_fn)(void*, void*);
 void entry_set_allocator(void* alloc, void* release) {
     alloc_fn = (void* (*)(unsigned long long, void*))alloc; release_fn = (void (*)(void*, void*))release;

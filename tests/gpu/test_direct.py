@@ -1,4 +1,4 @@
-"""The direct GPU kernel (codegen/gpu_direct.py, templates/gpu/direct.cu.j2): rendered for CUDA
+"""The direct GPU kernel (codegen/gpu/direct.py, templates/gpu/direct.cu.j2): rendered for CUDA
 and HIP from one template, run in the SIMT simulator at warp 32 and 64 against ATen in float64
 for every pass, and built by nvcc (sm_80) and hipcc (gfx90a)."""
 

@@ -1,4 +1,4 @@
-"""The implicit-GEMM GPU kernel (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2) on the matrix
+"""The implicit-GEMM GPU kernel (codegen/gpu/igemm.py, templates/gpu/igemm.cu.j2) on the matrix
 instructions of templates/gpu/cuda.h and hip.h.
 
 - The rendered kernels run in the simulator at warp 32 and 64 against ATen in float64 for the
@@ -59,7 +59,7 @@ CASES = [
     ("s_3d", (1, 3, 5, 6, 7), 4, (2, 2, 3), (2, 3, 2), ((0, 0), (1, 1), (1, 1)), (1, 2, 2), 1),  # 3-D phases, mixed
     ("split", (2, 3, 1024), 5, (3,), (1,), ((1, 1),), (1,), 1),                        # weight gradient split several ways
     ("empty", (0, 6, 7, 8), 12, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 3),          # CASES 15: empty batch
-    # 16-byte copies (codegen/gpu_tiles.py), reductions longer than the pipeline's stages:
+    # 16-byte copies (codegen/gpu/igemm_tiles.py), reductions longer than the pipeline's stages:
     ("vec_cl", (2, 16, 6, 6), 24, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),        # fwd A, B and dgrad A by vectors, tap-major
     ("vec_nchw", (2, 8, 8, 8), 16, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1),       # fwd B (C*taps % 8 == 0), wgrad A (16 pixels)
     ("vec_groups", (2, 32, 5, 5), 16, (3, 3), (1, 1), ((1, 1), (2, 0)), (1, 1), 2),    # grouped, asymmetric padding, tap-major
@@ -73,7 +73,7 @@ DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16
 F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 # layouts (support/problems.py's GPU_LAYOUTS): "nchw" all contiguous, "cl" all channels-last, "x_cl" the
 # input only ("nchw_staged": NCHW tensors with every GEMM's operand that can be staged channels-last
-# staged -- the forward's input and weight and the data gradient's grad_output, codegen/gpu_staging.py --
+# staged -- the forward's input and weight and the data gradient's grad_output, codegen/gpu/staging.py --
 # where the layout pass would stage only the ones its problem's own GEMM reads, when they pay)
 CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
                        "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl"}
@@ -302,7 +302,7 @@ def test_the_vector_cases_take_the_16_byte_copies():
         target = parse_target(vendor)
         tiles = {name: dict(igemm_context(case_problem(BY_NAME[name], DType.BF16, layout), target, "p", staged=()).tiles)
                  for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
-        # staged (codegen/gpu_staging.py): the forward and data gradient copy 16 bytes, tap-major, from
+        # staged (codegen/gpu/staging.py): the forward and data gradient copy 16 bytes, tap-major, from
         # the NCHW tensors' channels-last copies and (data gradient) the weight's filters-innermost one;
         # the weight gradient keeps grad_output's pixels
         staged = dict(igemm_context(case_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)

@@ -1,4 +1,4 @@
-"""The implicit-GEMM GPU kernel's f32 and f64 paths (codegen/gpu_igemm.py, templates/gpu/igemm.cu.j2):
+"""The implicit-GEMM GPU kernel's f32 and f64 paths (codegen/gpu/igemm.py, templates/gpu/igemm.cu.j2):
 CUDA's f32 without tf32 multiplied on the vector units by each thread's register tile of fused
 multiply-adds (`on_fma`), accumulated in f32; f64 on matrix instructions (`on_f64_matrix`, f64
 accumulation): CUDA's f64 tensor cores (two mma.sync m8n8k4 .f64 per 16 x 8 x 4 step), HIP's
@@ -110,7 +110,7 @@ def test_f64_and_f32_without_tf32_take_igemm_and_explain_says_how():
             context = igemm_context(problem, parse_target(target), "p")
             assert context.fma == (not mfma and not f64) and context.f64_matrix == f64
             assert context.acc == ("double" if problem.dtype is DType.F64 else "float")
-            if not mfma:   # 64 a side (gpu_tiles._fma_side): 32 f64 or f32 results a lane
+            if not mfma:   # 64 a side (gpu/igemm_tiles.py): 32 f64 or f32 results a lane
                 assert all(t.m == 64 and t.n == 64 for _, t in context.tiles)
             limit = parse_target(target).gpu.shared_bytes_per_block   # HIP: 64 KiB of LDS, f64 steps 16 deep
             assert all(t.shared_bytes <= limit for _, t in context.tiles), (target, problem.dtype, context.tiles)

@@ -1,4 +1,4 @@
-"""codegen/gpu_resources.py: the vendor compilers' reports parsed per kernel, occupancy from an
+"""codegen/gpu/resources.py: the vendor compilers' reports parsed per kernel, occupancy from an
 arch's limits, the roofline bound, and `convgen explain --target cuda-sm_90|hip-gfx90a` printing
 them (from the compiler's report when the compiler is here, else saying it is unavailable)."""
 

@@ -1,4 +1,4 @@
-"""The layout pass's channels-last staging for the GPU implicit GEMM (codegen/gpu_staging.py): which
+"""The layout pass's channels-last staging for the GPU implicit GEMM (codegen/gpu/staging.py): which
 operands it converts and why, and what the emitted plan entry does with that decision. The staged
 kernels' numbers against ATen are tests/gpu/test_igemm.py's (its nchw_staged cases and the NCHW
 cases the rule stages) and tests/sim/test_runtime.py's (CASES.md through the plan entries)."""

@@ -1,4 +1,4 @@
-"""GPU targets (codegen/gpu_target.py, codegen/target.py): spellings, facts the passes read,
+"""GPU targets (codegen/arch/gpu.py, codegen/target.py): spellings, facts the passes read,
 clear errors for unsupported archs, and CPU keys that did not move."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bf16/f16 problems reach the implicit-GEMM kernel (codegen/gpu_igemm.py) through the normal
+"""bf16/f16 problems reach the implicit-GEMM kernel (codegen/gpu/igemm.py) through the normal
 runtime in the SIMT simulator (CONVGEN_SIM=cuda, warp 32, mma.sync m16n8k16; =hip, waves of 64,
 MFMA 16x16x16), for the forward pass and every output_mask of the backward pass, against ATen in
 float64 with tests/support/reference.py's tolerances. Each test asserts that the `algorithm` pass chose
