@@ -13,8 +13,9 @@ Bottom to top (a module imports only from those above it in this list, and from 
                gradient), planes (weight gradient over planes), amx, reduce (the bias gradient)
 - families.py  the table the passes and the emitter look families up in
 
-A new family is a module here exporting FAMILY, listed in families.py; its fit test and preference
-rules are called from passes/algorithm.py, whose order of decisions is the heuristic. The figures
+A new family is a module here exporting FAMILY, listed in families.py; where its `join` (fit test)
+and `rule` (preference over the choice so far) come in passes/algorithm.py's JOINS and RULES is the
+heuristic. The figures
 behind the rules are in BENCHMARKS.md ("Figures behind codegen's CPU rules"). A new device's
 families go in a package of their own beside this one (codegen/gpu/).
 """

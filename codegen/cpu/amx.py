@@ -68,4 +68,12 @@ def tile(plan: Plan) -> Plan:
                        tiling=Tiling(vector_lanes=16, threads_hint="(image, group, two tiles of 16 pixels)"))
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    return candidates + (NAME,) if fits(plan) else candidates
+
+
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    return (NAME, WHY) if NAME in candidates and preferred(plan) else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, join=join, rule=rule)

@@ -200,4 +200,19 @@ def tile(plan: Plan) -> Plan:
     return _wgrad(plan, lanes) if plan.kop is KOp.WGRAD else _planes(plan, lanes)
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """A weight gradient of one input channel per group: first where it is depthwise, last for one
+    input channel without groups; a forward or data gradient over planes (`fits`): last."""
+    if wgrad_fits(plan):
+        candidates = (NAME,) + candidates if wgrad_first(plan) else candidates + (NAME,)
+    return candidates + (NAME,) if fits(plan) else candidates
+
+
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    """A forward or data gradient over planes is this family's wherever it fits."""
+    if NAME in candidates and plan.kop is not KOp.WGRAD:
+        return NAME, PLANES_WHY
+    return choice, why
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, join=join, rule=rule)

@@ -1,7 +1,7 @@
 """The table of CPU kernel families: which module computes which (kernel op, algorithm), for the
 `tiling` pass (a family's tile choice), the `algorithm` pass (a family's `why`) and the emitter (its
 template and context). A new family is a module beside the others exporting `FAMILY` (family.py),
-listed here; its fit test and rules go into passes/algorithm.py's decision sequence.
+listed here; its `join` and `rule` take their places in passes/algorithm.py's JOINS and RULES.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import math
 from ..ir import DType
 from ..plan import KOp, Plan, Tiling
 from .family import Family
+from .lanes_wgrad import NAME as LANES
 from .pointwise import gemm_cols, gemm_tile, row_blocks
 from .work import bf16_pairs, reduction_splits, vector_lanes, windows_inside
 
@@ -150,4 +151,9 @@ def tile(plan: Plan) -> Plan:
                        tiling=tiling)
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    """A weight gradient lanes was chosen for."""
+    return over(plan, choice, why) if plan.kop is KOp.WGRAD and choice == LANES else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, rule=rule)

@@ -108,4 +108,14 @@ def tile(plan: Plan) -> Plan:
                                  f"read and written in place{streamed}; {tiling.threads_hint}", tiling=tiling)
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """First, where it fits."""
+    return (NAME,) + candidates if fits(plan) else candidates
+
+
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    """Its kernel ops wherever it fits."""
+    return (NAME, WHY) if NAME in candidates else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, join=join, rule=rule)

@@ -397,4 +397,9 @@ def context(plan: Plan, entry: str) -> KernelContext:
     return build(plan, entry, evex=evex, row_classes=row_classes(plan))
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile, context)
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    """A forward or data gradient: lanes or blocked (the default), by `over_blocked`."""
+    return over_blocked(plan) if plan.kop in (KOp.FWD, KOp.DGRAD) else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, context, rule=rule)

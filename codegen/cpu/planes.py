@@ -133,4 +133,12 @@ def tile(plan: Plan) -> Plan:
                        tiling=tiling)
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    return candidates + (NAME,) if fits(plan) else candidates
+
+
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    return over(plan, choice, why) if NAME in candidates else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, join=join, rule=rule)

@@ -213,4 +213,14 @@ def tile(plan: Plan) -> Plan:
                                  f"{tiling.threads_hint}", tiling=tiling)
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """Every kernel op it fits, the weight gradient's dot products (pointwise_wgrad.py) included."""
+    return candidates + (NAME,) if fits(plan) else candidates
+
+
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    """The forward and data gradient (the weight gradient's rule is pointwise_wgrad.py's)."""
+    return over(plan, choice, why) if NAME in candidates and plan.kop is not KOp.WGRAD else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, join=join, rule=rule)

@@ -130,4 +130,8 @@ def tile(plan: Plan) -> Plan:
                                  + tiling.threads_hint, tiling=tiling)
 
 
-FAMILY = Family(NAME, WHY, TEMPLATES, tile)
+def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
+    return over(plan, choice, why) if NAME in candidates and plan.kop is KOp.WGRAD else (choice, why)
+
+
+FAMILY = Family(NAME, WHY, TEMPLATES, tile, rule=rule)

@@ -1,8 +1,9 @@
 """Pass `algorithm`: which algorithm computes the kernel op (like ATen's backend choice).
 
 GPU targets take their own branch (gpu_algorithms.py); what follows here is the CPU's: the order in
-which the CPU kernel families (codegen/cpu/) are asked. Each family holds its fit test and its rules
-for taking over an earlier choice; this module holds the sequence, which is the heuristic.
+which the CPU kernel families (codegen/cpu/) are asked. Each family holds where it joins the
+candidates (its fit test) and its rule for taking over an earlier choice; this module holds the two
+sequences, JOINS and RULES, which are the heuristic.
 
 Candidates are listed for every problem so the runtime can tune among them; the heuristic
 choice is recorded with its reason.
@@ -54,41 +55,27 @@ def _kind(plan: Plan) -> str:
     return "general"
 
 
+# The order in which families join the candidates (after CANDIDATES), and the order in which their
+# rules may take over the choice made so far (a later rule sees the earlier one's choice): together,
+# the heuristic.
+JOINS = (depthwise.FAMILY, planes.FAMILY, pointwise.FAMILY, grouplanes.FAMILY, amx.FAMILY)
+RULES = (lanes.FAMILY, pointwise.FAMILY, gemm.FAMILY, pointwise_wgrad.FAMILY, planes.FAMILY, depthwise.FAMILY,
+         grouplanes.FAMILY, amx.FAMILY)
+
+
 def _candidates(plan: Plan) -> tuple[str, ...]:
-    """Every family that computes this kernel op, the heuristic's default first (amx is added later)."""
+    """Every family that computes this kernel op, the heuristic's default first."""
     candidates = CANDIDATES[plan.kop]
-    if depthwise.wgrad_fits(plan):
-        candidates = ((depthwise.NAME,) + candidates if depthwise.wgrad_first(plan)
-                      else candidates + (depthwise.NAME,))
-    if depthwise.fits(plan):
-        candidates = candidates + (depthwise.NAME,)
-    if planes.fits(plan):
-        candidates = candidates + (planes.NAME,)
-    if pointwise.fits(plan):
-        candidates = candidates + (pointwise.NAME,)
-    if grouplanes.fits(plan):
-        candidates = (grouplanes.NAME,) + candidates
+    for family in JOINS:
+        candidates = family.join(plan, candidates)
     return candidates
 
 
 def _choose(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, str]:
-    """The heuristic's choice among `candidates` and why: the default, then each family's rule for
-    taking over, in this order (a later rule sees the earlier one's choice)."""
+    """The heuristic's choice among `candidates` and why: the default, then each family's rule."""
     choice, why = candidates[0], WHY[candidates[0]]
-    if plan.kop in (KOp.FWD, KOp.DGRAD):
-        choice, why = lanes.over_blocked(plan)
-    if pointwise.NAME in candidates and plan.kop is not KOp.WGRAD:
-        choice, why = pointwise.over(plan, choice, why)
-    if plan.kop is KOp.WGRAD and choice == lanes.NAME:
-        choice, why = gemm.over(plan, choice, why)
-    if pointwise.NAME in candidates and plan.kop is KOp.WGRAD:
-        choice, why = pointwise_wgrad.over(plan, choice, why)
-    if planes.NAME in candidates:
-        choice, why = planes.over(plan, choice, why)
-    if depthwise.NAME in candidates and plan.kop is not KOp.WGRAD:
-        choice, why = depthwise.NAME, depthwise.PLANES_WHY
-    if grouplanes.NAME in candidates:
-        choice, why = grouplanes.NAME, grouplanes.WHY
+    for family in RULES:
+        choice, why = family.rule(plan, candidates, choice, why)
     return choice, why
 
 
@@ -102,14 +89,10 @@ def run(plan: Plan) -> Plan:
         return plan.decide("algorithm", reduce.WHY, algorithm=reduce.NAME, candidates=(reduce.NAME,))
     requested = plan.requested_algorithm
     candidates = _candidates(plan)
-    choice, why = _choose(plan, candidates) if requested is None else (requested, "requested")
-    if amx.fits(plan):
-        candidates = candidates + (amx.NAME,)
-        if requested is None and amx.preferred(plan):
-            choice, why = amx.NAME, amx.WHY
     if requested is not None and requested not in candidates:
         raise ConvgenError(f"algorithm {requested!r} is not a candidate for a {plan.kop.value} "
                            f"kernel; candidates: {list(candidates)}")
+    choice, why = _choose(plan, candidates) if requested is None else (requested, "requested")
     return plan.decide("algorithm", f"{_kind(plan)}: {choice} ({why}); candidates {list(candidates)}; every size "
                                     f"a compile-time constant except the batch",
                        algorithm=choice, candidates=candidates)
