@@ -64,7 +64,7 @@ FORCED_F64_FMA = [("c2", "nchw"), ("ragged", "nchw"), ("split", "nchw"), ("s_3d"
 
 
 def _forced_fma_source(vendor: str, name: str, layout: str, target) -> str:
-    from convgen.codegen.emit import environment
+    from convgen.codegen.render import environment
 
     context = igemm_context(case_problem(BY_NAME[name], DType.F64, layout), target, _prefix(vendor, name, "f64fma", layout))
     assert context.f64_matrix and not context.fma
