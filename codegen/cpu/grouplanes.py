@@ -40,8 +40,21 @@ def fits(plan: Plan) -> bool:
     g = plan.geometry
     lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
     small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0
-    return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and
+    return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and few_channels(plan) is None and
             all(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
+
+
+def few_channels(plan: Plan) -> str | None:
+    """Why a pixel's channels would leave most of a vector's lanes idle (fewer than half of them:
+    an RGB image's 3 in 16), or None. Such problems go to the kernels with pixels in the lanes
+    (depthwise planes, blocked), even though channels are the contiguous axis: they ran several
+    times faster. (figures: BENCHMARKS.md, 2026-12-02 (second session), "few channels in channels last")"""
+    g = plan.geometry
+    lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
+    channels = g.groups * g.cin_g
+    if 2 * channels >= lanes:
+        return None
+    return f"{channels} channels a pixel fill {channels} of {lanes} lanes"
 
 
 def _stream(plan: Plan) -> int:
