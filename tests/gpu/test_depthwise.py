@@ -37,9 +37,8 @@ from convgen.codegen.target import parse_target
 
 from support.problems import case_problem
 from support.reference import assert_close, generator_for, in_layout, randn, reduction_terms
-from support.toolchain import run_sanitized
+from support.toolchain import require_fp16, run_sanitized, sim_libraries
 
-HAVE_FP16 = sim_build.fp16_include_dir() is not None
 
 # (name, input N,C,*spatial, K, kernel, stride, padding (low, high) per axis, dilation, groups)
 DEPTHWISE = [
@@ -147,10 +146,7 @@ def _source(vendor: str, arch: str | None = None, params=None) -> str:
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
-    if not HAVE_FP16:
-        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
-    d = tmp_path_factory.mktemp("gpu_depthwise")
-    return {vendor: sim.build(_source(vendor), d, "depthwise", vendor) for vendor in sim_build.WARP}
+    return sim_libraries(tmp_path_factory, "gpu_depthwise", _source, lambda vendor: "depthwise")
 
 
 # ----------------------------------------------------------------------- the kernels' decisions
@@ -391,8 +387,7 @@ print("all ran")
 
 def test_the_kernels_run_clean_under_asan_and_ubsan(tmp_path):
     """Every access of every pass stays inside its tensor, workspace and shared array."""
-    if not HAVE_FP16:
-        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+    require_fp16()
     done = run_sanitized(ASAN_SCRIPT, tmp_path, __file__)
     text = done.stdout + done.stderr
     assert done.returncode == 0 and "all ran" in text, text

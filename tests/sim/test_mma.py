@@ -20,8 +20,8 @@ from convgen.building import sim_build
 from convgen.codegen.errors import SimulatorError
 
 from support.reference import assert_close, generator_for, randn
+from support.toolchain import sim_libraries
 
-HAVE_FP16 = sim_build.fp16_include_dir() is not None
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 ORDERS = ("forward", "reverse", "shuffle")
 
@@ -60,10 +60,7 @@ ENTRY(VENDOR_gemm_f16, convgen_f16)
 
 @pytest.fixture(scope="module")
 def gemm_libs(tmp_path_factory):
-    if not HAVE_FP16:
-        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
-    d = tmp_path_factory.mktemp("gpu_mma")
-    return {v: sim.build(GEMM.replace("VENDOR", v), d, f"gemm_{v}", v) for v in sim_build.WARP}
+    return sim_libraries(tmp_path_factory, "gpu_mma", lambda v: GEMM.replace("VENDOR", v), lambda v: f"gemm_{v}")
 
 
 def _gemm(lib, vendor, dtype, a, b, order="forward", skip_lane=-1):

@@ -1,6 +1,7 @@
 """The tools of the host and of the GPU vendors that some tests need: CUDA binary tools found on
-PATH or in pip packages, and the host compiler's AddressSanitizer and UndefinedBehaviorSanitizer
-runtimes, under which a test runs a script in a fresh process."""
+PATH or in pip packages, NVIDIA's 16-bit type headers for the simulator (and its libraries built
+per vendor), and the host compiler's AddressSanitizer and UndefinedBehaviorSanitizer runtimes,
+under which a test runs a script in a fresh process."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from convgen import knobs
+from convgen.building import sim_build
+from convgen.devices import sim
 
 from support.paths import TESTS
 
@@ -28,6 +31,20 @@ def cuda_tool(name: str) -> str | None:
         for candidate in Path(root).glob(f"*/bin/{name}"):
             return str(candidate)
     return None
+
+
+def require_fp16() -> None:
+    """Skip the calling test where the simulator has no 16-bit types (no CUDA toolkit headers)."""
+    if sim_build.fp16_include_dir() is None:
+        pytest.skip("NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: no 16-bit types in the simulator")
+
+
+def sim_libraries(tmp_path_factory, directory: str, source_of, name_of) -> dict:
+    """Each simulated vendor's library (`sim.build`) of `source_of(vendor)`, named `name_of(vendor)`,
+    in a fresh temporary `directory`; skips where the simulator has no 16-bit types."""
+    require_fp16()
+    d = tmp_path_factory.mktemp(directory)
+    return {vendor: sim.build(source_of(vendor), d, name_of(vendor), vendor) for vendor in sim_build.WARP}
 
 
 def sanitizer_runtimes() -> list[str] | None:
