@@ -9,6 +9,7 @@ import dataclasses
 from ..ir import DType
 from ..plan import Geometry, KOp, Plan, Tiling
 from ..render import operand_strides
+from .work import vector_lanes
 
 STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "uint16_t", DType.F16: "uint16_t"}
 ACCUMULATOR = {DType.F32: "float", DType.F64: "double", DType.BF16: "float", DType.F16: "float"}
@@ -78,7 +79,7 @@ def _lanes(plan: Plan) -> int:
     lanes_wgrad.narrow_lanes), else the target's full width."""
     if plan.tiling is not None and plan.tiling.vector_lanes:
         return plan.tiling.vector_lanes
-    return plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
+    return vector_lanes(plan)
 
 
 def fma_suffix(plan: Plan) -> str:

@@ -38,7 +38,7 @@ def fits(plan: Plan) -> bool:
     takes a run of groups. Where they fit they are the default: they ran faster than every other
     candidate. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", grouplanes.fits)"""
     g = plan.geometry
-    lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
+    lanes = vector_lanes(plan)
     small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0
     return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and few_channels(plan) is None and
             all(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
@@ -50,7 +50,7 @@ def few_channels(plan: Plan) -> str | None:
     (depthwise planes, blocked), even though channels are the contiguous axis: they ran several
     times faster. (figures: BENCHMARKS.md, 2026-12-02 (second session), "few channels in channels last")"""
     g = plan.geometry
-    lanes = plan.target.vector_bytes // plan.problem.dtype.accumulator.itemsize
+    lanes = vector_lanes(plan)
     channels = g.groups * g.cin_g
     if 2 * channels >= lanes:
         return None
