@@ -39,7 +39,7 @@ def main() -> None:
                                   output_mask=(False, False, False))
     problems += ops.call_problems(torch.empty(4, 8, 32, 32), model[2].weight, model[2].bias, 1, 0, 1, False, 0, 1,
                                   output_mask=(False, False, False))
-    dispatch.prepare(problems)
+    dispatch.prepare(problems, policy="eager")
 
     # 1. drop-in: same call, same result, same gradients
     y = convgen.conv2d(x, w, b, **args)

@@ -13,6 +13,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_SCRATCH_MB     | scratch_mb()       | 256 (0: no pool of CPU buffers)           |
 | CONVGEN_VERBOSE        | verbose()          | off                                       |
 | CONVGEN_TUNE           | tune()             | off                                       |
+| CONVGEN_JIT            | jit()              | background (eager, generic)               |
 | CONVGEN_BUNDLES        | bundles()          | none                                      |
 | CONVGEN_LAUNCHER       | launcher()         | on                                        |
 | CONVGEN_ISA            | isa()              | avx512, avx2, generic (widest it runs)    |
@@ -114,6 +115,20 @@ def verbose() -> bool:
 def tune() -> bool:
     """Whether a new problem times its candidate kernels and records the fastest (CONVGEN_TUNE)."""
     return _flag("CONVGEN_TUNE")
+
+
+JIT_POLICIES = ("background", "eager", "generic")
+
+
+def jit() -> str:
+    """How a CPU problem without a ready specialised kernel is served (CONVGEN_JIT): "background" (the
+    default) runs the shape-generic kernel at once and builds the specialised one in the background;
+    "eager" builds it on the call (benchmarks); "generic" runs the generic kernel only (tests)."""
+    value = os.environ.get("CONVGEN_JIT", "").strip().lower() or "background"
+    if value not in JIT_POLICIES:
+        raise ConvgenError(f"CONVGEN_JIT={value!r} is not a policy; use one of {', '.join(JIT_POLICIES)} "
+                           f"(or leave it unset for background).")
+    return value
 
 
 def launcher() -> bool:

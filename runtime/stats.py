@@ -13,6 +13,9 @@ Known counters (always present in `stats()`, starting at 0):
 - aten_forward, aten_backward: calls of torch's aten.convolution / aten.convolution_backward
   that convgen served (inside `convgen.enabled()`, runtime/api/serve_aten.py)
 - sim_launches: GPU kernel launches run in the SIMT simulator (CONVGEN_SIM=cuda|hip)
+- generic_calls: CPU kernel calls served by the shape-generic tier (runtime/dispatch/tiers.py)
+- background_builds: specialised kernels built (or found on disk) by the background builder
+- swaps: generic kernels replaced by specialised ones for later calls
 - aten_fallbacks: such calls inside `enabled()` that convgen left to ATen (a dtype it has no
   kernels for, or arguments its rules refuse)
 
@@ -36,6 +39,9 @@ KNOWN = (
     "aten_backward",
     "aten_fallbacks",
     "sim_launches",
+    "generic_calls",
+    "background_builds",
+    "swaps",
 )
 
 _lock = threading.Lock()

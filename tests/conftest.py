@@ -8,6 +8,10 @@ another waits for it), so no kernel is built twice. Tests that need a cache of t
 (tests/building/test_cache.py, the `private_cache` fixture below) override CONVGEN_CACHE_DIR per
 test with monkeypatch, which restores this session value afterwards.
 
+The tests of specialised kernels run under CONVGEN_JIT=eager (set for the session unless the
+environment sets it): a call builds its problem's kernel, as they count and inspect; the tiers'
+tests (tests/api/test_tiers.py) set the policy they test.
+
 CONVGEN_TEST_CACHE_DIR, when set, names the directory to use instead of a fresh one: for
 iterating on the tests without rebuilding every kernel each run (CI leaves it unset).
 What the tests share besides fixtures (the comparison helpers, problem builders, CASES.md's
@@ -45,9 +49,13 @@ def session_cache_dir(tmp_path_factory):
         directory = tmp_path_factory.mktemp("convgen-cache")
     saved = os.environ.get("CONVGEN_CACHE_DIR")
     os.environ["CONVGEN_CACHE_DIR"] = str(directory)
+    saved_jit = os.environ.get("CONVGEN_JIT")
+    os.environ.setdefault("CONVGEN_JIT", "eager")
     try:
         yield directory
     finally:
+        if saved_jit is None:
+            os.environ.pop("CONVGEN_JIT", None)
         if saved is None:
             os.environ.pop("CONVGEN_CACHE_DIR", None)
         else:

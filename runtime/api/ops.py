@@ -96,6 +96,9 @@ def forget_calls() -> None:
     _calls.clear()
 
 
+dispatch.tiers.on_swap(forget_calls)   # a remembered call holds the kernel it was bound to
+
+
 def _remember(signature: tuple, value: tuple) -> tuple:
     if len(_calls) >= MAX_CALLS:
         _calls.clear()

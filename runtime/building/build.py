@@ -235,11 +235,25 @@ def build(source: KernelSource, *, force: bool = False) -> Path:
     return build_many([source], force=force)[0]
 
 
-def build_many(sources: Sequence[KernelSource], *, force: bool = False) -> list[Path]:
+def cached(source: KernelSource) -> Path | None:
+    """The artifact of `source` if this process or the disk cache has it (nothing is built)."""
+    _check_source(source)
+    argv = knobs.cxx()
+    key = _key(source, argv, compiler_identity(argv), knobs.convgen_version())
+    with _memo_lock:
+        known = _memory.get((str(cache.root()), key))
+    if known is not None and known.exists():
+        return known
+    artifact = cache.lookup(key)
+    return _remember(str(cache.root()), key, artifact) if artifact is not None else None
+
+
+def build_many(sources: Sequence[KernelSource], *, force: bool = False, parallel: int | None = None) -> list[Path]:
     """Artifact paths for `sources`, in order, building whatever is not cached.
 
     Looks in this process's memory, then on disk; everything missing is compiled in one
-    parallel ninja run. force=True rebuilds even valid entries (e.g. one that would not load).
+    parallel ninja run (`parallel` compiles at once, default CONVGEN_BUILD_JOBS). force=True
+    rebuilds even valid entries (e.g. one that would not load).
     """
     sources = list(sources)
     for source in sources:
@@ -269,7 +283,7 @@ def build_many(sources: Sequence[KernelSource], *, force: bool = False) -> list[
                 continue
         missing[key] = source
     if missing:
-        found.update(_build_locked(base, missing, argv, identity, version, force))
+        found.update(_build_locked(base, missing, argv, identity, version, force, parallel))
     return [found[k] for k in keys]
 
 
@@ -285,7 +299,7 @@ def _remember(base: str, key: str, artifact: Path) -> Path:
     return artifact
 
 
-def _build_locked(base, missing, argv, identity, version, force) -> dict[str, Path]:
+def _build_locked(base, missing, argv, identity, version, force, parallel=None) -> dict[str, Path]:
     ninja = find_ninja()
     found: dict[str, Path] = {}
     with contextlib.ExitStack() as locks:
@@ -301,11 +315,11 @@ def _build_locked(base, missing, argv, identity, version, force) -> dict[str, Pa
                     continue
             pending[key] = missing[key]
         if pending:
-            found.update(_compile_and_publish(base, pending, ninja, argv, identity, version))
+            found.update(_compile_and_publish(base, pending, ninja, argv, identity, version, parallel))
     return found
 
 
-def _compile_and_publish(base, pending, ninja, argv, identity, version) -> dict[str, Path]:
+def _compile_and_publish(base, pending, ninja, argv, identity, version, parallel=None) -> dict[str, Path]:
     workdir = cache.private_dir("build")
     try:
         jobs = []
@@ -319,7 +333,7 @@ def _compile_and_publish(base, pending, ninja, argv, identity, version) -> dict[
         write_if_changed(workdir / "build.ninja", _ninja_file(jobs))
         if knobs.verbose():
             print(f"convgen: building {len(jobs)} kernel(s) in {workdir}", file=sys.stderr)
-        proc = _run_ninja(ninja, workdir, knobs.build_jobs())
+        proc = _run_ninja(ninja, workdir, parallel or knobs.build_jobs())
 
         found, failures = {}, []
         for job in jobs:

@@ -38,7 +38,8 @@ from ..codegen.target import Target, TargetKind, host_isas, isa_note, parse_targ
 from ..api import eager
 from ..bench import bench, check, suites
 from ..building import build, cache, gpu_build
-from ..dispatch import dispatch
+from .. import knobs
+from ..dispatch import dispatch, tiers
 from ..dispatch.problem import expand_param, gpu_problem, padding_pairs
 from . import aot as aot_cli
 from .flags import add_dtype_flag
@@ -196,6 +197,8 @@ def cmd_explain(args) -> int:
         params = ", ".join(name for _, name in source.signature)
         out += [f"  kernel:      {source.name}" + (f" ({source.language}, self-contained)" if target.gpu else ""),
                 f"  entry:       {source.entry}({params})"]
+        if not target.gpu:
+            out.append(f"  tier:        {tiers.describe(plan, source)}")
     if target.gpu and source is not None:
         out += ["", f"resources on {target.name()} ({target.gpu.part}):"] + _gpu_resources(plan, source)
     print("\n".join(out))
@@ -268,6 +271,10 @@ def cmd_setup(args) -> int:
     start = time.perf_counter()
     path = eager.setup(force=args.force)
     print(f"eager launcher: {path} ({time.perf_counter() - start:.1f} s)\neager calls take {eager.status()}")
+    start = time.perf_counter()
+    libraries = tiers.setup()
+    print(f"shape-generic kernels: {len(libraries)} ({time.perf_counter() - start:.1f} s); a new shape runs them at "
+          f"once while its own kernel builds in the background (CONVGEN_JIT={knobs.jit()})")
     return 0
 
 
@@ -388,7 +395,7 @@ def parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=cmd_bench)
     aot_cli.add_parser(sub)
     setup = sub.add_parser(
-        "setup", help="build the eager launcher for this torch and Python (once; about 20-30 s)",
+        "setup", help="build the eager launcher for this torch and Python and the shape-generic kernels (once; about 30 s)",
         description="Builds, into the kernel cache, the compiled module that runs eager forward calls and records "
                     "their autograd nodes in C++ (runtime/api/eager.py). Without it eager calls take the Python path "
                     "(same results, a few µs more per call). Does nothing when a valid one is cached.")

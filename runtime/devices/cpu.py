@@ -18,6 +18,7 @@ import torch
 from .. import knobs
 from ..codegen.errors import BuildError
 from ..codegen.source import KernelSource
+from ..stats import bump
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int, "stream": ctypes.c_void_p}
 
@@ -98,6 +99,8 @@ class Kernel:
     inside an imported ahead-of-time bundle (`served`: a dispatch.bundle.Served).
     """
 
+    tier = "specialised"
+
     def __init__(self, source: KernelSource, path: Path | None, *, served=None):
         self.source = source
         self.path = path
@@ -138,5 +141,45 @@ class Kernel:
                                    f"(arch_prctl ARCH_REQ_XCOMP_PERM, a Linux 5.16+ kernel is needed); set "
                                    f"CONVGEN_AMX=0 to generate bf16 kernels without AMX")
             if status != 0:
+                raise MemoryError(f"kernel {name}: could not allocate its per-thread scratch memory")
+        return run
+
+
+class GenericKernel:
+    """A problem served by the shape-generic tier (codegen/cpu/generic.py): the generic library's
+    entry of the problem's kernel op, called with the problem's size array. Called like a Kernel.
+    Each call counts; the `hot_after`-th call of this problem calls `on_hot` once (the tiers' cue to
+    build its specialised kernel in the background)."""
+
+    tier = "generic"
+
+    def __init__(self, library: Kernel, roles: Mapping[str, str], sizes: Sequence[int], *, hot_after: int = 0,
+                 on_hot: Callable[[], None] | None = None):
+        self.source, self.path, self._library = library.source, library.path, library
+        self._fn = library._fn
+        self._sizes = (ctypes.c_int64 * len(sizes))(*sizes)
+        self._roles = tuple(roles.get(kind) for kind in ("X", "W", "Y", "B"))   # the entry's operands by kind
+        self.calls = 0
+        self._hot_after, self._on_hot = hot_after, on_hot
+
+    def _count(self) -> None:
+        self.calls += 1
+        bump("generic_calls")
+        if self.calls == self._hot_after and self._on_hot is not None:
+            self._on_hot()
+
+    def __call__(self, tensors: Mapping[str, torch.Tensor | None], n: int, nthreads: int) -> None:
+        live = [role for role in self._roles if role is not None and tensors.get(role) is not None
+                and tensors[role].numel()]
+        self.bind(self._roles, live, n, nthreads)(*(tensors.get(role) if role else None for role in self._roles))
+
+    def bind(self, roles: Sequence[str], live: Container[str], n: int, nthreads: int) -> Callable[..., None]:
+        """As Kernel.bind: a function of the tensors in the order of `roles`."""
+        fn, name, sizes = self._fn, self.source.name, ctypes.addressof(self._sizes)
+        slots = tuple(roles.index(role) if role is not None and role in live else None for role in self._roles)
+
+        def run(*tensors) -> None:
+            self._count()
+            if fn(*[None if i is None else tensors[i].data_ptr() for i in slots], sizes, n, nthreads) != 0:
                 raise MemoryError(f"kernel {name}: could not allocate its per-thread scratch memory")
         return run

@@ -38,7 +38,7 @@ from ..building import gpu_library
 from ..devices import cuda
 from ..devices.cpu import Kernel
 from ..devices.sim import SimKernel
-from . import bundle, tuning
+from . import bundle, tiers, tuning
 from .problem import gpu_problem
 from ..stats import bump
 from ..codegen.emit import emit
@@ -62,6 +62,7 @@ class Entry:
     source: KernelSource | None
     kernel: Kernel | None = None
     on_device: bool = False   # a GPU device's kernel (else the CPU's, or the simulator's)
+    tier: str = ""            # what serves it: specialised, bundle, generic, generic-dynamic ("": no kernel)
 
 
 _lock = threading.RLock()
@@ -77,6 +78,12 @@ def _target_for(problem: ConvProblem) -> Target:
 def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, KernelSource | None]:
     """The plan and source for `problem`: the tuning database's pick when it has one, else the
     heuristic's (or, with CONVGEN_TUNE=1, the winner of timing every candidate now)."""
+    plan = _plan(problem, target)
+    return plan, emit(plan)
+
+
+def _plan(problem: ConvProblem, target: Target | None = None) -> Plan:
+    """plan_for's plan, without its source."""
     target = target or _target_for(problem)
     plan = lower(problem, target)
     if plan.algorithm != "empty" and len(plan.candidates) > 1:
@@ -88,7 +95,7 @@ def plan_for(problem: ConvProblem, target: Target | None = None) -> tuple[Plan, 
             plan = lower(problem, target, algorithm=entry["algorithm"])
             times = ", ".join(f"{a} {t:g} ms" for a, t in sorted(entry["times_ms"].items(), key=lambda kv: kv[1]))
             plan = plan.decide("algorithm", f"tuned on this machine at batch {entry['batch']}: {times}")
-    return plan, emit(plan)
+    return plan
 
 
 def load_plans(plans: Sequence[Plan]) -> list[Kernel]:
@@ -120,13 +127,21 @@ def device_target(device) -> Target | None:
     return None if device is None or device.type == "cpu" else cuda.target_of(device)
 
 
-def prepare(problems: Sequence[ConvProblem], device=None) -> list[Entry]:
+def _loaded_locked(source: KernelSource, path: Path) -> Kernel:
+    with _lock:
+        return _load(source, path)
+
+
+def prepare(problems: Sequence[ConvProblem], device=None, *, policy: str | None = None) -> list[Entry]:
     """Entries for all `problems` on `device` (a torch.device; None or the CPU: the CPU, or the
     simulator under CONVGEN_SIM); every kernel still missing is built in one parallel ninja run
-    (a GPU device's: one vendor compile each)."""
+    (a GPU device's: one vendor compile each). On the CPU, `policy` (default CONVGEN_JIT) may
+    serve them from the generic tier instead (tiers.py); "eager" also builds the specialised
+    kernels of entries the generic tier serves so far."""
     gpu = device_target(device)
     vendor = gpu.name() if gpu is not None else knobs.sim()
     kind = gpu.kind if gpu is not None else parse_target(vendor).kind if vendor else TargetKind.CPU
+    policy = policy or (knobs.jit() if not vendor else "eager")
     with _lock:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
@@ -137,27 +152,35 @@ def prepare(problems: Sequence[ConvProblem], device=None) -> list[Entry]:
             if entry is not None and key in _table:
                 bump("memory_hits")
             if entry is None:
-                entry = new[key] = _served(p, gpu, vendor)
+                entry = new[key] = _served(p, gpu, vendor, policy)
             entries.append(entry)
-        pending = [e for e in new.values() if e.source is not None and e.kernel is None]
+        pending = [e for e in new.values() if e.plan.algorithm != "empty" and e.kernel is None]
         if gpu is not None:
             for e in pending:
-                e.kernel = _load(e.source, gpu_library.build_library(e.source), on_device=True)
-        elif pending:
-            paths = build.build_many([e.source for e in pending])
-            for e, path in zip(pending, paths):
-                e.kernel = _load(e.source, path)
+                e.kernel, e.tier = _load(e.source, gpu_library.build_library(e.source), on_device=True), "specialised"
+        elif vendor and pending:
+            tiers.build_now(pending, _load)
+        elif pending or policy == "eager":
+            upgrade = [e for e in entries if policy == "eager" and e.tier.startswith("generic")]
+            for e in upgrade:
+                e.kernel = None
+            tiers.serve(pending + upgrade, policy, _loaded_locked)   # (disjoint: new entries have no tier)
+            if upgrade:
+                tiers.notify()
         _table.update(new)
         return entries
 
 
-def _served(p: ConvProblem, gpu: Target | None, vendor: str) -> Entry:
-    """A new entry: a loaded bundle's kernel when one has it (no build), else a plan to build."""
+def _served(p: ConvProblem, gpu: Target | None, vendor: str, policy: str) -> Entry:
+    """A new entry: a loaded bundle's kernel when one has it (no build), else a plan to build
+    (on the CPU outside the eager policy, its source is emitted only if it is built)."""
     target = gpu or (_target_for(p) if vendor else None)
-    served = bundle.serve(p, target, on_device=gpu is not None)
+    served = bundle.serve(p, target, on_device=gpu is not None) if policy != "generic" else None
     if served is not None:
         bump("bundle_hits")
-        return Entry(served.plan, served.source, served.kernel(), on_device=gpu is not None)
+        return Entry(served.plan, served.source, served.kernel(), on_device=gpu is not None, tier="bundle")
+    if gpu is None and not vendor and policy != "eager":
+        return Entry(_plan(p, target), None)
     plan, source = plan_for(p, target)
     return Entry(plan, source, on_device=gpu is not None)
 

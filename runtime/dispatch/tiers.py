@@ -1,0 +1,234 @@
+"""Kernel tiers: no CPU call waits for a compiler (DESIGN.md "Kernel tiers").
+
+A CPU problem whose specialised kernel is not ready in this process is served by the shape-generic
+tier (codegen/cpu/generic.py: one library per kernel op, dtype and target, sizes at run time, built
+by `convgen setup` or once at first use). What happens next is CONVGEN_JIT's policy:
+
+- background (default): a problem that is called again (HOT_CALLS) is hot: its specialised kernel
+  is built on a background thread (ninja with `workers()` compiles, fewer than the cores) and
+  replaces the generic one for later calls once loaded (a problem whose kernel is already on disk
+  is found there by that thread in milliseconds). A problem called once never costs a build: a
+  forward whose inputs need gradients no longer builds the backward's kernels, and a sweep of
+  one-off shapes (a test suite) builds nothing.
+- Dynamic shapes, torch.compile's rule: a layer (a problem but for its spatial sizes and batch) seen
+  with more than DYNAMIC_AFTER spatial sizes is dynamic; its new sizes stay on the generic tier,
+  whose kernels take every size at run time, instead of a specialised build per size.
+- eager: today's behaviour, the specialised kernel built on the call (benchmarks, `convgen bench`).
+- generic: the generic tier for every problem it serves, nothing specialised (tests of the tier).
+
+A swap tells the listeners (api/ops.py forgets its remembered calls, which hold bound kernels).
+Background builds are dropped at exit (the one under way finishes); nothing is lost but time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import os
+import threading
+import warnings
+from typing import Callable, Sequence
+
+from .. import knobs
+from ..building import build
+from ..codegen.cpu import generic
+from ..codegen.emit import emit
+from ..codegen.errors import ConvgenError
+from ..codegen.ir import ConvProblem, DType
+from ..codegen.plan import Plan
+from ..codegen.target import Target, host_cpu
+from ..devices.cpu import GenericKernel, Kernel
+from ..stats import bump
+
+HOT_CALLS = 2          # the call of a problem that queues its specialised build
+DYNAMIC_AFTER = 2      # spatial sizes of a layer that get specialised kernels; from the next on, generic
+
+_lock = threading.RLock()
+_libraries: dict[tuple, Kernel] = {}                       # (kernel op, dtype, target key) -> generic entry
+_sizes_seen: dict[str, set] = collections.defaultdict(set)  # layer key -> spatial sizes seen
+_listeners: list[Callable[[], None]] = []
+
+
+def workers() -> int:
+    """Compiles a background build runs at once: fewer than the cores (at least one)."""
+    return max(1, min(knobs.build_jobs(), (os.cpu_count() or 2) - 1))
+
+
+def on_swap(listener: Callable[[], None]) -> None:
+    """Call `listener` after every swap of a generic kernel for a specialised one."""
+    _listeners.append(listener)
+
+
+def setup(target: Target | None = None) -> list:
+    """Build the generic tier's libraries for every dtype on `target` (the host's CPU): once per machine."""
+    target = target or host_cpu()
+    sources = [generic.source(kop, dtype, target) for dtype in DType for kop in generic.KOPS]
+    return build.build_many(sources)
+
+
+def describe(plan: Plan, source) -> str:
+    """Which tier a call of `plan`'s problem is served by under the current policy, in words."""
+    policy, cached = knobs.jit(), build.cached(source) is not None
+    where = "in the cache" if cached else "not built yet"
+    if policy == "eager" or not generic.serves(plan):
+        return f"specialised ({where}{'' if cached else '; the call builds it'}; CONVGEN_JIT={policy})"
+    name = generic.source(plan.kop, plan.problem.dtype, plan.target).name
+    if policy == "generic":
+        return f"shape-generic ({name}; CONVGEN_JIT=generic)"
+    return (f"shape-generic ({name}) at once, then specialised (its kernel {where}): call {HOT_CALLS} of the "
+            f"problem in a process queues it on the background builder, a layer seen with more than "
+            f"{DYNAMIC_AFTER} spatial sizes stays generic (CONVGEN_JIT=background)")
+
+
+def _library(plan: Plan, load) -> Kernel:
+    """The generic tier's entry for `plan`'s kernel op (its dtype's four libraries built once)."""
+    dtype, target = plan.problem.dtype, plan.target
+    key = (plan.kop, dtype, target.key())
+    with _lock:
+        known = _libraries.get(key)
+        if known is None:
+            sources = [generic.source(kop, dtype, target) for kop in generic.KOPS]
+            for kop, source, path in zip(generic.KOPS, sources, build.build_many(sources)):
+                _libraries[(kop, dtype, target.key())] = load(source, path)
+            known = _libraries[key]
+        return known
+
+
+def layer_key(problem: ConvProblem) -> str:
+    """The problem but for its batch and spatial sizes (and the output padding that picks a size)."""
+    return dataclasses.replace(problem, n=-1, in_size=(0,) * len(problem.in_size),
+                               output_padding=(0,) * len(problem.output_padding)).key()
+
+
+def forget_layers() -> None:
+    """Forget the spatial sizes seen per layer (no layer is dynamic after this)."""
+    with _lock:
+        _sizes_seen.clear()
+
+
+def _dynamic(problem: ConvProblem) -> bool:
+    """Record the problem's spatial size for its layer; whether the layer is dynamic now."""
+    with _lock:
+        seen = _sizes_seen[layer_key(problem)]
+        seen.add(problem.in_size)
+        return len(seen) > DYNAMIC_AFTER
+
+
+def serve(entries: Sequence, policy: str, load: Callable) -> None:
+    """Give each dispatch entry (its plan lowered, no kernel yet) a kernel under `policy`: the
+    specialised one built now (eager, or a problem the generic tier does not serve), else the
+    generic tier's, with a background build queued when the problem turns hot (background)."""
+    now = [e for e in entries if policy == "eager" or not generic.serves(e.plan)]
+    if now:
+        build_now(now, load)
+    for e in entries:
+        if e.kernel is not None:
+            continue
+        dynamic = _dynamic(e.plan.problem)
+        hot = None if policy != "background" or dynamic else (lambda e=e: submit(e, load))
+        e.kernel = GenericKernel(_library(e.plan, load), generic.kinds(e.plan), generic.sizes(e.plan),
+                                 hot_after=HOT_CALLS, on_hot=hot)
+        e.tier = "generic-dynamic" if dynamic and policy == "background" else "generic"
+
+
+def build_now(entries: Sequence, load) -> None:
+    """Build (one ninja run) and load the specialised kernels of `entries`."""
+    for e in entries:
+        if e.source is None:
+            e.source = emit(e.plan)
+    paths = build.build_many([e.source for e in entries])
+    for e, path in zip(entries, paths):
+        e.kernel = load(e.source, path)
+        e.tier = "specialised"
+
+
+# ---------------------------------------------------------------------------------- background
+
+_queue: collections.deque = collections.deque()
+_wake = threading.Condition(_lock)
+_busy = 0                     # batches being built
+_thread: threading.Thread | None = None
+_closing = False
+
+
+def submit(entry, load) -> None:
+    """Queue `entry`'s specialised build on the background thread (started on first use)."""
+    global _thread
+    with _wake:
+        if _closing:
+            return
+        _queue.append((entry, load))
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_work, name="convgen-builder", daemon=True)
+            _thread.start()
+        _wake.notify_all()
+
+
+def pending() -> int:
+    """Background builds queued or under way."""
+    with _lock:
+        return len(_queue) + _busy
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until no background build is queued or under way (True), or `timeout` seconds pass."""
+    with _wake:
+        return _wake.wait_for(lambda: not _queue and not _busy, timeout)
+
+
+def _work() -> None:
+    global _busy
+    while True:
+        with _wake:
+            _wake.wait_for(lambda: _queue or _closing)
+            if _closing:
+                return
+            batch = [_queue.popleft() for _ in range(min(len(_queue), 4 * workers()))]
+            _busy += 1
+        try:
+            _build_batch(batch)
+        finally:
+            with _wake:
+                _busy -= 1
+                _wake.notify_all()
+
+
+def _build_batch(batch: list) -> None:
+    """Emit, build and load a batch of specialised kernels and swap each in for its generic one."""
+    try:
+        sources = [e.source or emit(e.plan) for e, _ in batch]
+        paths = build.build_many(sources, parallel=workers())
+    except (ConvgenError, OSError) as err:   # the generic kernels stay: correct, only slower
+        bump("background_failures", len(batch))
+        warnings.warn(f"convgen: a background build failed, the generic kernels keep serving: {err}",
+                      RuntimeWarning, stacklevel=1)
+        return
+    for (entry, load), source, path in zip(batch, sources, paths):
+        kernel = load(source, path)
+        with _lock:
+            entry.source, entry.kernel, entry.tier = source, kernel, "specialised"
+        bump("background_builds")
+        bump("swaps")
+    notify()
+
+
+def notify() -> None:
+    """Tell the listeners that kernels were swapped."""
+    for listener in list(_listeners):
+        listener()
+
+
+def _close() -> None:
+    """At exit: drop queued builds, let the one under way finish."""
+    global _closing
+    with _wake:
+        _closing = True
+        _queue.clear()
+        _wake.notify_all()
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        thread.join()
+
+
+atexit.register(_close)

@@ -1,0 +1,159 @@
+"""The kernel tiers (runtime/dispatch/tiers.py, DESIGN.md "Kernel tiers"): the shape-generic kernels
+against ATen in float64 on every CASES.md run (forced with CONVGEN_JIT=generic), and the background
+policy: a new shape served at once with no compiler on its path, the specialised kernel built in
+the background when the problem is called again and swapped in, a forward that builds nothing for
+its backward, a layer gone dynamic after DYNAMIC_AFTER spatial sizes, and a failed background
+build that leaves the generic kernel serving. (The rest of the suite runs under CONVGEN_JIT=eager:
+tests/conftest.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import convgen
+from convgen import knobs
+from convgen.api import ops
+from convgen.building import build
+from convgen.codegen.errors import BuildError, ConvgenError
+from convgen.dispatch import dispatch, tiers
+from convgen.stats import reset
+
+from support.cases import CASES, DTYPES, LOW_PRECISION_CASES, check_case, operands, variants_of
+from support.reference import assert_close, randn, reduction_terms
+
+
+def _fresh(monkeypatch, policy: str) -> None:
+    """Policy `policy`, no remembered calls or entries, no layer seen, fresh counters."""
+    monkeypatch.setenv("CONVGEN_JIT", policy)
+    assert tiers.wait(120), "a background build of an earlier test did not finish"
+    dispatch.clear()
+    ops.forget_calls()
+    tiers.forget_layers()
+    reset()
+
+
+@pytest.fixture(scope="module")
+def generic_built():
+    """The generic tier's libraries for every dtype, built once for the module."""
+    return tiers.setup()
+
+
+def generic_params():
+    for case in CASES:
+        dtypes = ["f32", "f64"] + (["bf16", "f16"] if case.id in LOW_PRECISION_CASES else [])
+        for dtype in dtypes:
+            for variant in variants_of(case):
+                yield pytest.param(case, DTYPES[dtype], variant, id=f"{case.id}-{dtype}-{variant}")
+
+
+@pytest.mark.parametrize("case, dtype, variant", list(generic_params()))
+def test_generic_tier_case(case, dtype, variant, generic_built, monkeypatch):
+    _fresh(monkeypatch, "generic")
+    check_case(case, dtype, operands(case, dtype, variant))
+    counts = convgen.stats()
+    assert counts["builds"] == 0, "the generic tier must not build anything once its libraries exist"
+    empty = 0 in case.input or 0 in case.weight
+    assert (counts["generic_calls"] == 0) if empty else (counts["generic_calls"] >= 8), counts
+
+
+def _conv(x, w, b=None, padding=1):
+    return ops.convolution(x, w, b, [1, 1], [padding, padding], [1, 1], False, [0, 0], 1)
+
+
+def _entry(x, w, b=None, padding=1):
+    return dispatch.kernel_for(ops.call_problems(x, w, b, 1, padding, 1, False, 0, 1)[0])
+
+
+def test_background_serves_at_once_then_swaps(generic_built, private_cache, monkeypatch):
+    tiers.setup()                       # this test's own cache: its generic libraries first
+    _fresh(monkeypatch, "background")
+    gen = torch.Generator().manual_seed(1)
+    x, w, b = randn((2, 5, 13, 11), torch.float32, gen), randn((7, 5, 3, 3), torch.float32, gen), \
+        randn((7,), torch.float32, gen)
+    ref = torch.ops.aten.convolution(x.double(), w.double(), b.double(), [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    terms = reduction_terms(x.shape, w.shape, ref.shape)["forward"]
+
+    first = _conv(x, w, b)
+    assert convgen.stats()["builds"] == 0 and tiers.pending() == 0, "a first call must not build"
+    assert _entry(x, w, b).tier == "generic"
+    second = _conv(x, w, b)             # the second call makes the problem hot: its build is queued
+    assert tiers.wait(120)
+    counts = convgen.stats()
+    assert counts["generic_calls"] == 2 and counts["background_builds"] == 1 and counts["swaps"] == 1, counts
+    assert counts["builds"] == 1
+    assert _entry(x, w, b).tier == "specialised"
+    third = _conv(x, w, b)
+    assert convgen.stats()["generic_calls"] == 2, "after the swap the specialised kernel serves"
+    for got in (first, second, third):
+        assert_close(got, ref, torch.float32, "forward", terms)
+
+
+def test_forward_builds_nothing_for_its_backward(generic_built, monkeypatch):
+    _fresh(monkeypatch, "background")
+    gen = torch.Generator().manual_seed(2)
+    x = randn((1, 6, 9, 7), torch.float64, gen).requires_grad_()
+    w = randn((4, 3, 3, 3), torch.float64, gen).requires_grad_()
+    y = convgen.conv2d(x, w, None, 1, 1, 1, 2)
+    assert convgen.stats()["builds"] == 0 and tiers.pending() == 0
+    gy = randn(tuple(y.shape), torch.float64, gen)
+    y.backward(gy)
+    assert convgen.stats()["builds"] == 0
+    x64, w64 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch.nn.functional.conv2d(x64, w64, None, 1, 1, 1, 2).backward(gy)
+    assert_close(x.grad, x64.grad, torch.float64, "grad_input")
+    assert_close(w.grad, w64.grad, torch.float64, "grad_weight")
+
+
+def test_layer_goes_dynamic(generic_built, monkeypatch):
+    _fresh(monkeypatch, "background")
+    gen = torch.Generator().manual_seed(3)
+    w = randn((6, 4, 3, 3), torch.float32, gen)
+    sizes = [(9, 9), (10, 12), (11, 7)]
+    assert len(sizes) == tiers.DYNAMIC_AFTER + 1
+    for h, wd in sizes:
+        x = randn((1, 4, h, wd), torch.float32, gen)
+        ref = torch.ops.aten.convolution(x.double(), w.double(), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        for _ in range(tiers.HOT_CALLS):
+            assert_close(_conv(x, w), ref, torch.float32, "forward", 36)
+        assert tiers.wait(120)
+    assert convgen.stats()["background_builds"] == tiers.DYNAMIC_AFTER
+    assert _entry(x, w).tier == "generic-dynamic"
+
+
+def test_eager_policy_builds_on_the_call(monkeypatch):
+    _fresh(monkeypatch, "eager")
+    gen = torch.Generator().manual_seed(4)
+    x, w = randn((1, 3, 6, 6), torch.float32, gen), randn((5, 3, 1, 1), torch.float32, gen)
+    _conv(x, w, padding=0)
+    assert convgen.stats()["generic_calls"] == 0
+    assert _entry(x, w, padding=0).tier == "specialised"
+
+
+def test_failed_background_build_keeps_the_generic_kernel(generic_built, monkeypatch):
+    _fresh(monkeypatch, "background")
+    real = build.build_many
+
+    def failing(sources, **kwargs):
+        if kwargs.get("parallel"):      # the background builder's call
+            raise BuildError("compiler crashed (injected)")
+        return real(sources, **kwargs)
+
+    monkeypatch.setattr(build, "build_many", failing)
+    gen = torch.Generator().manual_seed(5)
+    x, w = randn((1, 3, 7, 5), torch.float64, gen), randn((2, 3, 2, 2), torch.float64, gen)
+    ref = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    with pytest.warns(RuntimeWarning, match="background build failed.*injected"):
+        for _ in range(tiers.HOT_CALLS):
+            _conv(x, w)
+        assert tiers.wait(120)
+    assert convgen.stats()["background_failures"] == 1
+    assert _entry(x, w).tier == "generic"
+    assert_close(_conv(x, w), ref, torch.float64, "forward")
+
+
+def test_bad_policy_is_named(monkeypatch):
+    monkeypatch.setenv("CONVGEN_JIT", "sometimes")
+    with pytest.raises(ConvgenError, match=r"CONVGEN_JIT='sometimes'.*background, eager, generic"):
+        knobs.jit()
