@@ -1,7 +1,7 @@
 """Training on a new input size every step (multi-scale images, variable-length audio), from an
 empty kernel cache, with every convolution served by convgen inside `convgen.enabled()`.
 
-    python examples/variable_sizes.py [--steps 30] [--batch 8] [--min 32] [--max 96]
+    python examples/variable_sizes.py [--steps 30] [--batch 8] [--min 32] [--max 96] [--jit background]
 
 The model has a strided stem, a grouped conv, a depthwise conv, a 1x1 conv, a transposed conv and
 a 1-D conv head. Each step draws a new height and width; torch and convgen train copies of the
@@ -61,12 +61,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--min", type=int, default=32, help="smallest height/width (default 32)")
     parser.add_argument("--max", type=int, default=96, help="largest height/width (default 96)")
+    parser.add_argument("--jit", default="background", choices=("background", "eager", "generic"),
+                        help="CONVGEN_JIT for convgen's calls (default background)")
     parser.add_argument("--cache", default="", help="kernel cache directory ('env': CONVGEN_CACHE_DIR; "
                                                     "default: a fresh temporary one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="convgen-cache-") as fresh:
         if args.cache != "env":
             os.environ["CONVGEN_CACHE_DIR"] = args.cache or fresh
+        os.environ["CONVGEN_JIT"] = args.jit
         return run(args)
 
 
@@ -80,7 +83,7 @@ def run(args) -> int:
     sizes = torch.randint(args.min, args.max + 1, (args.steps, 2)).tolist()
     print(f"convgen {convgen.__version__}, torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
           f"{args.steps} steps of batch {args.batch}, sizes {args.min}..{args.max}, "
-          f"CONVGEN_JIT={os.environ.get('CONVGEN_JIT') or 'background'}")
+          f"CONVGEN_JIT={args.jit}")
     print(f"{'step':>4}  {'size':>7}  {'torch ms':>9}  {'convgen ms':>10}")
     totals, slowest, worst = [0.0, 0.0], [0.0, 0.0], 0.0
     for i, (h, w) in enumerate(sizes):

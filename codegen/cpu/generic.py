@@ -42,8 +42,15 @@ class GenericContext:
     acc: str
     lanes: int
     vector_bytes: int
+    rows: int         # rows of the register tile (MR): two vectors wide, as many rows as the registers hold
     g: None = None    # no compile-time geometry (templates/cpu/common.h.j2 leaves out its constants)
     t: None = None    # no plan tiling
+
+
+def tile_rows(target: Target) -> int:
+    """MR: 2 * MR accumulators, two vectors of the B panel and a broadcast fit the target's vector
+    registers (12 rows with 32 registers, 6 with 16)."""
+    return 12 if target.vector_registers >= 32 else 6
 
 
 def serves(plan: Plan) -> bool:
@@ -62,7 +69,8 @@ def source(kop: KOp, dtype: DType, target: Target) -> KernelSource:
               "reasons": (("tier", "shape-generic: sizes, strides, padding, dilation and groups are run-time "
                                    "arguments"),)}
     context = GenericContext(entry=entry, kop=kop.value, dtype=dtype.value, storage=STORAGE[dtype],
-                             acc=ACCUMULATOR[dtype], lanes=lanes, vector_bytes=lanes * dtype.accumulator.itemsize)
+                             acc=ACCUMULATOR[dtype], lanes=lanes, vector_bytes=lanes * dtype.accumulator.itemsize,
+                             rows=tile_rows(target))
     return KernelSource(name=name, text=render(TEMPLATE, h=header, c=context), entry=entry, signature=SIGNATURE,
                         target=target)
 

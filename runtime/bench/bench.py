@@ -43,6 +43,7 @@ from typing import Callable, Sequence, TextIO
 
 import torch
 
+from .. import knobs
 from ..api import eager, functional, ops
 from ..dispatch import dispatch
 from . import peak
@@ -88,6 +89,11 @@ class Case:
 
 
 # ------------------------------------------------------------------------------ operands
+
+def _policy() -> str:
+    """Specialised kernels, built before timing (eager); the generic tier's where CONVGEN_JIT=generic
+    asks to measure that tier."""
+    return "generic" if knobs.jit() == "generic" else "eager"
 
 
 def layout_for(shape: BenchShape, layout: Layout) -> Layout:
@@ -148,13 +154,13 @@ def build_all(cases: Sequence[Case]) -> None:
                                  grad_output=t["grad_output"])
 
     try:
-        dispatch.prepare([p for c in good for p in problems(c)], policy="eager")
+        dispatch.prepare([p for c in good for p in problems(c)], policy=_policy())
         return
     except (ConvgenError, ValueError, NotImplementedError):
         pass
     for c in good:   # find which ones fail (the others are built by now, or build here)
         try:
-            dispatch.prepare(problems(c), policy="eager")
+            dispatch.prepare(problems(c), policy=_policy())
         except (ConvgenError, ValueError, NotImplementedError) as e:
             c.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 

@@ -206,6 +206,7 @@ def test_setup_cli_reports_the_launcher(launcher, capsys):
     assert cli.main(["setup"]) == 0
     out = capsys.readouterr().out
     assert "convgen_eager" in out and "the eager launcher, built for torch" in out
+    assert "shape-generic kernels: 16" in out   # four kernel ops in four dtypes (runtime/dispatch/tiers.py)
 
 
 # ---------------------------------------------------------------------------- failures lose nothing
