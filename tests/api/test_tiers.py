@@ -20,7 +20,7 @@ from convgen.codegen.errors import BuildError, ConvgenError
 from convgen.dispatch import dispatch, tiers
 from convgen.stats import reset
 
-from support.cases import CASES, DTYPES, LOW_PRECISION_CASES, check_case, operands, variants_of
+from support.cases import CASES, DTYPES, LOW_PRECISION_CASES, Case, check_case, operands, variants_of
 from support.reference import assert_close, randn, reduction_terms
 
 
@@ -56,6 +56,24 @@ def test_generic_tier_case(case, dtype, variant, generic_built, monkeypatch):
     assert counts["builds"] == 0, "the generic tier must not build anything once its libraries exist"
     empty = 0 in case.input or 0 in case.weight
     assert (counts["generic_calls"] == 0) if empty else (counts["generic_calls"] >= 8), counts
+
+
+# The generic kernels' own paths that CASES.md's small images do not reach: rows wider than four
+# vectors (depthwise rows summed four vectors side by side), channel counts that are not a multiple
+# of a vector (the channels-last depthwise kernels' partial vectors), a weight gradient whose
+# columns (input channel, tap) come in several blocks (grad_output packed once for them all).
+WIDE = [Case("wide-depthwise-stride1", (2, 20, 5, 80), 20, (3, 3), padding=1, groups=20),
+        Case("wide-depthwise-stride2", (1, 20, 6, 81), 20, (3, 5), stride=2, padding=(1, 2), groups=20),
+        Case("wide-grouped-many-columns", (2, 96, 6, 70), 48, (3, 3), padding=1, groups=2)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16", "f16"])
+@pytest.mark.parametrize("variant", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("case", WIDE, ids=[c.id for c in WIDE])
+def test_generic_tier_wide_rows(case, variant, dtype, generic_built, monkeypatch):
+    _fresh(monkeypatch, "generic")
+    check_case(case, DTYPES[dtype], operands(case, DTYPES[dtype], variant))
+    assert convgen.stats()["builds"] == 0 and convgen.stats()["generic_calls"] >= 8
 
 
 def _conv(x, w, b=None, padding=1):
@@ -151,6 +169,18 @@ def test_failed_background_build_keeps_the_generic_kernel(generic_built, monkeyp
     assert convgen.stats()["background_failures"] == 1
     assert _entry(x, w).tier == "generic"
     assert_close(_conv(x, w), ref, torch.float64, "forward")
+
+
+@pytest.mark.parametrize("policy, says", [("background", "shape-generic (generic_fwd_f32_"),
+                                          ("generic", "shape-generic (generic_fwd_f32_"),
+                                          ("eager", "specialised (")])
+def test_explain_names_the_tier(policy, says, monkeypatch, capsys):
+    from convgen import cli
+
+    monkeypatch.setenv("CONVGEN_JIT", policy)
+    assert cli.main(["explain", "--input", "1,3,9,9", "--weight", "4,3,3,3"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("tier:")]
+    assert len(line) == 1 and says in line[0] and f"CONVGEN_JIT={policy}" in line[0]
 
 
 def test_bad_policy_is_named(monkeypatch):
