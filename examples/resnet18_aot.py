@@ -109,7 +109,8 @@ def fresh_process(mode: str, batch: int, size: int, out: Path, result: Path) -> 
     code = (f"import sys, torch; sys.path.insert(0, {str(Path(__file__).parent)!r}); import resnet18_aot as r; "
             f"torch.save(r.training_step({str(out) if mode == 'bundle' else None!r}, {batch}, {size}), {str(result)!r})")
     with tempfile.TemporaryDirectory(prefix=f"convgen-{mode}-") as cache:
-        env = {**os.environ, "CONVGEN_CACHE_DIR": cache}
+        # the JIT as it compiles on first use (CONVGEN_JIT=eager): the specialised kernels the bundle holds
+        env = {**os.environ, "CONVGEN_CACHE_DIR": cache, "CONVGEN_JIT": "eager"}
         if mode == "bundle":
             env["CXX"] = "/nonexistent/c++"  # the bundle must not need a compiler
         subprocess.run([sys.executable, "-c", code], env=env, check=True)

@@ -26,10 +26,11 @@ from .api.shapes import collect
 from .dispatch.bundle import load_bundle
 from .api.serve_aten import disable, enable, enabled, is_enabled
 from .devices.sim import profiling as sim_profile
+from .dispatch.tiers import wait as wait_builds
 
 __version__ = _version()
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution",
-    "convolution_backward", "nn", "convert", "enabled", "enable", "disable", "is_enabled", "stats", "collect", "load_bundle", "sim_profile", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
+    "convolution_backward", "nn", "convert", "enabled", "enable", "disable", "is_enabled", "stats", "collect", "load_bundle", "sim_profile", "wait_builds", "ConvgenError", "ConvSpecError", "BuildError", "CacheError",
 ]
