@@ -12,6 +12,8 @@ Bottom to top (a module imports only from those above it in this list, and from 
                gemm, grouplanes, depthwise (planes forward and data gradient, depthwise weight
                gradient), planes (weight gradient over planes), amx, reduce (the bias gradient)
 - families.py  the table the passes and the emitter look families up in
+- generic.py   not a family of the table: the shape-generic kernels (every size at run time) that
+               the runtime's tiers run for any problem until its own family's kernel is built
 
 A new family is a module here exporting FAMILY, listed in families.py; where its `join` (fit test)
 and `rule` (preference over the choice so far) come in passes/algorithm.py's JOINS and RULES is the
