@@ -17,6 +17,7 @@ from convgen import knobs
 from convgen.api import ops
 from convgen.building import build
 from convgen.codegen.errors import BuildError, ConvgenError
+from convgen.codegen.target import host_isas
 from convgen.dispatch import dispatch, tiers
 from convgen.stats import reset
 
@@ -32,6 +33,17 @@ def _fresh(monkeypatch, policy: str) -> None:
     ops.forget_calls()
     tiers.forget_layers()
     reset()
+
+
+@pytest.fixture(autouse=True)
+def clean_tables():
+    """After each test: no generic entry or remembered call left for the tests that follow in this
+    process (they run under eager and expect specialised kernels), no build still under way."""
+    yield
+    tiers.wait(120)
+    dispatch.clear()
+    ops.forget_calls()
+    tiers.forget_layers()
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +86,24 @@ def test_generic_tier_wide_rows(case, variant, dtype, generic_built, monkeypatch
     _fresh(monkeypatch, "generic")
     check_case(case, DTYPES[dtype], operands(case, DTYPES[dtype], variant))
     assert convgen.stats()["builds"] == 0 and convgen.stats()["generic_calls"] >= 8
+
+
+# The register tile's rows follow the vector registers (12 with AVX-512's 32, 6 with 16): every ISA
+# level this CPU runs, on cases with groups, depthwise, transposed and a 576-term reduction.
+ISA_CASES = ["02-mixed-stride-padding-dilation4-groups2", "06-depthwise", "16-transposed-output-padding",
+             "21b-resnet-block-3x3-batch2"]
+
+
+@pytest.mark.parametrize("isa", host_isas())
+@pytest.mark.parametrize("case_id", ISA_CASES)
+def test_generic_tier_on_every_isa_level(isa, case_id, monkeypatch):
+    monkeypatch.setenv("CONVGEN_ISA", isa)
+    _fresh(monkeypatch, "generic")
+    case = next(c for c in CASES if c.id == case_id)
+    for variant in ("contiguous", "channels_last"):   # (clean_tables drops this ISA's entries after)
+        for dtype in ("f32", "bf16"):
+            check_case(case, DTYPES[dtype], operands(case, DTYPES[dtype], variant))
+    assert convgen.stats()["generic_calls"] >= 32
 
 
 def _conv(x, w, b=None, padding=1):
