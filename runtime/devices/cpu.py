@@ -99,8 +99,6 @@ class Kernel:
     inside an imported ahead-of-time bundle (`served`: a dispatch.bundle.Served).
     """
 
-    tier = "specialised"
-
     def __init__(self, source: KernelSource, path: Path | None, *, served=None):
         self.source = source
         self.path = path
@@ -150,8 +148,6 @@ class GenericKernel:
     entry of the problem's kernel op, called with the problem's size array. Called like a Kernel.
     Each call counts; the `hot_after`-th call of this problem calls `on_hot` once (the tiers' cue to
     build its specialised kernel in the background)."""
-
-    tier = "generic"
 
     def __init__(self, library: Kernel, roles: Mapping[str, str], sizes: Sequence[int], *, hot_after: int = 0,
                  on_hot: Callable[[], None] | None = None):

@@ -162,9 +162,15 @@ def prepare(problems: Sequence[ConvProblem], device=None, *, policy: str | None 
             tiers.build_now(pending, _load)
         elif pending or policy == "eager":
             upgrade = [e for e in entries if policy == "eager" and e.tier.startswith("generic")]
+            kept = [(e, e.kernel, e.tier) for e in upgrade]
             for e in upgrade:
                 e.kernel = None
-            tiers.serve(pending + upgrade, policy, _loaded_locked)   # (disjoint: new entries have no tier)
+            try:
+                tiers.serve(pending + upgrade, policy, _loaded_locked)   # (disjoint: new entries have no tier)
+            except BaseException:   # a failed build leaves the generic kernels serving, never none
+                for e, kernel, tier in kept:
+                    e.kernel, e.tier = kernel, tier
+                raise
             if upgrade:
                 tiers.notify()
         _table.update(new)

@@ -201,6 +201,31 @@ def test_failed_background_build_keeps_the_generic_kernel(generic_built, monkeyp
     assert_close(_conv(x, w), ref, torch.float64, "forward")
 
 
+def test_eager_prepare_upgrades_generic_entries_or_keeps_them(generic_built, monkeypatch):
+    _fresh(monkeypatch, "background")
+    gen = torch.Generator().manual_seed(6)
+    x, w = randn((1, 3, 8, 6), torch.float64, gen), randn((5, 3, 3, 3), torch.float64, gen)
+    ref = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    _conv(x, w)
+    problems = ops.call_problems(x, w, None, 1, 1, 1, False, 0, 1)[:1]
+    real = build.build_many
+
+    def failing(sources, **kwargs):
+        raise BuildError("compiler crashed (injected)")
+
+    monkeypatch.setattr(build, "build_many", failing)
+    with pytest.raises(BuildError, match="injected"):
+        dispatch.prepare(problems, policy="eager")
+    assert _entry(x, w).tier == "generic"   # still served, by the generic kernel
+    assert_close(_conv(x, w), ref, torch.float64, "forward")
+    monkeypatch.setattr(build, "build_many", real)
+    dispatch.prepare(problems, policy="eager")   # as `convgen bench` prepares
+    assert _entry(x, w).tier == "specialised"
+    calls = convgen.stats()["generic_calls"]
+    assert_close(_conv(x, w), ref, torch.float64, "forward")
+    assert convgen.stats()["generic_calls"] == calls
+
+
 @pytest.mark.parametrize("policy, says", [("background", "shape-generic (generic_fwd_f32_"),
                                           ("generic", "shape-generic (generic_fwd_f32_"),
                                           ("eager", "specialised (")])
