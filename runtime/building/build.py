@@ -239,13 +239,18 @@ def cached(source: KernelSource) -> Path | None:
     """The artifact of `source` if this process or the disk cache has it (nothing is built)."""
     _check_source(source)
     argv = knobs.cxx()
-    key = _key(source, argv, compiler_identity(argv), knobs.convgen_version())
+    return _lookup(str(cache.root()), _key(source, argv, compiler_identity(argv), knobs.convgen_version()))[0]
+
+
+def _lookup(base: str, key: str) -> tuple[Path | None, str]:
+    """(artifact, where: "memory_hits" or "disk_hits") for `key` in this process's memory, else on
+    disk (a corrupt entry is warned about and skipped); (None, "") where neither has it."""
     with _memo_lock:
-        known = _memory.get((str(cache.root()), key))
+        known = _memory.get((base, key))
     if known is not None and known.exists():
-        return known
+        return known, "memory_hits"
     artifact = cache.lookup(key)
-    return _remember(str(cache.root()), key, artifact) if artifact is not None else None
+    return (_remember(base, key, artifact), "disk_hits") if artifact is not None else (None, "")
 
 
 def build_many(sources: Sequence[KernelSource], *, force: bool = False, parallel: int | None = None) -> list[Path]:
@@ -270,16 +275,10 @@ def build_many(sources: Sequence[KernelSource], *, force: bool = False, parallel
         if key in found or key in missing:
             continue
         if not force:
-            with _memo_lock:
-                known = _memory.get((base, key))
-            if known is not None and known.exists():
-                bump("memory_hits")
-                found[key] = known
-                continue
-            artifact = cache.lookup(key)  # warns about (and skips) a corrupt entry
+            artifact, where = _lookup(base, key)
             if artifact is not None:
-                bump("disk_hits")
-                found[key] = _remember(base, key, artifact)
+                bump(where)
+                found[key] = artifact
                 continue
         missing[key] = source
     if missing:
