@@ -34,19 +34,11 @@ import torch
 import convgen
 
 from support.builds import prebuild, problems_of_runs
-from support.cases import CASES, CHAIN_LAYERS, DTYPES, LOW_PRECISION_CASES, check_case, operands, variants_of
+from support.cases import CASES, CHAIN_LAYERS, check_case, operands, runs
 from support.reference import assert_close, generator_for, randn
 
 
-def params():
-    for case in CASES:
-        dtypes = ["f32", "f64"] + (["bf16", "f16"] if case.id in LOW_PRECISION_CASES else [])
-        for dtype in dtypes:
-            for variant in variants_of(case):
-                yield pytest.param(case, DTYPES[dtype], variant, id=f"{case.id}-{dtype}-{variant}")
-
-
-PARAMS = list(params())
+PARAMS = runs()
 
 
 @pytest.fixture(scope="module")

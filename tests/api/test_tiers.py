@@ -21,7 +21,7 @@ from convgen.codegen.target import host_isas
 from convgen.dispatch import dispatch, tiers
 from convgen.stats import reset
 
-from support.cases import CASES, DTYPES, LOW_PRECISION_CASES, Case, check_case, operands, variants_of
+from support.cases import BY_ID, DTYPES, Case, check_case, operands, runs
 from support.reference import assert_close, randn, reduction_terms
 
 
@@ -52,15 +52,7 @@ def generic_built():
     return tiers.setup()
 
 
-def generic_params():
-    for case in CASES:
-        dtypes = ["f32", "f64"] + (["bf16", "f16"] if case.id in LOW_PRECISION_CASES else [])
-        for dtype in dtypes:
-            for variant in variants_of(case):
-                yield pytest.param(case, DTYPES[dtype], variant, id=f"{case.id}-{dtype}-{variant}")
-
-
-@pytest.mark.parametrize("case, dtype, variant", list(generic_params()))
+@pytest.mark.parametrize("case, dtype, variant", runs())
 def test_generic_tier_case(case, dtype, variant, generic_built, monkeypatch):
     _fresh(monkeypatch, "generic")
     check_case(case, dtype, operands(case, dtype, variant))
@@ -99,7 +91,7 @@ ISA_CASES = ["02-mixed-stride-padding-dilation4-groups2", "06-depthwise", "16-tr
 def test_generic_tier_on_every_isa_level(isa, case_id, monkeypatch):
     monkeypatch.setenv("CONVGEN_ISA", isa)
     _fresh(monkeypatch, "generic")
-    case = next(c for c in CASES if c.id == case_id)
+    case = BY_ID[case_id]
     for variant in ("contiguous", "channels_last"):   # (clean_tables drops this ISA's entries after)
         for dtype in ("f32", "bf16"):
             check_case(case, DTYPES[dtype], operands(case, DTYPES[dtype], variant))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 import torch
 
 import convgen
@@ -153,6 +154,17 @@ def variants_of(case: Case) -> list[str]:
     if channels_last_format(len(case.input)) is None:   # 1-D: no channels-last format exists
         return [v for v in VARIANTS if not v.startswith("channels_last")]
     return VARIANTS
+
+
+def runs() -> list:
+    """Every run of CASES.md's cases on the CPU, as pytest params (case, dtype, variant): each case
+    in f32 and f64, and the low-precision ones also in bf16 and f16, in every variant it has."""
+    params = []
+    for case in CASES:
+        for dtype in ["f32", "f64"] + (["bf16", "f16"] if case.id in LOW_PRECISION_CASES else []):
+            for variant in variants_of(case):
+                params.append(pytest.param(case, DTYPES[dtype], variant, id=f"{case.id}-{dtype}-{variant}"))
+    return params
 
 
 @dataclasses.dataclass
