@@ -199,7 +199,7 @@ def test_killed_builder_does_not_block_others(monkeypatch):
     proc = child(mode="hang")
     assert proc.stdout.readline().strip() == "building"  # it holds the lock, mid-build
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.communicate(timeout=30)   # (also closes its pipes: left to the collector, they warn inside a later test)
     start = time.monotonic()
     path = build(add_kernel())
     assert time.monotonic() - start < 20  # far below the lock timeout
@@ -221,7 +221,7 @@ def test_lock_timeout_names_the_lock(monkeypatch):
         assert stats()["lock_waits"] == 1
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
 
 
 # ---------------------------------------------------------------------------------- failures
