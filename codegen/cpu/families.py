@@ -7,13 +7,14 @@ listed here; its `join` and `rule` take their places in passes/algorithm.py's JO
 from __future__ import annotations
 
 from ..plan import KOp
-from . import (amx, blocked, depthwise, direct, gemm, grouplanes, lanes, lanes_wgrad, planes, pointwise,
+from . import (amx, blocked, depthwise, direct, flat, gemm, grouplanes, lanes, lanes_wgrad, planes, pointwise,
                pointwise_wgrad, reduce)
 from .family import Family
 
 FAMILIES: tuple[Family, ...] = (
     blocked.FAMILY, lanes.FAMILY, lanes_wgrad.FAMILY, direct.FAMILY, gemm.FAMILY, pointwise.FAMILY,
     pointwise_wgrad.FAMILY, grouplanes.FAMILY, depthwise.FAMILY, planes.FAMILY, amx.FAMILY, reduce.FAMILY,
+    flat.FAMILY,
 )
 
 # algorithm -> how it computes, in one line of the plan's reason

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..cpu import amx, depthwise, gemm, grouplanes, lanes, planes, pointwise, pointwise_wgrad, reduce
+from ..cpu import amx, depthwise, flat, gemm, grouplanes, lanes, planes, pointwise, pointwise_wgrad, reduce
 from ..cpu.families import WHY
 from ..errors import ConvgenError
 from ..plan import KOp, Plan
@@ -58,9 +58,9 @@ def _kind(plan: Plan) -> str:
 # The order in which families join the candidates (after CANDIDATES), and the order in which their
 # rules may take over the choice made so far (a later rule sees the earlier one's choice): together,
 # the heuristic.
-JOINS = (depthwise.FAMILY, planes.FAMILY, pointwise.FAMILY, grouplanes.FAMILY, amx.FAMILY)
+JOINS = (depthwise.FAMILY, planes.FAMILY, pointwise.FAMILY, grouplanes.FAMILY, amx.FAMILY, flat.FAMILY)
 RULES = (lanes.FAMILY, pointwise.FAMILY, gemm.FAMILY, pointwise_wgrad.FAMILY, planes.FAMILY, depthwise.FAMILY,
-         grouplanes.FAMILY, amx.FAMILY)
+         grouplanes.FAMILY, amx.FAMILY, flat.FAMILY)
 
 
 def _candidates(plan: Plan) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ def _problems():
         yield _layer(op, 8, 8, (12, 12), (3, 3), groups=8, stride=2)      # depthwise, strided
         yield _layer(op, 16, 16, (12, 12), (3, 3), groups=4, layout=cl)   # grouplanes (small groups)
         yield _layer(op, 8, 8, (12, 20), (3, 3), groups=8, layout=cl)     # grouplanes (one channel per group: sliding)
+        yield _layer(op, 3, 3, (12, 20), (1, 5), groups=3, layout=cl)     # flat (few channels in channels last)
         yield _layer(op, 16, 16, (12, 12), (3, 3), groups=4)              # planes
         yield _layer(op, 32, 32, (12, 12), (3, 3), dtype=DType.BF16)      # amx where the target has it
     yield _layer(Op.BWD_BIAS, 16, 32, (12, 12), (3, 3))                   # reduce
