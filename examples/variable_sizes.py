@@ -11,7 +11,8 @@ the specialised kernels of problems that come back are built in the background, 
 at more than two sizes stays on the generic kernels. Exits 1 if the losses disagree.
 
 The kernel cache is a fresh temporary directory unless --cache names one (or CONVGEN_CACHE_DIR is
-set and --cache is "env").
+set and --cache is "env"). The shape-generic kernels are not in it: `convgen setup` built them in
+their own directory (CONVGEN_GENERIC_DIR), once per machine; without it, the first step builds them.
 """
 
 from __future__ import annotations

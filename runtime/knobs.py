@@ -7,6 +7,7 @@ names the variable, the value and what would be accepted.
 | variable               | function           | default                                   |
 |------------------------|--------------------|-------------------------------------------|
 | CONVGEN_CACHE_DIR      | cache_dir()        | $XDG_CACHE_HOME/convgen, ~/.cache/convgen |
+| CONVGEN_GENERIC_DIR    | generic_dir()      | $XDG_DATA_HOME/convgen/generic, ~/.local/share/convgen/generic |
 | CXX                    | cxx()              | c++                                       |
 | CONVGEN_LOCK_TIMEOUT   | lock_timeout_s()   | 600 seconds                               |
 | CONVGEN_BUILD_JOBS     | build_jobs()       | os.cpu_count()                            |
@@ -66,6 +67,35 @@ def cache_dir() -> Path:
             f"Set CONVGEN_CACHE_DIR to an absolute path."
         )
     return home / ".cache" / "convgen"
+
+
+def generic_dir() -> Path:
+    """Where the shape-generic tier's libraries live (built by `convgen setup`, or once at first use),
+    always absolute: a directory of the machine's, apart from the kernel cache, as a compiled
+    extension is part of its installation, so that a new or cleared kernel cache does not rebuild
+    them on a call's path. CONVGEN_GENERIC_DIR wins (a relative value is an error); otherwise
+    $XDG_DATA_HOME/convgen/generic, where a relative XDG_DATA_HOME is ignored as the XDG spec says;
+    otherwise ~/.local/share/convgen/generic.
+    """
+    explicit = os.environ.get("CONVGEN_GENERIC_DIR", "")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_absolute():
+            raise CacheError(
+                f"CONVGEN_GENERIC_DIR={explicit!r} is a relative path; the generic kernels' location must not "
+                f"depend on the working directory. Set CONVGEN_GENERIC_DIR to an absolute path."
+            )
+        return path
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "convgen" / "generic"
+    home = Path.home()
+    if not home.is_absolute():
+        raise CacheError(
+            f"cannot place the generic kernels: the home directory {str(home)!r} is not absolute. "
+            f"Set CONVGEN_GENERIC_DIR to an absolute path."
+        )
+    return home / ".local" / "share" / "convgen" / "generic"
 
 
 def cxx() -> list[str]:

@@ -24,6 +24,7 @@ disturbed by another process replacing or removing the entry.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import fcntl
 import hashlib
@@ -52,6 +53,22 @@ _STALE_TMP_S = 24 * 3600.0
 # ---------------------------------------------------------------------------------- location
 
 
+# A directory that stands in for the kernel cache in this thread (and the tasks it starts), and the
+# variable that places it: the generic tier's (runtime/dispatch/tiers.py) keeps its libraries apart.
+_rooted: contextvars.ContextVar[tuple[Path, str] | None] = contextvars.ContextVar("convgen_cache_root", default=None)
+
+
+@contextlib.contextmanager
+def rooted(path: Path, setting: str) -> Iterator[Path]:
+    """Within the block, this thread's cache is `path` (placed by the environment variable `setting`,
+    named in errors): built, looked up and locked there with the cache's own rules."""
+    token = _rooted.set((path, setting))
+    try:
+        yield path
+    finally:
+        _rooted.reset(token)
+
+
 def root() -> Path:
     """The cache directory, created (user-only permissions) with its subdirectories.
 
@@ -61,7 +78,8 @@ def root() -> Path:
     re-moded. Raises CacheError
     naming CONVGEN_CACHE_DIR and the path when the directory cannot be used.
     """
-    path = knobs.cache_dir()
+    override = _rooted.get()
+    path = override[0] if override else knobs.cache_dir()
     directories = [path, *(path / sub for sub in _SUBDIRS)]
     if cache_owner.known(directories):
         return path
@@ -91,11 +109,14 @@ def root() -> Path:
 
 
 def _unusable(path: Path, reason: str):
-    setting = os.environ.get("CONVGEN_CACHE_DIR")
-    where = f"CONVGEN_CACHE_DIR={setting!r}" if setting else "CONVGEN_CACHE_DIR is not set"
+    override = _rooted.get()
+    name = override[1] if override else "CONVGEN_CACHE_DIR"
+    what = "the generic kernels' directory" if override else "the kernel cache directory"
+    setting = os.environ.get(name)
+    where = f"{name}={setting!r}" if setting else f"{name} is not set"
     raise CacheError(
-        f"the kernel cache directory {str(path)!r} is not usable: {reason} ({where}). "
-        f"Set CONVGEN_CACHE_DIR to a writable directory."
+        f"{what} {str(path)!r} is not usable: {reason} ({where}). "
+        f"Set {name} to a writable directory."
     )
 
 

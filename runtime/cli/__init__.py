@@ -273,8 +273,9 @@ def cmd_setup(args) -> int:
     print(f"eager launcher: {path} ({time.perf_counter() - start:.1f} s)\neager calls take {eager.status()}")
     start = time.perf_counter()
     libraries = tiers.setup()
-    print(f"shape-generic kernels: {len(libraries)} ({time.perf_counter() - start:.1f} s); a new shape runs them at "
-          f"once while its own kernel builds in the background (CONVGEN_JIT={knobs.jit()})")
+    print(f"shape-generic kernels: {len(libraries)} in {knobs.generic_dir()} ({time.perf_counter() - start:.1f} s; "
+          f"apart from the kernel cache: a new or cleared cache keeps them); a new shape runs them at once while its "
+          f"own kernel builds in the background (CONVGEN_JIT={knobs.jit()})")
     return 0
 
 

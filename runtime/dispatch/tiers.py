@@ -2,7 +2,9 @@
 
 A CPU problem whose specialised kernel is not ready in this process is served by the shape-generic
 tier (codegen/cpu/generic.py: one library per kernel op, dtype and target, sizes at run time, built
-by `convgen setup` or once at first use). What happens next is CONVGEN_JIT's policy:
+by `convgen setup` or once at first use, and kept apart from the kernel cache, in
+knobs.generic_dir(): part of the machine's installation, not rebuilt for a new or cleared cache).
+What happens next is CONVGEN_JIT's policy:
 
 - background (default): a problem that is called again (HOT_CALLS) is hot: its specialised kernel
   is built on a background thread (ninja with `workers()` compiles, fewer than the cores) and
@@ -31,7 +33,7 @@ import warnings
 from typing import Callable, Sequence
 
 from .. import knobs
-from ..building import build
+from ..building import build, cache
 from ..codegen.cpu import generic
 from ..codegen.emit import emit
 from ..codegen.errors import ConvgenError
@@ -60,11 +62,24 @@ def on_swap(listener: Callable[[], None]) -> None:
     _listeners.append(listener)
 
 
+def _generic_build(sources: list) -> list:
+    """The generic tier's libraries of `sources`, built (or found) in the generic kernels' own
+    directory (knobs.generic_dir), apart from the kernel cache: once per machine, whichever cache a
+    process uses."""
+    with cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR"):
+        return build.build_many(sources)
+
+
 def setup(target: Target | None = None) -> list:
     """Build the generic tier's libraries for every dtype on `target` (the host's CPU): once per machine."""
     target = target or host_cpu()
-    sources = [generic.source(kop, dtype, target) for dtype in DType for kop in generic.KOPS]
-    return build.build_many(sources)
+    return _generic_build([generic.source(kop, dtype, target) for dtype in DType for kop in generic.KOPS])
+
+
+def generic_built(plan: Plan) -> bool:
+    """Whether the generic tier's library for `plan`'s kernel op is built (nothing is built)."""
+    with cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR"):
+        return build.cached(generic.source(plan.kop, plan.problem.dtype, plan.target)) is not None
 
 
 def describe(plan: Plan, source) -> str:
@@ -74,6 +89,8 @@ def describe(plan: Plan, source) -> str:
     if policy == "eager" or not generic.serves(plan):
         return f"specialised ({where}{'' if cached else '; the call builds it'}; CONVGEN_JIT={policy})"
     name = generic.source(plan.kop, plan.problem.dtype, plan.target).name
+    if not generic_built(plan):
+        name += f", not built yet in {knobs.generic_dir()}: `convgen setup` builds it, else the first call, once"
     if policy == "generic":
         return f"shape-generic ({name}; CONVGEN_JIT=generic)"
     return (f"shape-generic ({name}) at once, then specialised (its kernel {where}): call {HOT_CALLS} of the "
@@ -89,7 +106,7 @@ def _library(plan: Plan, load) -> Kernel:
         known = _libraries.get(key)
         if known is None:
             sources = [generic.source(kop, dtype, target) for kop in generic.KOPS]
-            for kop, source, path in zip(generic.KOPS, sources, build.build_many(sources)):
+            for kop, source, path in zip(generic.KOPS, sources, _generic_build(sources)):
                 _libraries[(kop, dtype, target.key())] = load(source, path)
             known = _libraries[key]
         return known

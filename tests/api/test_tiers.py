@@ -234,3 +234,50 @@ def test_bad_policy_is_named(monkeypatch):
     monkeypatch.setenv("CONVGEN_JIT", "sometimes")
     with pytest.raises(ConvgenError, match=r"CONVGEN_JIT='sometimes'.*background, eager, generic"):
         knobs.jit()
+
+
+def test_a_fresh_cache_keeps_the_generic_tier(generic_built, private_cache, monkeypatch):
+    """The generic libraries live in knobs.generic_dir(), apart from the kernel cache: a process on a
+    new (or cleared) cache serves a new shape with no build at all, and the cache stays empty."""
+    _fresh(monkeypatch, "background")
+    gen = torch.Generator().manual_seed(8)
+    x, w = randn((1, 4, 9, 7), torch.float32, gen), randn((6, 4, 3, 3), torch.float32, gen)
+    ref = torch.ops.aten.convolution(x.double(), w.double(), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert_close(_conv(x, w), ref, torch.float32, "forward", reduction_terms(x.shape, w.shape, ref.shape)["forward"])
+    counts = convgen.stats()
+    assert counts["builds"] == 0 and counts["generic_calls"] == 1, counts
+    kernels = private_cache / "kernels"
+    assert not kernels.exists() or not any(kernels.iterdir()), "the generic tier was built into the kernel cache"
+
+
+def test_generic_libraries_are_built_once_in_their_directory(private_cache, tmp_path, monkeypatch):
+    """A new generic directory: the first call builds its dtype's libraries there (once), not in the cache."""
+    monkeypatch.setenv("CONVGEN_GENERIC_DIR", str(tmp_path / "generic"))
+    _fresh(monkeypatch, "generic")
+    tiers._libraries.clear()
+    try:
+        gen = torch.Generator().manual_seed(9)
+        x, w = randn((1, 2, 6, 5), torch.float64, gen), randn((3, 2, 3, 3), torch.float64, gen)
+        ref = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        assert_close(_conv(x, w), ref, torch.float64, "forward")
+        assert convgen.stats()["builds"] == len(tiers.generic.KOPS)
+        assert_close(_conv(x, w), ref, torch.float64, "forward")
+        assert convgen.stats()["builds"] == len(tiers.generic.KOPS), "built once"
+        assert any((tmp_path / "generic" / "kernels").iterdir())
+        kernels = private_cache / "kernels"
+        assert not kernels.exists() or not any(kernels.iterdir())
+    finally:
+        tiers._libraries.clear()   # the next tests load the machine's own
+
+
+def test_bad_generic_dir_is_named(tmp_path, monkeypatch):
+    from convgen.codegen.errors import CacheError
+
+    monkeypatch.setenv("CONVGEN_GENERIC_DIR", "relative/generic")
+    with pytest.raises(CacheError, match=r"CONVGEN_GENERIC_DIR='relative/generic' is a relative path"):
+        knobs.generic_dir()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("CONVGEN_GENERIC_DIR", str(blocker))
+    with pytest.raises(CacheError, match=r"generic kernels' directory .* is not usable: .*CONVGEN_GENERIC_DIR="):
+        tiers.setup()
