@@ -15,7 +15,9 @@ Known counters (always present in `stats()`, starting at 0):
 - sim_launches: GPU kernel launches run in the SIMT simulator (CONVGEN_SIM=cuda|hip)
 - generic_calls: CPU kernel calls served by the shape-generic tier (runtime/dispatch/tiers.py)
 - background_builds: specialised kernels built (or found on disk) by the background builder
-- swaps: generic kernels replaced by specialised ones for later calls
+- swaps: generic kernels replaced by specialised ones (or a dynamic layer's by its layer kernel) for later calls
+- layer_calls: CPU kernel calls served by a dynamic layer's own kernel (its channels and taps compiled in,
+  spatial sizes at run time; runtime/dispatch/tiers.py)
 - aten_fallbacks: such calls inside `enabled()` that convgen left to ATen (a dtype it has no
   kernels for, or arguments its rules refuse)
 
@@ -42,6 +44,7 @@ KNOWN = (
     "generic_calls",
     "background_builds",
     "swaps",
+    "layer_calls",
 )
 
 _lock = threading.Lock()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..ir import DType
+from ..keys import sha256_text
 from ..plan import KOp, Plan
 from ..render import operand_strides, render
 from ..source import KernelSource
@@ -43,8 +44,37 @@ class GenericContext:
     lanes: int
     vector_bytes: int
     rows: int         # rows of the register tile (MR): two vectors wide, as many rows as the registers hold
+    layer: "Layer | None" = None   # a layer's kernel: its constants (None: every size at run time)
     g: None = None    # no compile-time geometry (templates/cpu/common.h.j2 leaves out its constants)
     t: None = None    # no plan tiling
+
+
+# The words of the size array a layer's kernel has as compile-time constants: groups and channels,
+# taps, strides, padding, dilation, the weight's strides and the bias source (not the spatial sizes
+# nor the activations' strides, which change with them).
+LAYER_WORDS = (0, 1, 2, *range(9, 21), *range(31, 36), 41)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """A layer's constants, read from one of its plans' size arrays (LAYER_WORDS)."""
+    g: int
+    cin_g: int
+    cout_g: int
+    k: tuple[int, ...]
+    s: tuple[int, ...]
+    p: tuple[int, ...]
+    d: tuple[int, ...]
+    ws: tuple[int, ...]
+    bias_from: int
+    words: tuple[int, ...]    # the constants in LAYER_WORDS order, and their places in the size array
+    at: tuple[int, ...] = LAYER_WORDS
+
+    @classmethod
+    def of(cls, plan: Plan) -> "Layer":
+        w = sizes(plan)
+        return cls(g=w[0], cin_g=w[1], cout_g=w[2], k=w[9:12], s=w[12:15], p=w[15:18], d=w[18:21], ws=w[31:36],
+                   bias_from=w[41], words=tuple(w[i] for i in LAYER_WORDS))
 
 
 def tile_rows(target: Target) -> int:
@@ -58,19 +88,28 @@ def serves(plan: Plan) -> bool:
     return plan.target.kind is TargetKind.CPU and plan.kop in KOPS and plan.algorithm not in (None, "empty")
 
 
-def source(kop: KOp, dtype: DType, target: Target) -> KernelSource:
-    """The generic kernel of `kop` for `dtype` on the CPU `target`."""
-    name = f"generic_{kop.value}_{dtype.value}_{target.isa}"
+def source(kop: KOp, dtype: DType, target: Target, layer: Plan | None = None) -> KernelSource:
+    """The generic kernel of `kop` for `dtype` on the CPU `target`; given `layer` (a plan of the
+    layer), that layer's kernel: the generic kernel with the layer's constants compiled in (Layer),
+    serving every spatial size of the layer."""
+    constants = Layer.of(layer) if layer is not None else None
+    if constants is None:
+        name = f"generic_{kop.value}_{dtype.value}_{target.isa}"
+        what, key = f"every {kop.value} problem in {dtype.value}", "(sizes at run time)"
+        why = "shape-generic: sizes, strides, padding, dilation and groups are run-time arguments"
+    else:
+        key = sha256_text(",".join(map(str, constants.words)))[:16]
+        name = f"layer_{kop.value}_{dtype.value}_{target.isa}_{key[:10]}"
+        what = f"every spatial size of one {kop.value} layer in {dtype.value} ({layer.problem.name()} and its sizes)"
+        why = ("a layer's kernel: its groups, channels, taps, strides, padding, dilation and weight strides "
+               "compile-time constants, spatial sizes and the activations' strides run-time arguments")
     entry = f"cg_{name}"
     lanes = max(1, target.vector_bytes // dtype.accumulator.itemsize)
-    header = {"version": generator_version(), "problem_name": f"every {kop.value} problem in {dtype.value}",
-              "problem_key": "(sizes at run time)", "target": target.name(), "kernel": kop.value,
-              "algorithm": NAME, "entry": entry,
-              "reasons": (("tier", "shape-generic: sizes, strides, padding, dilation and groups are run-time "
-                                   "arguments"),)}
+    header = {"version": generator_version(), "problem_name": what, "problem_key": key, "target": target.name(),
+              "kernel": kop.value, "algorithm": NAME, "entry": entry, "reasons": (("tier", why),)}
     context = GenericContext(entry=entry, kop=kop.value, dtype=dtype.value, storage=STORAGE[dtype],
                              acc=ACCUMULATOR[dtype], lanes=lanes, vector_bytes=lanes * dtype.accumulator.itemsize,
-                             rows=tile_rows(target))
+                             rows=tile_rows(target), layer=constants)
     return KernelSource(name=name, text=render(TEMPLATE, h=header, c=context), entry=entry, signature=SIGNATURE,
                         target=target)
 

@@ -16,7 +16,7 @@ from typing import Callable, Container, Mapping, Sequence
 import torch
 
 from .. import knobs
-from ..codegen.errors import BuildError
+from ..codegen.errors import BuildError, ConvgenError
 from ..codegen.source import KernelSource
 from ..stats import bump
 
@@ -150,8 +150,9 @@ class GenericKernel:
     build its specialised kernel in the background)."""
 
     def __init__(self, library: Kernel, roles: Mapping[str, str], sizes: Sequence[int], *, hot_after: int = 0,
-                 on_hot: Callable[[], None] | None = None):
+                 on_hot: Callable[[], None] | None = None, counter: str = "generic_calls"):
         self.source, self.path, self._library = library.source, library.path, library
+        self._counter = counter     # generic_calls, or layer_calls for a layer's kernel
         self._fn = library._fn
         self._sizes = (ctypes.c_int64 * len(sizes))(*sizes)
         self._roles = tuple(roles.get(kind) for kind in ("X", "W", "Y", "B"))   # the entry's operands by kind
@@ -160,7 +161,7 @@ class GenericKernel:
 
     def _count(self) -> None:
         self.calls += 1
-        bump("generic_calls")
+        bump(self._counter)
         if self.calls == self._hot_after and self._on_hot is not None:
             self._on_hot()
 
@@ -176,6 +177,10 @@ class GenericKernel:
 
         def run(*tensors) -> None:
             self._count()
-            if fn(*[None if i is None else tensors[i].data_ptr() for i in slots], sizes, n, nthreads) != 0:
+            failed = fn(*[None if i is None else tensors[i].data_ptr() for i in slots], sizes, n, nthreads)
+            if failed == 2:
+                raise ConvgenError(f"kernel {name}: the problem's sizes are another layer's (its groups, channels, "
+                                   f"taps, strides, padding or dilation differ from the constants it was built with)")
+            if failed:
                 raise MemoryError(f"kernel {name}: could not allocate its per-thread scratch memory")
         return run

@@ -62,7 +62,7 @@ class Entry:
     source: KernelSource | None
     kernel: Kernel | None = None
     on_device: bool = False   # a GPU device's kernel (else the CPU's, or the simulator's)
-    tier: str = ""            # what serves it: specialised, bundle, generic, generic-dynamic ("": no kernel)
+    tier: str = ""            # what serves it: specialised, bundle, generic, generic-dynamic, layer ("": no kernel)
 
 
 _lock = threading.RLock()
@@ -161,7 +161,7 @@ def prepare(problems: Sequence[ConvProblem], device=None, *, policy: str | None 
         elif vendor and pending:
             tiers.build_now(pending, _load)
         elif pending or policy == "eager":
-            upgrade = [e for e in entries if policy == "eager" and e.tier.startswith("generic")]
+            upgrade = [e for e in entries if policy == "eager" and e.tier in ("generic", "generic-dynamic", "layer")]
             kept = [(e, e.kernel, e.tier) for e in upgrade]
             for e in upgrade:
                 e.kernel = None

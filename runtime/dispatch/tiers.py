@@ -13,8 +13,11 @@ What happens next is CONVGEN_JIT's policy:
   forward whose inputs need gradients no longer builds the backward's kernels, and a sweep of
   one-off shapes (a test suite) builds nothing.
 - Dynamic shapes, torch.compile's rule: a layer (a problem but for its spatial sizes and batch) seen
-  with more than DYNAMIC_AFTER spatial sizes is dynamic; its new sizes stay on the generic tier,
-  whose kernels take every size at run time, instead of a specialised build per size.
+  with more than DYNAMIC_AFTER spatial sizes is dynamic; instead of a specialised build per size,
+  the layer gets one kernel per kernel op (generic.source(..., layer=plan): the generic kernel with
+  the layer's groups, channels, taps, strides, padding and dilation compiled in, spatial sizes at run
+  time), built in the background when the layer turns dynamic; until it loads, the generic tier
+  serves the layer's new sizes, then it serves them all (tier "layer", `layer_calls`).
 - eager: today's behaviour, the specialised kernel built on the call (benchmarks, `convgen bench`).
 - generic: the generic tier for every problem it serves, nothing specialised (tests of the tier).
 
@@ -49,6 +52,8 @@ DYNAMIC_AFTER = 2      # spatial sizes of a layer that get specialised kernels; 
 _lock = threading.RLock()
 _libraries: dict[tuple, Kernel] = {}                       # (kernel op, dtype, target key) -> generic entry
 _sizes_seen: dict[str, set] = collections.defaultdict(set)  # layer key -> spatial sizes seen
+_layer_kernels: dict[tuple, Kernel] = {}                   # (layer key, kernel op) -> the layer's kernel
+_layer_waiting: dict[tuple, list] = {}                     # (layer key, kernel op) -> entries until it loads
 _listeners: list[Callable[[], None]] = []
 
 
@@ -93,9 +98,11 @@ def describe(plan: Plan, source) -> str:
         name += f", not built yet in {knobs.generic_dir()}: `convgen setup` builds it, else the first call, once"
     if policy == "generic":
         return f"shape-generic ({name}; CONVGEN_JIT=generic)"
+    layer = generic.source(plan.kop, plan.problem.dtype, plan.target, layer=plan).name
     return (f"shape-generic ({name}) at once, then specialised (its kernel {where}): call {HOT_CALLS} of the "
-            f"problem in a process queues it on the background builder, a layer seen with more than "
-            f"{DYNAMIC_AFTER} spatial sizes stays generic (CONVGEN_JIT=background)")
+            f"problem in a process queues it on the background builder; a layer seen with more than "
+            f"{DYNAMIC_AFTER} spatial sizes is dynamic: its kernel ({layer}: channels and taps compiled in, spatial "
+            f"sizes at run time) is built in the background and serves all its sizes (CONVGEN_JIT=background)")
 
 
 def _library(plan: Plan, load) -> Kernel:
@@ -119,9 +126,11 @@ def layer_key(problem: ConvProblem) -> str:
 
 
 def forget_layers() -> None:
-    """Forget the spatial sizes seen per layer (no layer is dynamic after this)."""
+    """Forget the spatial sizes seen per layer and the layers' kernels (no layer is dynamic after this)."""
     with _lock:
         _sizes_seen.clear()
+        _layer_kernels.clear()
+        _layer_waiting.clear()
 
 
 def _dynamic(problem: ConvProblem) -> bool:
@@ -143,10 +152,43 @@ def serve(entries: Sequence, policy: str, load: Callable) -> None:
         if e.kernel is not None:
             continue
         dynamic = _dynamic(e.plan.problem)
-        hot = None if policy != "background" or dynamic else (lambda e=e: submit(e, load))
+        if dynamic and policy == "background":
+            _serve_dynamic(e, load)
+            continue
+        hot = None if policy != "background" else (lambda e=e: submit(e, load))
         e.kernel = GenericKernel(_library(e.plan, load), generic.kinds(e.plan), generic.sizes(e.plan),
                                  hot_after=HOT_CALLS, on_hot=hot)
-        e.tier = "generic-dynamic" if dynamic and policy == "background" else "generic"
+        e.tier = "generic"
+
+
+def _serve_dynamic(e, load) -> None:
+    """A problem of a dynamic layer: the layer's kernel where loaded; else the generic kernel, until
+    the layer's kernel, queued on the background builder by the layer's first such problem, loads
+    and takes over every problem of the layer waiting for it."""
+    lk = (layer_key(e.plan.problem), e.plan.kop)
+    with _lock:   # the builder's swap takes the same lock: no entry is left on the generic kernel
+        layer = _layer_kernels.get(lk)
+        if layer is not None:
+            e.kernel = GenericKernel(layer, generic.kinds(e.plan), generic.sizes(e.plan), counter="layer_calls")
+            e.tier = "layer"
+            return
+        first = lk not in _layer_waiting
+        _layer_waiting.setdefault(lk, []).append(e)
+        e.kernel = GenericKernel(_library(e.plan, load), generic.kinds(e.plan), generic.sizes(e.plan))
+        e.tier = "generic-dynamic"
+    if first:
+        _enqueue(_Job(lambda plan=e.plan: generic.source(plan.kop, plan.problem.dtype, plan.target, layer=plan),
+                      lambda source, path: _swap_layer(lk, load(source, path))))
+
+
+def _swap_layer(lk: tuple, kernel: Kernel) -> None:
+    """The layer's kernel loaded: it serves the layer's problems from now on."""
+    with _lock:
+        _layer_kernels[lk] = kernel
+        for e in _layer_waiting.pop(lk, []):
+            if e.tier == "generic-dynamic":   # (not one an eager prepare has upgraded meanwhile)
+                e.kernel = GenericKernel(kernel, generic.kinds(e.plan), generic.sizes(e.plan), counter="layer_calls")
+                e.tier = "layer"
 
 
 def build_now(entries: Sequence, load) -> None:
@@ -169,13 +211,29 @@ _thread: threading.Thread | None = None
 _closing = False
 
 
+@dataclasses.dataclass
+class _Job:
+    """A background build: the source to build (made on the builder's thread) and what to do with
+    the loaded artifact (a swap, under the lock)."""
+    source: Callable[[], object]
+    done: Callable[[object, object], None]
+
+
 def submit(entry, load) -> None:
     """Queue `entry`'s specialised build on the background thread (started on first use)."""
+    def done(source, path) -> None:
+        kernel = load(source, path)
+        with _lock:
+            entry.source, entry.kernel, entry.tier = source, kernel, "specialised"
+    _enqueue(_Job(lambda: entry.source or emit(entry.plan), done))
+
+
+def _enqueue(job: _Job) -> None:
     global _thread
     with _wake:
         if _closing:
             return
-        _queue.append((entry, load))
+        _queue.append(job)
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_work, name="convgen-builder", daemon=True)
             _thread.start()
@@ -212,19 +270,18 @@ def _work() -> None:
 
 
 def _build_batch(batch: list) -> None:
-    """Emit, build and load a batch of specialised kernels and swap each in for its generic one."""
+    """Emit, build and load a batch of kernels (specialised, or layers') and swap each in for the
+    generic one."""
     try:
-        sources = [e.source or emit(e.plan) for e, _ in batch]
+        sources = [job.source() for job in batch]
         paths = build.build_many(sources, parallel=workers())
     except (ConvgenError, OSError) as err:   # the generic kernels stay: correct, only slower
         bump("background_failures", len(batch))
         warnings.warn(f"convgen: a background build failed, the generic kernels keep serving: {err}",
                       RuntimeWarning, stacklevel=1)
         return
-    for (entry, load), source, path in zip(batch, sources, paths):
-        kernel = load(source, path)
-        with _lock:
-            entry.source, entry.kernel, entry.tier = source, kernel, "specialised"
+    for job, source, path in zip(batch, sources, paths):
+        job.done(source, path)
         bump("background_builds")
         bump("swaps")
     notify()

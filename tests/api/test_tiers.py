@@ -147,19 +147,75 @@ def test_forward_builds_nothing_for_its_backward(generic_built, monkeypatch):
 
 
 def test_layer_goes_dynamic(generic_built, monkeypatch):
+    """The first DYNAMIC_AFTER sizes of a layer get specialised kernels; the next size makes the layer
+    dynamic: it runs the generic kernel at once and queues the layer's kernel (channels and taps
+    compiled in), which then serves that size and every later one with no further build."""
     _fresh(monkeypatch, "background")
     gen = torch.Generator().manual_seed(3)
     w = randn((6, 4, 3, 3), torch.float32, gen)
-    sizes = [(9, 9), (10, 12), (11, 7)]
-    assert len(sizes) == tiers.DYNAMIC_AFTER + 1
-    for h, wd in sizes:
+    sizes = [(9, 9), (10, 12), (11, 7), (5, 13), (12, 6)]
+    for i, (h, wd) in enumerate(sizes):
         x = randn((1, 4, h, wd), torch.float32, gen)
         ref = torch.ops.aten.convolution(x.double(), w.double(), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
         for _ in range(tiers.HOT_CALLS):
             assert_close(_conv(x, w), ref, torch.float32, "forward", 36)
+        if i == tiers.DYNAMIC_AFTER:
+            assert convgen.stats()["generic_calls"] >= 1
         assert tiers.wait(120)
-    assert convgen.stats()["background_builds"] == tiers.DYNAMIC_AFTER
-    assert _entry(x, w).tier == "generic-dynamic"
+        if i >= tiers.DYNAMIC_AFTER:
+            assert _entry(x, w).tier == "layer", (i, _entry(x, w).tier)
+            calls = convgen.stats()["layer_calls"]
+            assert_close(_conv(x, w), ref, torch.float32, "forward", 36)
+            assert convgen.stats()["layer_calls"] == calls + 1
+    # DYNAMIC_AFTER specialised kernels, then one layer kernel for the rest
+    assert convgen.stats()["background_builds"] == tiers.DYNAMIC_AFTER + 1
+    assert convgen.stats()["swaps"] == tiers.DYNAMIC_AFTER + 1
+
+
+# Layers' kernels (the generic kernel with a layer's constants compiled in) against ATen in float64 at
+# several spatial sizes each: every kernel op, both layouts, the depthwise and grouped paths, strides,
+# dilation, a transposed layer, and the dtypes.
+LAYERS = [
+    ("plain_3x3", dict(c=5, k=7, kernel=(3, 3), stride=1, padding=1, groups=1)),
+    ("strided_dilated", dict(c=6, k=4, kernel=(3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)),
+    ("depthwise", dict(c=8, k=8, kernel=(3, 3), stride=1, padding=1, groups=8)),
+    ("pointwise", dict(c=9, k=12, kernel=(1, 1), stride=1, padding=0, groups=3)),
+]
+LAYER_SIZES = [(7, 9), (12, 5), (9, 16), (6, 11)]   # the third makes the layer dynamic
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name, layer", LAYERS, ids=[n for n, _ in LAYERS])
+def test_layer_kernels_match_aten(name, layer, dtype, layout, generic_built, monkeypatch):
+    _fresh(monkeypatch, "background")
+    for h, wd in LAYER_SIZES:
+        case = Case(f"{name}-{h}x{wd}", (2, layer["c"], h, wd), layer["k"], layer["kernel"], stride=layer["stride"],
+                    padding=layer["padding"], dilation=layer.get("dilation", 1), groups=layer["groups"])
+        ops_ = operands(case, dtype, layout)
+        check_case(case, dtype, ops_, masks=[(True, True, True)])
+        assert tiers.wait(120)
+    for problem in ops.call_problems(ops_.x, ops_.w, ops_.b, *case.args())[:3]:   # forward, data, weight
+        assert dispatch.kernel_for(problem).tier == "layer", (problem.op, dispatch.kernel_for(problem).tier)
+    assert convgen.stats()["layer_calls"] > 0
+
+
+def test_layer_kernel_refuses_another_layers_sizes(generic_built, monkeypatch):
+    """A layer's kernel checks that the problem's constants are its own (else a wrong result)."""
+    from convgen.codegen.cpu import generic
+    from convgen.devices.cpu import GenericKernel
+
+    _fresh(monkeypatch, "generic")
+    gen = torch.Generator().manual_seed(10)
+    x, w = randn((1, 4, 8, 8), torch.float32, gen), randn((6, 4, 3, 3), torch.float32, gen)
+    plan = _entry(x, w).plan
+    source = generic.source(plan.kop, plan.problem.dtype, plan.target, layer=plan)
+    layer = dispatch._load(source, build.build(source))
+    other = _entry(x, randn((6, 4, 5, 5), torch.float32, gen), padding=2).plan
+    kernel = GenericKernel(layer, generic.kinds(other), generic.sizes(other))
+    y = torch.empty(1, 6, 8, 8)
+    with pytest.raises(ConvgenError, match="sizes are another layer's"):
+        kernel({"input": x, "weight": w, "bias": None, "output": y}, 1, 1)
 
 
 def test_eager_policy_builds_on_the_call(monkeypatch):
