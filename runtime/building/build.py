@@ -16,6 +16,7 @@ are building/gpu_build.py's.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import re
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from convgen.codegen.errors import BuildError
 from convgen.codegen.source import KernelSource
@@ -215,8 +216,26 @@ def _ninja_file(jobs: list[_Job]) -> str:
     return "\n".join(lines)
 
 
+# Builds in this thread run at the lowest CPU priority (the background builder's: runtime/dispatch/
+# tiers.py): its compiles take what the caller's threads leave idle, instead of a core they need.
+_low_priority: contextvars.ContextVar[bool] = contextvars.ContextVar("convgen_low_priority", default=False)
+
+
+@contextlib.contextmanager
+def low_priority() -> Iterator[None]:
+    """Within the block, this thread's builds run their compilers at the lowest priority (nice 19)."""
+    token = _low_priority.set(True)
+    try:
+        yield
+    finally:
+        _low_priority.reset(token)
+
+
 def _run_ninja(ninja: str, workdir: Path, jobs: int) -> subprocess.CompletedProcess:
     argv = [ninja, "-C", str(workdir), "-k", "0", "-j", str(jobs)]
+    nice = shutil.which("nice") if _low_priority.get() else None
+    if nice:   # ninja and every compiler it starts inherit the priority
+        argv = [nice, "-n", "19", *argv]
     bump("ninja_runs")
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)

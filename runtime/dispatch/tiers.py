@@ -7,7 +7,8 @@ knobs.generic_dir(): part of the machine's installation, not rebuilt for a new o
 What happens next is CONVGEN_JIT's policy:
 
 - background (default): a problem that is called again (HOT_CALLS) is hot: its specialised kernel
-  is built on a background thread (ninja with `workers()` compiles, fewer than the cores) and
+  is built on a background thread (ninja with `workers()` compiles, fewer than the cores, at the
+  lowest CPU priority, so that they take what the caller's threads leave idle) and
   replaces the generic one for later calls once loaded (a problem whose kernel is already on disk
   is found there by that thread in milliseconds). A problem called once never costs a build: a
   forward whose inputs need gradients no longer builds the backward's kernels, and a sweep of
@@ -274,7 +275,8 @@ def _build_batch(batch: list) -> None:
     generic one."""
     try:
         sources = [job.source() for job in batch]
-        paths = build.build_many(sources, parallel=workers())
+        with build.low_priority():   # compiles on what the caller's threads leave idle
+            paths = build.build_many(sources, parallel=workers())
     except (ConvgenError, OSError) as err:   # the generic kernels stay: correct, only slower
         bump("background_failures", len(batch))
         warnings.warn(f"convgen: a background build failed, the generic kernels keep serving: {err}",

@@ -337,3 +337,38 @@ def test_bad_generic_dir_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_GENERIC_DIR", str(blocker))
     with pytest.raises(CacheError, match=r"generic kernels' directory .* is not usable: .*CONVGEN_GENERIC_DIR="):
         tiers.setup()
+
+
+def test_background_compiles_run_at_the_lowest_priority(tmp_path, monkeypatch):
+    """The background builder's ninja (and the compilers it starts) run under `nice -n 19`, taking
+    what the caller's threads leave idle; builds on the call keep the normal priority."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nice") is None:
+        pytest.skip("no `nice` on PATH: builds keep their priority")
+    seen = []
+    real = subprocess.run
+
+    def spy(argv, **kwargs):
+        seen.append(list(argv))
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(build.subprocess, "run", spy)
+    with build.low_priority():
+        build._run_ninja(build.find_ninja(), tmp_path, 1)   # (no build file: ninja says so; only argv matters)
+    build._run_ninja(build.find_ninja(), tmp_path, 1)
+    assert seen[0][:3] == [shutil.which("nice"), "-n", "19"] and seen[0][3] == build.find_ninja()
+    assert seen[1][0] == build.find_ninja()
+    # and the background builder builds in that mode
+    flags = []
+
+    def spy_build_many(sources, **kwargs):
+        flags.append(build._low_priority.get())
+        raise BuildError("stopped here (injected)")
+
+    monkeypatch.setattr(build, "build_many", spy_build_many)
+    with pytest.warns(RuntimeWarning, match="injected"):
+        tiers._enqueue(tiers._Job(lambda: None, lambda source, path: None))
+        assert tiers.wait(60)
+    assert flags == [True]
