@@ -102,7 +102,7 @@ def run(args) -> int:
     print(f"total: torch {totals[0]:.2f} s, convgen {totals[1]:.2f} s ({totals[1] / totals[0]:.2f}x torch); "
           f"slowest step: torch {slowest[0] * 1e3:.0f} ms, convgen {slowest[1] * 1e3:.0f} ms")
     print("counters: " + ", ".join(f"{k} {counters[k]}" for k in ("builds", "disk_hits", "generic_calls",
-                                                                   "background_builds", "swaps")))
+                                                                   "layer_calls", "background_builds", "swaps")))
     if worst > LOSS_TOLERANCE:
         print(f"FAIL: losses differ by {worst:.1e} (relative; tolerance {LOSS_TOLERANCE:.0e})", file=sys.stderr)
         return 1
