@@ -23,6 +23,10 @@ CASES = [
     Case("rgb-1x9-box-blur", (1, 3, 24, 40), 3, (1, 9), padding=(0, 4), groups=3),
     Case("rgb-3x3-sharpen-strided", (2, 3, 17, 19), 3, (3, 3), stride=2, padding=1, groups=3),
     Case("two-channel-5x5-dilated", (1, 2, 21, 16), 2, (5, 5), padding=4, dilation=2, groups=2),
+    # an upsampling filter (a transposed depthwise convolution with a bias): its forward is the flat
+    # data gradient in channels last, with the bias
+    Case("rgb-transposed-rows-x2", (2, 3, 9, 17), 3, (4, 3), stride=(2, 1), padding=1, groups=3,
+         transposed=True),
 ]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
