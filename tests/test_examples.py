@@ -26,7 +26,7 @@ CASES = [
     ("resnet18_aot.py", ["--batch", "2", "--size", "32", "--out", "{tmp}/resnet18"], "bundle == JIT bit for bit: True"),
     ("quickstart.py", [], "counters:"),
     ("enabled_overhead.py", ["--rounds", "1", "--calls", "2"], "torch alone"),
-    # its own empty cache: the generic tier's libraries are built at the first call, once
+    # its own empty kernel cache (the generic tier's libraries live apart: convgen setup built them)
     ("variable_sizes.py", ["--steps", "3", "--batch", "2", "--min", "12", "--max", "20"], "OK: losses within"),
 ]
 
