@@ -110,7 +110,8 @@ class GpuArch:
     dense matrix instruction, or None. async_copy: global-to-shared copies that bypass registers
     (cp.async on sm_80+). occupancy: the resident-block limits. igemm: the implicit GEMM's tiles.
     peaks: the reference part's datasheet peaks, or None. tma: sm_90's tensor memory accelerator;
-    wgmma: sm_90a's warpgroup MMA.
+    wgmma: sm_90a's warpgroup MMA. ldmatrix: the warp's 8x8 16-bit matrix loads from shared memory
+    (`ldmatrix`, sm_75+), which the implicit GEMM's 16-bit fragments come from.
     """
 
     vendor: str
@@ -130,6 +131,7 @@ class GpuArch:
     peaks: Peaks | None = None
     tma: bool = False
     wgmma: bool = False
+    ldmatrix: bool = False
 
 
 _MMA = MatrixInstruction("mma.sync.aligned.m16n8k16", 16, 8, 16, ("f16", "bf16"))
@@ -158,7 +160,7 @@ IGEMM_TILES = IgemmTiling(matrix=BlockTiles((64, 128), 32), fma=BlockTiles((64,)
 def _cuda(arch: str, part: str, smem_block: int, smem_sm: int, sms: int, threads_per_sm: int, blocks_per_sm: int,
           **extra) -> GpuArch:
     return GpuArch("cuda", arch, part, 32, smem_block, smem_sm, 255, 65536, 1024, sms, _MMA, True,
-                   Occupancy(threads_per_sm, blocks_per_sm, 256, 1024), **extra)
+                   Occupancy(threads_per_sm, blocks_per_sm, 256, 1024), ldmatrix=True, **extra)
 
 
 def _hip(arch: str, part: str, cus: int, mfma: MatrixInstruction, **extra) -> GpuArch:

@@ -23,7 +23,9 @@ into shared memory (padding, stride and dilation are predicates, so channel coun
 multiples of anything). A block computes a BLOCK_M x BLOCK_N tile of the GEMM, BLOCK_K at a time
 through a ring of shared-memory stages (cp.async on CUDA, register-staged on HIP); each of its four
 warps (waves) a quarter of it from the target's matrix instruction (`mma.sync` m16n8k16 on CUDA,
-`v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h). Tiles, stages, the reduction
+`v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h). On CUDA the 16-bit fragments
+come from `ldmatrix.x4` (one per A fragment, one per pair of B fragments) out of unpadded shared rows
+whose 16-byte chunks are XOR-swizzled (the template's tile_at); the other paths pad their rows. Tiles, stages, the reduction
 order and which operands move by 16-byte copies are igemm_tiles.py's decisions, per GEMM, from the
 arch's tile configuration (codegen/arch/gpu.py).
 
@@ -89,7 +91,8 @@ class IgemmContext(TensorContext):
     fma: bool              # multiplied on the vector units, a register tile of FMAs per thread (on_fma)
     f64_matrix: bool       # f64 on matrix instructions: DMMA on CUDA, v_mfma_f64_16x16x4f64 on HIP (on_f64_matrix)
     vector: int            # elements of one 16-byte copy
-    lds: int               # a shared row's elements (BLOCK_K + one vector of padding)
+    lds: int               # a shared row's elements: BLOCK_K (swizzled), else BLOCK_K + one vector of padding
+    ldmatrix: bool         # 16-bit fragments by ldmatrix.x4 from XOR-swizzled rows (igemm_tiles.on_ldmatrix)
     tf32: bool             # f32 operands rounded to tf32 on the tf32 matrix instruction
     transposed: bool       # the entries map a transposed problem's roles onto the normal convolution
     staged: tuple[str, ...]     # operands ("X", "W", "Y") the forward / data gradient read from a copy in the
@@ -247,7 +250,8 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0],
         why=reasons(problem, target, staged),
         bits=SCALARS[problem.dtype] if fma or f64_matrix else BITS[problem.dtype], fma=fma, f64_matrix=f64_matrix,
-        vector=vector_of(problem.dtype.itemsize), lds=tiles.fwd.lds, tf32=problem.tf32, transposed=problem.transposed,
+        vector=vector_of(problem.dtype.itemsize), lds=tiles.fwd.lds, ldmatrix=tiles.fwd.swizzled, tf32=problem.tf32,
+        transposed=problem.transposed,
         staged=staged, read_strides=kernel_strides(normal, staged), converts=tuple(converts.items()),
         staged_entries=_staged_entries(problem, converts, entries),
         raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],

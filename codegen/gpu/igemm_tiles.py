@@ -14,7 +14,7 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
   while the tensor cores work on the current one; up to the arch's max_stages while two blocks
   still fit an SM's shared memory, fewer when the reduction has fewer steps: sm_80's 128x128 bf16
-  tiles take 4 (20 KiB a stage), sm_90's 5, 64-wide ones 6; tf32's 128x128 tiles 2 on sm_80, 3 on
+  tiles take 5 (16 KiB a stage), sm_90's 6, 64-wide ones 6; tf32's 128x128 tiles 2 on sm_80, 3 on
   sm_90. Not yet timed on a device: with 4 warps a block and two blocks an SM, the copies in flight
   are what hides global memory. On HIP (gfx90a, gfx940) copies are staged through registers into
   two LDS buffers.
@@ -27,9 +27,15 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   output pixels a multiple of it). The launch entry also checks the pointers' 16-byte alignment at
   run time; the other operands (and misaligned pointers) are gathered element by element, with the
   same predicates, into the same stages.
-- Element size: 2 bytes (bf16/f16 bits), 4 (f32, as tf32 or on FMAs) or 8 (f64): shared rows are
-  the step's depth + one 16-byte vector of elements long, and a stage's bytes, hence the stages
-  that fit, scale with it.
+- Shared layout: a tile keeps each row's (column's, for B) step of the reduction contiguous. With
+  `ldmatrix` (16-bit operands on CUDA, `on_ldmatrix`) rows are the step's depth long, unpadded, their
+  16-byte chunks XOR-swizzled by the row (the PTX ISA's 32/64/128-byte swizzle: 64 bytes for a step
+  of 32), and each fragment comes from one `ldmatrix.x4`: the 8 rows of each of its phases, and the
+  8 lanes of a 16-byte copy's phase, fall in 8 different 16-byte groups of banks. Otherwise (tf32,
+  f32, f64, HIP) rows are the step's depth + one 16-byte vector of padding long and fragments are
+  loaded element by element.
+- Element size: 2 bytes (bf16/f16 bits), 4 (f32, as tf32 or on FMAs) or 8 (f64): a row's bytes,
+  hence a stage's and the stages that fit, scale with it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,17 @@ def vector_of(itemsize: int) -> int:
     return 16 // itemsize
 
 
+def on_ldmatrix(target: Target, itemsize: int) -> bool:
+    """Whether the kernel's fragments come from `ldmatrix.x4` out of XOR-swizzled, unpadded shared
+    rows: 16-bit operands (bf16/f16 on the tensor cores) on an arch with ldmatrix (CUDA)."""
+    return itemsize == 2 and target.gpu.ldmatrix
+
+
+def _row(depth: int, itemsize: int, swizzled: bool) -> int:
+    """A shared row's elements: the step's depth, plus one 16-byte vector of padding unless swizzled."""
+    return depth if swizzled else depth + vector_of(itemsize)
+
+
 def block_tiles(target: Target, itemsize: int, fma: bool) -> BlockTiles:
     """The arch's block tiles for operands of `itemsize` bytes (on FMAs with `fma`)."""
     tiling = target.gpu.igemm
@@ -84,12 +101,13 @@ class GemmTile:
     vector_b: bool
     itemsize: int       # bytes of one operand element in shared memory (2: bf16/f16 bits, 4: f32, 8: f64)
     depth: int          # the reduction step (BLOCK_K)
+    swizzled: bool      # unpadded rows, 16-byte chunks XOR-swizzled, fragments by ldmatrix (on_ldmatrix)
 
     @property
     def lds(self) -> int:
-        """A shared row's elements: the step's depth plus 16 bytes of padding (fragment loads spread
-        over banks)."""
-        return self.depth + vector_of(self.itemsize)
+        """A shared row's elements: the step's depth, plus 16 bytes of padding (fragment loads spread
+        over banks) unless the rows are swizzled."""
+        return _row(self.depth, self.itemsize, self.swizzled)
 
     @property
     def shared_bytes(self) -> int:
@@ -120,7 +138,7 @@ def _side(sides: tuple[int, ...], length: int) -> int:
 def _fitted(target: Target, shape: BlockTiles, m: int, n: int, itemsize: int) -> tuple[int, int]:
     """(m, n), the longer side taken down to the smallest until two stages fit a block's shared
     memory: HIP's 64 KiB of LDS holds two 128x128 stages of 2-byte operands, not of 4-byte ones."""
-    row = (shape.depth + vector_of(itemsize)) * itemsize
+    row = _row(shape.depth, itemsize, on_ldmatrix(target, itemsize)) * itemsize
     while 2 * (m + n) * row > target.gpu.shared_bytes_per_block and max(m, n) > shape.sides[0]:
         m, n = (shape.sides[0], n) if m >= n else (m, shape.sides[0])
     return m, n
@@ -139,8 +157,10 @@ def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction:
           tap_major: bool, vector_a: bool, vector_b: bool) -> GemmTile:
     m, n = _fitted(target, shape, _side(shape.sides, rows), _side(shape.sides, columns), itemsize)
     steps = max(1, -(-reduction // shape.depth))
-    per_stage = (m + n) * (shape.depth + vector_of(itemsize)) * itemsize
-    return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth)
+    swizzled = on_ldmatrix(target, itemsize)
+    per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
+    return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth,
+                    swizzled)
 
 
 def _contiguous(strides: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
@@ -221,6 +241,9 @@ def _multiply(target: Target, shape: BlockTiles, itemsize: int, fma: bool, f64_m
         return (f"on the matrix cores (v_mfma_f64_16x16x4f64, one 16 x 16 x 4 block each), f64 accumulation; tiles "
                 f"{side} a side: a wave's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
                 f"accumulators ({2 * quarter * quarter // lanes} registers) a lane")
+    if on_ldmatrix(target, itemsize):
+        return ("on the matrix instructions, each fragment one ldmatrix.x4 from unpadded shared rows whose 16-byte "
+                "chunks are XOR-swizzled (no bank conflicts)")
     return "on the matrix instructions"
 
 

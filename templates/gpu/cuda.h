@@ -164,6 +164,28 @@ CONVGEN_LDMATRIX(convgen_ldmatrix_x4_trans, "x4.trans", "{%0, %1, %2, %3}", 4)
 #undef CONVGEN_LDMATRIX
 #endif
 
+// 16-bit mma.m16n8k16 fragments by one ldmatrix.x4 each, from a shared tile that keeps each row's
+// (A) or column's (B) k-slice in 16-byte chunks, in any order of chunks (the lanes name the rows, so
+// the tile may be swizzled). `row`: this lane's row address; matrix j comes from lanes 8j..8j+7 and
+// lands in register j, so that each mma operand is whole consecutive registers (no moves).
+// A (16 x 16): lane l gives row l % 16, the 8 elements at k + 8 (l / 16) of the 16-deep slice:
+// matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) are a0..a3.
+template <class T> __device__ __forceinline__ void convgen_mma_load_a_x4(convgen_mma_a<T>& a, const unsigned short* row) {
+    convgen_ldmatrix_x4(a.r, row);
+}
+// B of two mma's (each 16 deep x 8 columns, tile[col][k]): lane l gives column 8 (l / 16) + l % 8, the
+// 8 elements at k + 8 (l / 8 % 2): columns 0-7 are `first` (b0: k 0-7, b1: k 8-15), 8-15 `second`.
+template <class T>
+__device__ __forceinline__ void convgen_mma_load_b2_x4(convgen_mma_b<T>& first, convgen_mma_b<T>& second,
+                                                       const unsigned short* row) {
+    unsigned r[4];
+    convgen_ldmatrix_x4(r, row);
+    first.r[0] = r[0];
+    first.r[1] = r[1];
+    second.r[0] = r[2];
+    second.r[1] = r[3];
+}
+
 #if defined(CONVGEN_SIM)
 template <class T> struct convgen_sim_bits;
 template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };

@@ -5,7 +5,8 @@ instructions of templates/gpu/cuda.h and hip.h.
   forward, data, weight and bias gradients, bf16 and f16, with the tolerances of tests/support/reference.py.
 - The weight gradient's split-K sum is bitwise the same under forward, reversed and shuffled orders.
 - Every rendered variant builds with nvcc for sm_80 and sm_90 with spills as errors and with hipcc
-  for gfx90a and gfx940, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions.
+  for gfx90a and gfx940, and its machine code holds tensor-core (HMMA) / matrix-core (v_mfma) instructions;
+  on CUDA each main loop loads its fragments by ldmatrix.x4 (LDSM), with no scalar shared load (LDS).
 (The wrappers themselves and their emulation are tested in sim/test_mma.py.)
 
 Entry prefixes name the vendor and the case, so that failures say which library ran.
@@ -385,6 +386,32 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
             (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
             uses = bool(re.search(r"\bLDGSTS\b", body))
             assert uses == (tiles[gemm].vector_a or tiles[gemm].vector_b), (prefix, symbol, uses)
+            # the main loop's fragments come from ldmatrix.x4, none from scalar shared loads (LDS.U16
+            # before issue 47; LDS.64, LDS.128 would match too). (How many LDSM per HMMA is not fixed:
+            # ptxas drops the matrix instructions and loads of fragments no output column needs.)
+            loop = main_loop(body)
+            assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
+            assert any(x.startswith("LDSM.16.M88.4 ") for x in loop), (prefix, symbol)
+            assert not [x for x in loop if re.match(r"(@!?U?P\d\s+)?LDS\b", x)], (prefix, symbol)
+
+
+def main_loop(function: str) -> list[str]:
+    """The instructions (predicate, opcode and operands) of a kernel's main loop in nvdisasm's text
+    of its function: the longest backward branch whose range holds tensor-core instructions (HMMA), or
+    the whole function where the reduction's steps are so few that ptxas unrolled them all (a forward
+    whose reduction is one step of BLOCK_K has no loop). (A never-executed `@!PT LDS RZ, [RZ]` that
+    ptxas puts after cp.async keeps its `@!PT`.)"""
+    labels, instructions = {}, []
+    for line in function.splitlines():
+        if m := re.match(r"\s*(\.L_x_\d+):", line):
+            labels[m.group(1)] = len(instructions)
+        elif m := re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line):
+            instructions.append(m.group(1))
+    loops = [(labels[m.group(1)], i) for i, x in enumerate(instructions)
+             if (m := re.search(r"\bBRA\b.*?(\.L_x_\d+)", x)) and labels.get(m.group(1), i + 1) <= i]
+    tensor = [(lo, hi) for lo, hi in loops if any(x.startswith("HMMA") for x in instructions[lo:hi + 1])]
+    lo, hi = max(tensor, key=lambda loop: loop[1] - loop[0], default=(0, len(instructions) - 1))
+    return instructions[lo:hi + 1]
 
 
 def hipcc_functions(directory: Path, source: str, name: str) -> dict[str, list[str]]:

@@ -95,3 +95,18 @@ def test_the_checks_catch_a_copy_read_too_early_or_overwritten_in_flight(libs, v
     with pytest.raises(SimulatorError, match=says):
         libs[vendor, mode].call(f"{vendor}_copies", sim.pointer(src, "src"), sim.pointer(src2, "src2"),
                                 sim.pointer(out, "out"), order=order, seed=4)
+
+
+def test_the_profile_counts_a_partly_zero_filled_copy_as_one_shared_request(libs):
+    """The second copy reads global memory in the even lanes only (the odd ones zero-fill): the
+    profile still sees one shared request of 4 phases (32 lanes x 16 bytes, conflict-free) and one
+    global request of the 16 valid sources, not the two kinds of access mixed in one request."""
+    src, src2, out = _operands(32)
+    (launch,) = libs["cuda", 0].call("cuda_copies", sim.pointer(src, "src"), sim.pointer(src2, "src2"),
+                                     sim.pointer(out, "out"), profile=True)
+    # shared: two copies (4 phases each, one wavefront a phase) and two 2-byte reads 16 bytes apart (8
+    # banks for 32 lanes: 4 wavefronts each, ideal 1)
+    assert (launch["shared_requests"], launch["shared_ideal"], launch["shared_wavefronts"]) == (4, 10, 16)
+    # global: src (512 bytes, 16 sectors), src2's even slots (16 sectors), out's two halves (2 each)
+    assert (launch["global_requests"], launch["global_sectors"]) == (4, 36)
+    assert (launch["bytes_read"], launch["bytes_written"]) == (512 + 16 * 16, 2 * 64)

@@ -68,7 +68,7 @@ MUTATIONS = [
              ((BARRIER, ""), (COMMIT, r"\g<0>\n        __syncthreads();")), "write after read|in flight"),
     Mutation("main-loop barrier deleted", Op.FWD, ("cuda", "hip"), ((BARRIER, ""),), "race|in flight"),
     Mutation("next stage loaded into the current one", Op.BWD_DATA, ("cuda", "hip"),
-             ((r"load\(\(int\)\(next % STAGES\)", "load((int)((next + 1) % STAGES)"),), "race|in flight"),
+             ((r"load\(write_stage, ", "load(read_stage, "),), "race|in flight"),
     Mutation("wait one group short", Op.FWD, ("cuda",),
              ((r"convgen_copy_wait<STAGES - 2>\(\)", "convgen_copy_wait<STAGES - 1>()"),), "in flight"),
     Mutation("no empty commit at the end", Op.FWD, ("cuda",),
@@ -77,10 +77,10 @@ MUTATIONS = [
     # buffer the report names as nearest is wherever the heap put the tensors: grad_output, or once
     # in a full run grad_bias, 350 bytes past its end)
     Mutation("weight gradient's row predicate removed", Op.BWD_WEIGHT, ("cuda", "hip"),
-             ((r"m0 \+ row < op\.M && ", ""),), "outside every buffer the entry was given|past the end of grad_output"),
+             ((r"m0 \+ row < op\.M\) && ", "true) && "),), "outside every buffer the entry was given|past the end of grad_output"),
     Mutation("zero fill of ragged rows removed", Op.FWD, ("cuda", "hip"),
-             ((r"a_tile\[row \* LDS \+ k\] = inside \? (op\.a\(m0 \+ row, k0 \+ k\)) : Bits\(0\);",
-               r"if (inside) a_tile[row * LDS + k] = \1;"),), "uninitialised"),
+             ((r"a_tile\[tile_at\(row, k\)\] = inside \? (op\.a\(.*?, k0 \+ k\)) : Bits\(0\);",
+               r"if (inside) a_tile[tile_at(row, k)] = \1;"),), "uninitialised"),
     Mutation("a split's partials left unwritten", Op.BWD_WEIGHT, ("cuda", "hip"),
              ((r"(void store\(long long kl, long long col, Acc v\) const \{   // in the weight's own layout)",
                r"\1\n        if (kl == 0) return;"),), "the workspace.*no kernel of this call wrote"),
@@ -90,9 +90,14 @@ MUTATIONS = [
              "wrong result"),
     Mutation("shuffle of a lane outside the mask", Op.BWD_WEIGHT, ("cuda",),
              ((r"__shfl_xor_sync\(CONVGEN_FULL_MASK, v, lanes\)", "__shfl_xor_sync(0xffffu, v, lanes)"),), "mask"),
+    # the 16-bit fragments come from ldmatrix.x4 (cuda.h): the B pair's middle registers swapped (the
+    # first fragment's k 8-15 with the second's k 0-7); the A rows read where an unswizzled tile has them
     Mutation("fragment registers swapped", Op.FWD, ("cuda",),
-             ((r"a\.r\[1\] = (convgen_pack2\(bottom\[0\], bottom\[1\]\));\n    a\.r\[2\] = (convgen_pack2\(top\[8\], top\[9\]\));",
-               r"a.r[1] = \2;\n    a.r[2] = \1;"),), "wrong result"),
+             ((r"first\.r\[1\] = r\[1\];\n    second\.r\[0\] = r\[2\];",
+               "first.r[1] = r[2];\n    second.r[0] = r[1];"),), "wrong result"),
+    Mutation("ldmatrix rows read unswizzled", Op.BWD_DATA, ("cuda",),
+             ((r"a_lane\[s\] = tile_at\(warp_m \+ lane % 16, s \* MMA_K \+ lane / 16 \* 8\);",
+               "a_lane[s] = (warp_m + lane % 16) * LDS + s * MMA_K + lane / 16 * 8;"),), "wrong result"),
     # the other families' barriers, and the bias gradient's block reduction (conv_common.cu.j2)
     Mutation("depthwise window barrier deleted", Op.FWD, ("cuda", "hip"),
              ((r"\n *__syncthreads\(\);   // the window \(and the taps\) are complete", ""),), "race", "depthwise"),

@@ -30,7 +30,8 @@
 // 4 bytes; a request split in phases of 32, 16 or 8 lanes for 4-, 8- and 16-byte accesses; lanes on
 // one word broadcast), global requests and 32-byte sectors, bytes read and written, barriers and
 // matrix instructions. A warp-level request is the n-th execution of one instruction by the lanes
-// of a warp between two barriers.
+// of a warp between two barriers, counted apart for its shared and its global accesses (a cp.async
+// reads global memory only where its source is valid: a zero fill writes shared memory alone).
 #pragma once
 
 namespace convgen_sim {
@@ -120,8 +121,9 @@ struct BlockChecks {
     std::vector<uint32_t> warp_epoch;     // warp collectives completed, per warp of the block
     std::vector<std::pair<uintptr_t, uintptr_t>> known;    // loaded objects' segments and TLS seen so far
     Counters counters;
-    std::vector<std::unordered_map<const void*, uint32_t>> executions;   // per thread: an instruction's count
-    std::map<std::tuple<const void*, uint32_t, unsigned>, Request> requests;   // (instruction, execution, warp)
+    // per thread: an instruction's count of shared [1] and of global [0] accesses
+    std::vector<std::unordered_map<const void*, uint32_t>> executions[2];
+    std::map<std::tuple<const void*, bool, uint32_t, unsigned>, Request> requests;   // (instruction, shared, execution, warp)
     ~BlockChecks() { std::free(shared); }
 };
 
@@ -210,7 +212,7 @@ CONVGEN_SIM_RT void block_begin(Worker& w, Launch& l) {
     c.counters = Counters{};
     c.counters.blocks = 1;
     if (l.settings.profile) {
-        c.executions.assign(threads, {});
+        for (auto& e : c.executions) e.assign(threads, {});
         c.requests.clear();
     }
 }
@@ -247,7 +249,8 @@ CONVGEN_SIM_RT void flush_requests(BlockChecks& c) {
         }
     }
     c.requests.clear();
-    for (auto& e : c.executions) e.clear();
+    for (auto& kind : c.executions)
+        for (auto& e : kind) e.clear();
 }
 
 // The end of a barrier interval: an unwritten read that no race explained is an error now.
@@ -332,8 +335,8 @@ CONVGEN_SIM_RT bool known_memory(Worker& w, uintptr_t a) {
 
 CONVGEN_SIM_RT void record_request(Worker& w, Fiber& f, bool shared, uintptr_t a, size_t bytes, const void* pc) {
     BlockChecks& c = *w.checks;
-    uint32_t n = c.executions[f.linear][pc]++;
-    Request& r = c.requests[{pc, n, f.linear / CONVGEN_SIM_WARP}];
+    uint32_t n = c.executions[shared][f.linear][pc]++;
+    Request& r = c.requests[{pc, shared, n, f.linear / CONVGEN_SIM_WARP}];
     r.shared = shared;
     r.bytes = static_cast<unsigned>(bytes);
     r.lanes.push_back({f.linear % CONVGEN_SIM_WARP, shared ? a - reinterpret_cast<uintptr_t>(c.shared) : a});
@@ -488,14 +491,18 @@ CONVGEN_SIM_RT void require_aligned(const void* p, unsigned bytes, const char* w
 }
 
 // A load the simulator makes for a thread (an ldmatrix row): `bytes` aligned, in shared memory,
-// checked and recorded as the thread's own load at `pc`.
+// checked and recorded as the thread's own load at `pc`. Racecheck, initcheck and the profile need
+// every store the kernel makes seen, which only the checks' instrumentation does: a library built
+// without it (checks off, or under ASan) checks the alignment and the place alone.
 CONVGEN_SIM_RT void shared_load(const void* p, unsigned bytes, const char* what, const void* pc) {
     Worker& w = worker();
     uintptr_t a = reinterpret_cast<uintptr_t>(p), offset = a - reinterpret_cast<uintptr_t>(w.checks->shared);
     if (a % bytes) misaligned(what, a, bytes, pc);
     if (offset >= SHARED_CAPACITY)
         check_failed(std::string(what) + " at " + pc_text(pc) + ": the address 0x" + hex(a).substr(2) + " is not shared memory");
+#if defined(CONVGEN_SIM_CHECKS)
     shared_access(w, *w.current, offset, bytes, false, pc, false);
+#endif
 }
 
 CONVGEN_SIM_RT void copy_issue(void* shared, const void* global, unsigned bytes, unsigned source_bytes, const void* pc) {

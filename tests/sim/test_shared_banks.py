@@ -1,0 +1,134 @@
+"""The 16-bit implicit GEMM on CUDA reads its fragments without shared-memory bank conflicts (issue 47):
+each fragment is one ldmatrix.x4 from unpadded shared rows whose 16-byte chunks are XOR-swizzled
+(templates/gpu/igemm.cu.j2's tile_at, cuda.h's convgen_mma_load_a_x4 / _b2_x4).
+
+The kernels run in the simulator with its profile on (templates/gpu/sim/checks.h: a warp's shared
+request takes as many wavefronts as the most distinct 4-byte words one bank serves in a phase of
+32, 16 or 8 lanes; ideal: one per phase). bf16 and f16, the forward, the data gradient with stride
+1 and 2 (every stride phase's launch) and the weight gradient: every GEMM launch's shared wavefronts
+are its ideal. The problems move their operands by 16-byte copies or by element stores along the
+reduction, both conflict-free, so the launch's totals are the main loop's: the ldmatrix rows, the
+copies and stores. (The one element path left out, activations whose rows are contiguous in memory
+-- NCHW input or grad_output gathered -- stores 32 rows at one k and conflicts 4 ways, padded or
+swizzled: its copies are issue 47's third deliverable.)
+
+The same kernels with the swizzle taken out of tile_at (the layout stays consistent, only unpadded
+and unswizzled) conflict in every GEMM launch: the ldmatrix phases' 8 rows, 64 bytes apart, fall on
+4 bank groups. So the test sees the fragment loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+from convgen.building import sim_build
+from convgen.codegen.gpu.igemm import igemm_context, render_igemm
+from convgen.codegen.ir import DType, Layout
+from convgen.codegen.target import parse_target
+from convgen.devices import sim
+
+from support.problems import conv_problem
+from support.reference import generator_for, in_layout, randn
+
+pytestmark = pytest.mark.skipif(sim_build.fp16_include_dir() is None,
+                                reason="NVIDIA's cuda_fp16.h/cuda_bf16.h (CUDA toolkit) not found: bf16 kernels need them")
+
+TARGET = parse_target("cuda-sm_90")
+DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
+GEMMS = {"FWD": "fwd", "DGRAD": "bwd_data", "WGRAD": "bwd_weight_partial"}
+# name: (batch, C, K, size, stride, layout, staged, the GEMMs checked)
+CASES = {
+    # channels-last, channels in whole 16-byte copies: the forward's and the data gradient's operands
+    # by copies (the data gradient's weight from its filters-innermost copy, staged "W"); the weight
+    # gradient's gathered along the reduction
+    "cl_s1": (2, 16, 24, (6, 6), 1, Layout.CHANNELS_LAST, ("W",), ("FWD", "DGRAD", "WGRAD")),
+    "cl_s2": (2, 16, 16, (7, 7), 2, Layout.CHANNELS_LAST, ("W",), ("FWD", "DGRAD", "WGRAD")),   # 4 stride phases
+    # NCHW grad_output along 64 pixels: the weight gradient's A by copies
+    "nchw": (2, 8, 16, (8, 8), 1, Layout.CONTIGUOUS, (), ("WGRAD",)),
+}
+SWIZZLE = r"const unsigned chunk = \(unsigned\)k / VECTOR \^ \(unsigned\)row / SWIZZLE_ROWS % SWIZZLE_CHUNKS;"
+
+
+def _problem(name: str, dtype: str):
+    n, c, k, size, stride, layout, _, _ = CASES[name]
+    return conv_problem(n, c, k, size, 3, stride, 1, dtype=DTYPES[dtype][0], layout=layout, bias=True).validate()
+
+
+def _prefix(name: str, dtype: str) -> str:
+    return f"banks_{name}_{dtype}"
+
+
+def _source(unswizzled: bool = False) -> str:
+    text = "".join(render_igemm(_problem(name, dtype), TARGET, _prefix(name, dtype), staged=CASES[name][6])
+                   for name in CASES for dtype in DTYPES)
+    if unswizzled:
+        text, count = re.subn(SWIZZLE, "const unsigned chunk = (unsigned)k / VECTOR;", text)
+        assert count == len(CASES) * len(DTYPES), "tile_at's swizzle is no longer where this test takes it out"
+    return text
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shared_banks")
+    return {False: sim.build(_source(), d, "banks", "cuda"), True: sim.build(_source(True), d, "banks_unswizzled", "cuda")}
+
+
+def _launches(lib, name: str, dtype: str) -> dict[str, list[dict]]:
+    """Every pass of the case, profiled: the launches of each GEMM kernel."""
+    problem, torch_dtype = _problem(name, dtype), DTYPES[dtype][1]
+    g = generator_for(f"banks-{name}-{dtype}")
+    p, n = sim.pointer, ctypes.c_longlong(problem.n)
+    x = in_layout(randn(problem.input_shape, torch_dtype, g), problem.input_layout)
+    w = in_layout(randn(problem.weight_shape, torch_dtype, g), problem.weight_layout)
+    dy = in_layout(randn(problem.output_shape, torch_dtype, g), problem.output_layout)
+    b = randn((problem.k,), torch_dtype, g)
+    y, dx, dw = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
+    prefix = _prefix(name, dtype)
+
+    def workspace(entry):
+        sizes = getattr(lib.lib, f"{prefix}_{entry}_workspace_bytes", None)
+        if sizes is None:
+            return ()
+        sizes.restype = ctypes.c_ulonglong
+        return (torch.empty(max(1, sizes(n) // 4), dtype=torch.float32),)
+
+    spaces = {entry: workspace(entry) for entry in ("fwd", "bwd_data", "bwd_weight")}
+    launches = []
+    launches += lib.call(f"{prefix}_fwd", p(x), p(w), p(b), p(y), *map(p, spaces["fwd"]), n, None, profile=True)
+    launches += lib.call(f"{prefix}_bwd_data", p(dy), p(w), p(dx), *map(p, spaces["bwd_data"]), n, None, profile=True)
+    launches += lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(dw), *map(p, spaces["bwd_weight"]), n, None,
+                         profile=True)
+    return {gemm: [launch for launch in launches if launch["kernel"] == kernel] for gemm, kernel in GEMMS.items()}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_gemm_launch_reads_and_writes_shared_memory_without_bank_conflicts(libs, name, dtype):
+    problem = _problem(name, dtype)
+    context = igemm_context(problem, TARGET, "p", staged=CASES[name][6])
+    assert context.ldmatrix and context.lds == context.block_k   # unpadded, swizzled rows
+    tiles = dict(context.tiles)
+    launches = _launches(libs[False], name, dtype)
+    assert len(launches["DGRAD"]) == (4 if name == "cl_s2" else 1)   # a launch per stride phase
+    for gemm in CASES[name][7]:
+        # the case is about what it says: copies where rows are contiguous in memory
+        assert tiles[gemm].vector_a == (gemm != "WGRAD" or name == "nchw"), (gemm, tiles[gemm])
+        assert tiles[gemm].vector_b == (gemm != "WGRAD"), (gemm, tiles[gemm])
+        assert launches[gemm], gemm
+        for launch in launches[gemm]:
+            assert launch["tensor_instructions"] > 0 and launch["shared_requests"] > 0, launch
+            assert launch["shared_wavefronts"] == launch["shared_ideal"], (gemm, launch)
+
+
+def test_without_the_swizzle_the_fragment_loads_conflict(libs):
+    """tile_at without its XOR: the copies and stores still are conflict-free (a phase of 8 copies
+    covers two whole 64-byte rows), the ldmatrix rows are not."""
+    for name, dtype in (("cl_s1", "bf16"), ("nchw", "f16")):
+        launches = _launches(libs[True], name, dtype)
+        for gemm in CASES[name][7]:
+            for launch in launches[gemm]:
+                assert launch["shared_wavefronts"] > launch["shared_ideal"], (name, dtype, gemm, launch)
