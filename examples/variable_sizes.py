@@ -71,7 +71,11 @@ def main() -> int:
         if args.cache != "env":
             os.environ["CONVGEN_CACHE_DIR"] = args.cache or fresh
         os.environ["CONVGEN_JIT"] = args.jit
-        return run(args)
+        try:
+            return run(args)
+        finally:   # the background builder builds into the cache about to be removed: let it finish first
+            import convgen
+            convgen.wait_builds(drop_queued=True)
 
 
 def run(args) -> int:

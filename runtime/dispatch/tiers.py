@@ -247,9 +247,13 @@ def pending() -> int:
         return len(_queue) + _busy
 
 
-def wait(timeout: float | None = None) -> bool:
-    """Block until no background build is queued or under way (True), or `timeout` seconds pass."""
+def wait(timeout: float | None = None, *, drop_queued: bool = False) -> bool:
+    """Block until no background build is queued or under way (True), or `timeout` seconds pass.
+    `drop_queued`: first drop the builds not yet started (nothing is lost but their speed), so that
+    only the one under way is waited for, as before a process removes the cache it builds into."""
     with _wake:
+        if drop_queued:
+            _queue.clear()
         return _wake.wait_for(lambda: not _queue and not _busy, timeout)
 
 
