@@ -153,8 +153,9 @@ def _strided(plan: Plan, s: _Scores, wide: bool) -> tuple[str, str] | None:
     if plan.kop is KOp.FWD and g.stride[2] > 1:
         # lanes broadcasts from every SW-th input column of a padded copy, blocked splits the columns
         # into phases: lanes from STRIDED_LANES_MIN_IN input channels in NCHW, from any in channels last
-        # (not where lanes' own tile wastes most of its lanes: few channels a group, as blocked's rule
-        # in channels last asks; figures: BENCHMARKS.md, 2026-12-02 (fourth session), "few channels in channels last")
+        # (not where lanes' own tile wastes most of its lanes: few channels a group, as the channels-last
+        # rule above asks; figures: BENCHMARKS.md, 2026-12-02 (fourth session), "lanes leaves strided
+        # forwards of few channels")
         if not plan.problem.transposed and (written.layout is Layout.CHANNELS_LAST and s.by_channels >= 0.5 or
                                             g.cin_g >= STRIDED_LANES_MIN_IN):
             what = (f"channels-last {written.role}" if written.layout is Layout.CHANNELS_LAST
