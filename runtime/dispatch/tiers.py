@@ -40,7 +40,7 @@ from .. import knobs
 from ..building import build, cache
 from ..codegen.cpu import generic
 from ..codegen.emit import emit
-from ..codegen.errors import ConvgenError
+from ..codegen.errors import CacheError, ConvgenError
 from ..codegen.ir import ConvProblem, DType
 from ..codegen.plan import Plan
 from ..codegen.target import Target, host_cpu
@@ -83,9 +83,13 @@ def setup(target: Target | None = None) -> list:
 
 
 def generic_built(plan: Plan) -> bool:
-    """Whether the generic tier's library for `plan`'s kernel op is built (nothing is built)."""
-    with cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR"):
-        return build.cached(generic.source(plan.kop, plan.problem.dtype, plan.target)) is not None
+    """Whether the generic tier's library for `plan`'s kernel op is built (nothing is built; an
+    unusable directory counts as not built: the call that needs it reports it)."""
+    try:
+        with cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR"):
+            return build.cached(generic.source(plan.kop, plan.problem.dtype, plan.target)) is not None
+    except CacheError:
+        return False
 
 
 def describe(plan: Plan, source) -> str:
