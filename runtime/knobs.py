@@ -42,31 +42,40 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
+def _user_dir(variable: str, xdg: str, under_xdg: tuple[str, ...], under_home: tuple[str, ...], what: str,
+              place: str) -> Path:
+    """An absolute directory of the user's: $variable wins (a relative value is an error); otherwise
+    $xdg / under_xdg, where a relative $xdg is ignored as the XDG spec says; otherwise ~ / under_home.
+    Errors name it as `what` ("<what> location must not depend on ...") and `place` ("cannot place <place>")."""
+    explicit = os.environ.get(variable, "")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_absolute():
+            raise CacheError(
+                f"{variable}={explicit!r} is a relative path; {what} location must not "
+                f"depend on the working directory. Set {variable} to an absolute path."
+            )
+        return path
+    base = os.environ.get(xdg, "")
+    if base and Path(base).is_absolute():
+        return Path(base).joinpath(*under_xdg)
+    home = Path.home()
+    if not home.is_absolute():
+        raise CacheError(
+            f"cannot place {place}: the home directory {str(home)!r} is not absolute. "
+            f"Set {variable} to an absolute path."
+        )
+    return home.joinpath(*under_home)
+
+
 def cache_dir() -> Path:
     """The kernel cache directory, always absolute (never relative to the working directory).
 
     CONVGEN_CACHE_DIR wins; a relative value is an error. Otherwise $XDG_CACHE_HOME/convgen,
     where a relative XDG_CACHE_HOME is ignored as the XDG spec says; otherwise ~/.cache/convgen.
     """
-    explicit = os.environ.get("CONVGEN_CACHE_DIR", "")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_absolute():
-            raise CacheError(
-                f"CONVGEN_CACHE_DIR={explicit!r} is a relative path; the cache location must not "
-                f"depend on the working directory. Set CONVGEN_CACHE_DIR to an absolute path."
-            )
-        return path
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "convgen"
-    home = Path.home()
-    if not home.is_absolute():
-        raise CacheError(
-            f"cannot place the kernel cache: the home directory {str(home)!r} is not absolute. "
-            f"Set CONVGEN_CACHE_DIR to an absolute path."
-        )
-    return home / ".cache" / "convgen"
+    return _user_dir("CONVGEN_CACHE_DIR", "XDG_CACHE_HOME", ("convgen",), (".cache", "convgen"), "the cache",
+                     "the kernel cache")
 
 
 def generic_dir() -> Path:
@@ -77,25 +86,8 @@ def generic_dir() -> Path:
     $XDG_DATA_HOME/convgen/generic, where a relative XDG_DATA_HOME is ignored as the XDG spec says;
     otherwise ~/.local/share/convgen/generic.
     """
-    explicit = os.environ.get("CONVGEN_GENERIC_DIR", "")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_absolute():
-            raise CacheError(
-                f"CONVGEN_GENERIC_DIR={explicit!r} is a relative path; the generic kernels' location must not "
-                f"depend on the working directory. Set CONVGEN_GENERIC_DIR to an absolute path."
-            )
-        return path
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "convgen" / "generic"
-    home = Path.home()
-    if not home.is_absolute():
-        raise CacheError(
-            f"cannot place the generic kernels: the home directory {str(home)!r} is not absolute. "
-            f"Set CONVGEN_GENERIC_DIR to an absolute path."
-        )
-    return home / ".local" / "share" / "convgen" / "generic"
+    return _user_dir("CONVGEN_GENERIC_DIR", "XDG_DATA_HOME", ("convgen", "generic"),
+                     (".local", "share", "convgen", "generic"), "the generic kernels'", "the generic kernels")
 
 
 def cxx() -> list[str]:
