@@ -68,11 +68,15 @@ def on_swap(listener: Callable[[], None]) -> None:
     _listeners.append(listener)
 
 
+def _in_generic_dir():
+    """Builds and lookups in the generic kernels' own directory (knobs.generic_dir), apart from the
+    kernel cache: once per machine, whichever cache a process uses."""
+    return cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR")
+
+
 def _generic_build(sources: list) -> list:
-    """The generic tier's libraries of `sources`, built (or found) in the generic kernels' own
-    directory (knobs.generic_dir), apart from the kernel cache: once per machine, whichever cache a
-    process uses."""
-    with cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR"):
+    """The generic tier's libraries of `sources`, built (or found) in their own directory."""
+    with _in_generic_dir():
         return build.build_many(sources)
 
 
@@ -86,7 +90,7 @@ def generic_built(plan: Plan) -> bool:
     """Whether the generic tier's library for `plan`'s kernel op is built (nothing is built; an
     unusable directory counts as not built: the call that needs it reports it)."""
     try:
-        with cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR"):
+        with _in_generic_dir():
             return build.cached(generic.source(plan.kop, plan.problem.dtype, plan.target)) is not None
     except CacheError:
         return False
@@ -174,8 +178,7 @@ def _serve_dynamic(e, load) -> None:
     with _lock:   # the builder's swap takes the same lock: no entry is left on the generic kernel
         layer = _layer_kernels.get(lk)
         if layer is not None:
-            e.kernel = GenericKernel(layer, generic.kinds(e.plan), generic.sizes(e.plan), counter="layer_calls")
-            e.tier = "layer"
+            _on_layer(e, layer)
             return
         first = lk not in _layer_waiting
         _layer_waiting.setdefault(lk, []).append(e)
@@ -192,8 +195,13 @@ def _swap_layer(lk: tuple, kernel: Kernel) -> None:
         _layer_kernels[lk] = kernel
         for e in _layer_waiting.pop(lk, []):
             if e.tier == "generic-dynamic":   # (not one an eager prepare has upgraded meanwhile)
-                e.kernel = GenericKernel(kernel, generic.kinds(e.plan), generic.sizes(e.plan), counter="layer_calls")
-                e.tier = "layer"
+                _on_layer(e, kernel)
+
+
+def _on_layer(e, kernel: Kernel) -> None:
+    """Entry `e` served by its layer's kernel (called under the lock)."""
+    e.kernel = GenericKernel(kernel, generic.kinds(e.plan), generic.sizes(e.plan), counter="layer_calls")
+    e.tier = "layer"
 
 
 def build_now(entries: Sequence, load) -> None:
