@@ -27,6 +27,12 @@ from support.code_shapes import ShapeForThisHost, x86_shape
 from support.problems import conv_problem
 from support.reference import rel_err, tolerance
 
+# One worker runs this module, whole (pyproject.toml: --dist loadgroup). Its fixture builds about
+# 2,900 kernels (8 minutes on 2 cores alone). Split across workers, both set the fixture up (again
+# at each return to the module), and the second waited on the first's build locks, then held for
+# the whole set, past CONVGEN_LOCK_TIMEOUT: CI's run of 2026-12-02 errored and ran out of time.
+pytestmark = pytest.mark.xdist_group("cpu_variants")
+
 # (name, n, c, k, size, kernel, stride, padding pairs, dilation, groups, transposed, output_padding)
 PROBLEMS = [
     ("pad_as_kernel", 1, 3, 3, (4, 4), (3, 3), (2, 2), ((2, 2), (2, 2)), (1, 1), 1, False, (0, 0)),
@@ -224,10 +230,13 @@ def _runs_vdpbf16ps() -> bool:
     return host_bf16_dot()
 
 
+BUILD_BATCH = 256
+
+
 @pytest.fixture(scope="module")
 def kernels():
     """Every variant's kernel, for the host, the portable target and the AVX-512 code shape, built
-    in one ninja run."""
+    BUILD_BATCH kernels a ninja run."""
     target = host_cpu()
     plans = ([lower(p.values[0], target, algorithm=p.values[1]) for p in VARIANTS] +
              [lower(p.values[0], PORTABLE, algorithm=p.values[1]) for p in PORTABLE_VARIANTS] +
@@ -237,7 +246,9 @@ def kernels():
               if _runs_vdpbf16ps() else []) +
              ([lower(p.values[0], PAIRS_ZMM, algorithm=p.values[1]) for p in PAIRS_ZMM_VARIANTS]
               if _runs_vdpbf16ps() and "avx512" in host_isas() else []))
-    loaded = dispatch.load_plans(plans)
+    # in batches: a batch's build holds its kernels' locks (a minute at most), not the whole set's
+    loaded = [kernel for start in range(0, len(plans), BUILD_BATCH)
+              for kernel in dispatch.load_plans(plans[start:start + BUILD_BATCH])]
     return {(plan.problem, plan.algorithm, plan.target): (plan, kernel) for plan, kernel in zip(plans, loaded)}
 
 
