@@ -59,6 +59,9 @@ class Peaks:
     source: str
     matrix32: float = 0.0   # true f32 on matrix cores (AMD's v_mfma_f32_*; none on NVIDIA)
     matrix64: float = 0.0   # f64 on tensor (matrix) cores: NVIDIA's DMMA, AMD's v_mfma_f64_*
+    # dense bf16/f16 multiply-adds one SM's tensor cores do a clock (the other units' in proportion
+    # to their peaks); 0 where not given. What `explain` weighs a main loop's issue rate against.
+    sm_matrix16_macs: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +143,10 @@ _MMA = MatrixInstruction("mma.sync.aligned.m16n8k16", 16, 8, 16, ("f16", "bf16")
 _MFMA_GFX90A = MatrixInstruction("v_mfma_f32_16x16x16bf16_1k", 16, 16, 16, ("f16", "bf16"))
 _MFMA_GFX940 = MatrixInstruction("v_mfma_f32_16x16x16_bf16", 16, 16, 16, ("f16", "bf16"))
 
-_A100 = Peaks(312, 156, 19.5, 9.7, 2.039, "NVIDIA A100 datasheet (SXM, 80 GB)", matrix64=19.5)
-_H100 = Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)", matrix64=67)
+# A100: 4 tensor cores an SM, 256 dense f16 multiply-adds each a clock (A100 whitepaper); H100 twice
+# A100's per SM and clock (H100 whitepaper): 132 SMs x 2048 x 2 x 1.83 GHz = its 989 TFLOP/s.
+_A100 = Peaks(312, 156, 19.5, 9.7, 2.039, "NVIDIA A100 datasheet (SXM, 80 GB)", matrix64=19.5, sm_matrix16_macs=1024)
+_H100 = Peaks(989, 495, 67, 34, 3.35, "NVIDIA H100 datasheet (SXM)", matrix64=67, sm_matrix16_macs=2048)
 _MI250X_DIE = Peaks(191.5, 47.85, 23.95, 23.95, 1.638, "AMD Instinct MI250X datasheet, one of its two dies", 47.85,
                     matrix64=47.85)
 _MI300A = Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet", 122.6, matrix64=122.6)

@@ -149,9 +149,61 @@ def kernel_shapes(plan) -> dict[str, tuple[int, int]]:
             "bwd_weight_partial": (threads, tiles.wgrad.shared_bytes)}
 
 
-def explain_lines(plan, report: str | None, unavailable: str = "") -> list[str]:
+# Warp instructions an SM issues a clock: 4 schedulers (sub-partitions), one each, on sm_80 and
+# sm_90 (NVIDIA A100 and H100 whitepapers).
+SM_ISSUE = 4
+
+
+def loop_bound(arch: GpuArch, units: str, mix) -> tuple[str, float] | None:
+    """Which bound a main loop meets on `arch` (None where the arch has no tensor rate here): the SM
+    issues SM_ISSUE warp instructions a clock while its tensor cores do the loop's `multiply_adds`
+    (a warp's, per k-step) at the arch's rate for `units`; ("issue" or "tensor", the fraction of the
+    matrix peak the loop can reach at most). `mix`: runtime/building/machine_code.py's LoopMix."""
+    peaks = arch.peaks
+    if peaks is None or not peaks.sm_matrix16_macs or not getattr(peaks, units, 0) or units in ("f32", "f64"):
+        return None
+    macs_per_clock = peaks.sm_matrix16_macs * getattr(peaks, units) / peaks.matrix16
+    tensor_clocks = mix.multiply_adds / macs_per_clock
+    issue_clocks = mix.total / SM_ISSUE
+    return ("issue", tensor_clocks / issue_clocks) if issue_clocks > tensor_clocks else ("tensor", 1.0)
+
+
+def loop_line(arch: GpuArch, units: str, mix, gathers: bool = False) -> str:
+    """explain's line for one kernel's main loop, read in its machine code; `gathers`: the kernel's
+    GEMM moves an operand element by element (loops nested in the main loop, run every k-step)."""
+    text = (f"main loop (machine code, a k-step a warp): {mix.total} instructions: {mix.tensor} tensor "
+            f"({mix.multiply_adds} multiply-adds), {mix.ldsm} LDSM, {mix.ldgsts} LDGSTS, {mix.other - mix.ldsm - mix.ldgsts} "
+            f"other; {mix.per_2048:.1f} non-tensor per 2048 multiply-adds")
+    if mix.nested:
+        text += (f", and {mix.nested} instructions in loops nested in it: "
+                 + ("an operand's element gathers, run every k-step and not counted here" if gathers else
+                    "the element gathers of operands not 16-byte aligned, not run here"))
+    bound = loop_bound(arch, units, mix)
+    if bound is None:
+        return text
+    which, fraction = bound
+    if gathers:   # the gathers' loops issue more than counted: what is said is an upper bound
+        return text + (f"; issue-bound below {100 * fraction:.0f}% of the matrix peak" if which == "issue"
+                       else "; issue-bound by the gathers or tensor-bound (their trip counts are not read)")
+    return text + (f"; issue-bound at {100 * fraction:.0f}% of the matrix peak" if which == "issue"
+                   else "; tensor-bound (issue keeps up with the matrix units)")
+
+
+def gathering_kernels(plan) -> set[str]:
+    """The igemm kernels whose GEMM moves an operand element by element every k-step."""
+    if plan.algorithm != "igemm":
+        return set()
+    tiles = tiles_of(plan.problem, plan.target, plan.staged)
+    return {name for name, t in (("fwd", tiles.fwd), ("bwd_data", tiles.dgrad), ("bwd_weight_partial", tiles.wgrad))
+            if not (t.vector_a and t.vector_b)}
+
+
+def explain_lines(plan, report: str | None, unavailable: str = "", loops: dict | None = None,
+                  loops_unavailable: str = "") -> list[str]:
     """explain's resources section: per kernel the compiler's figures and the occupancy they give,
-    then the roofline of the problem on the plan's arch."""
+    and its main loop's instruction mix where the machine code was read (`loops`: kernel short name
+    -> LoopMix, else why not in `loops_unavailable`), then the roofline of the problem on the
+    plan's arch, and how far below it an issue-bound loop stays."""
     arch = plan.target.gpu
     lines = []
     if report is None:
@@ -160,12 +212,17 @@ def explain_lines(plan, report: str | None, unavailable: str = "") -> list[str]:
         shapes = kernel_shapes(plan)
         default_threads = plan.tiling.threads_per_block if plan.tiling else 256
         kernels = parse_report(report, arch.vendor)
+        gathering = gathering_kernels(plan)
         if not kernels:
             lines.append("  compiler report: no kernel lines in it")
         for k in kernels:
             name = short_name(k.name)
             threads, dynamic = shapes.get(name, (default_threads, 0))
             lines.append(f"  {name}: {occupancy_line(arch, k, threads, dynamic)}")
+            if loops and name in loops:
+                lines.append(f"    {loop_line(arch, units_of(plan), loops[name], name in gathering)}")
+        if loops_unavailable:
+            lines.append(f"  main loops: not read ({loops_unavailable})")
     lines.append(f"  roofline ({plan.problem.n} images): "
                  + roofline(arch, plan.problem.flops, plan.problem.bytes_moved, units_of(plan)))
     return lines

@@ -24,12 +24,13 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 
 import torch
 
 from ..codegen.emit import emit
-from ..codegen.gpu.resources import explain_lines
+from ..codegen.gpu.resources import explain_lines, short_name
 from ..codegen.errors import BuildError, CacheError, ConvgenError, ConvSpecError
 from ..codegen.ir import ConvProblem, DType, Layout, Op
 from ..codegen.pipeline import lower
@@ -37,7 +38,7 @@ from ..codegen.plan import Plan
 from ..codegen.target import Target, TargetKind, host_isas, isa_note, parse_target
 from ..api import eager
 from ..bench import bench, check, suites
-from ..building import build, cache, gpu_build
+from ..building import build, cache, gpu_build, machine_code
 from .. import knobs
 from ..dispatch import dispatch, tiers
 from ..dispatch.problem import expand_param, gpu_problem, padding_pairs
@@ -208,10 +209,18 @@ def cmd_explain(args) -> int:
 def _gpu_resources(plan, source) -> list[str]:
     """The compiler's report (when its compiler is here; through the cache), occupancy, roofline."""
     try:
-        report = gpu_build.build_gpu(source).report
+        artifact = gpu_build.build_gpu(source)
     except BuildError as e:
         return explain_lines(plan, None, str(e).splitlines()[0])
-    return explain_lines(plan, report)
+    loops, why = {}, ""
+    if plan.target.kind is not TargetKind.CUDA:
+        why = "the machine code of hip targets is not read yet"
+    else:
+        try:
+            loops = {short_name(name): mix for name, mix in machine_code.read_cubin(artifact.path).items()}
+        except (OSError, subprocess.SubprocessError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return explain_lines(plan, artifact.report, loops=loops, loops_unavailable=why)
 
 
 def cmd_build(args) -> int:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from convgen.devices import sim
 from convgen.building import sim_build
+from convgen.building.machine_code import main_loop
 from convgen.codegen.errors import ConvSpecError
 from convgen.codegen.gpu.igemm import igemm_context, render_igemm
 from convgen.codegen.gpu.normal import axis_phases
@@ -393,25 +394,6 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
             assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
             assert any(x.startswith("LDSM.16.M88.4 ") for x in loop), (prefix, symbol)
             assert not [x for x in loop if re.match(r"(@!?U?P\d\s+)?LDS\b", x)], (prefix, symbol)
-
-
-def main_loop(function: str) -> list[str]:
-    """The instructions (predicate, opcode and operands) of a kernel's main loop in nvdisasm's text
-    of its function: the longest backward branch whose range holds tensor-core instructions (HMMA), or
-    the whole function where the reduction's steps are so few that ptxas unrolled them all (a forward
-    whose reduction is one step of BLOCK_K has no loop). (A never-executed `@!PT LDS RZ, [RZ]` that
-    ptxas puts after cp.async keeps its `@!PT`.)"""
-    labels, instructions = {}, []
-    for line in function.splitlines():
-        if m := re.match(r"\s*(\.L_x_\d+):", line):
-            labels[m.group(1)] = len(instructions)
-        elif m := re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line):
-            instructions.append(m.group(1))
-    loops = [(labels[m.group(1)], i) for i, x in enumerate(instructions)
-             if (m := re.search(r"\bBRA\b.*?(\.L_x_\d+)", x)) and labels.get(m.group(1), i + 1) <= i]
-    tensor = [(lo, hi) for lo, hi in loops if any(x.startswith("HMMA") for x in instructions[lo:hi + 1])]
-    lo, hi = max(tensor, key=lambda loop: loop[1] - loop[0], default=(0, len(instructions) - 1))
-    return instructions[lo:hi + 1]
 
 
 def hipcc_functions(directory: Path, source: str, name: str) -> dict[str, list[str]]:

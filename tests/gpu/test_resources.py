@@ -1,17 +1,22 @@
 """codegen/gpu/resources.py: the vendor compilers' reports parsed per kernel, occupancy from an
 arch's limits, the roofline bound, and `convgen explain --target cuda-sm_90|hip-gfx90a` printing
-them (from the compiler's report when the compiler is here, else saying it is unavailable)."""
+them (from the compiler's report when the compiler is here, else saying it is unavailable); the
+main loops read in the machine code (runtime/building/machine_code.py) and the bound their issue
+rate sets."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import re
 import shutil
 
 import pytest
 
 from convgen import cli, knobs
-from convgen.codegen.gpu.resources import blocks_per_sm, parse_report, roofline, short_name
+from convgen.building import machine_code
+from convgen.codegen.gpu.resources import blocks_per_sm, loop_bound, loop_line, parse_report, roofline, short_name
 from convgen.codegen.arch.gpu import GPU_ARCHS
 
 PTXAS = """ptxas info    : 0 bytes gmem
@@ -96,3 +101,97 @@ def test_explain_without_the_compiler_says_the_report_is_unavailable(monkeypatch
     text = _explain(*FLAGS, "--op", "bwd_weight", "--target", "cuda-sm_80")
     assert "compiler report: unavailable (nvcc" in text
     assert "roofline (4 images):" in text
+
+
+# ------------------------------------------------------------------ main loops in machine code
+
+# nvdisasm's text in the shape it prints: a kernel whose main loop (.L_x_1 .. the BRA back to it)
+# holds two HMMA.16816, an LDSM, an LDGSTS, and a gather loop nested in it (.L_x_2); a loop
+# without tensor instructions before it; and a function without any.
+SASS = """
+        .text._ZN3cgk3fwdEv:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/                   ISETP.GE.AND P0, PT, R2, 0x4, PT ;
+        /*0030*/              @!P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0040*/                   LDGSTS.E.BYPASS.LTC128B.128 [R3], desc[UR4][R4.64] ;
+        /*0050*/                   LDSM.16.M88.4 R8, [R5] ;
+        /*0060*/                   HMMA.16816.F32.BF16 R12, R8, R10, R12 ;
+        /*0070*/                   HMMA.16816.F32.BF16 R16, R8, R11, R16 ;
+        /*0080*/               @P1 BRA `(.L_x_3) ;
+.L_x_2:
+        /*0090*/                   LDG.E.U16 R6, desc[UR4][R4.64] ;
+        /*00a0*/                   STS.U16 [R3], R6 ;
+        /*00b0*/               @P2 BRA `(.L_x_2) ;
+.L_x_3:
+        /*00c0*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*00d0*/               @P3 BRA `(.L_x_1) ;
+        /*00e0*/                   EXIT ;
+        .text._ZN3cgk4copyEv:
+        /*0000*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0010*/                   EXIT ;
+"""
+
+
+def test_the_main_loop_is_the_longest_tensor_loop_without_its_nested_loops():
+    bodies = machine_code.functions(SASS)
+    assert set(bodies) == {"_ZN3cgk3fwdEv", "_ZN3cgk4copyEv"}
+    loop = machine_code.main_loop(bodies["_ZN3cgk3fwdEv"])
+    assert loop[0].startswith("LDGSTS") and loop[-1] == "@P3 BRA `(.L_x_1)"
+    outer, inner = machine_code.main_loop_parts(bodies["_ZN3cgk3fwdEv"])
+    assert [x.split()[0] for x in inner] == ["LDG.E.U16", "STS.U16", "@P2"]
+    mix = machine_code.loop_mix(bodies["_ZN3cgk3fwdEv"])
+    assert (mix.total, mix.tensor, mix.multiply_adds, mix.ldsm, mix.ldgsts, mix.nested) == (7, 2, 4096, 1, 1, 3)
+    assert mix.other == 5 and mix.per_2048 == 2.5
+    assert machine_code.loop_mix(bodies["_ZN3cgk4copyEv"]) is None
+
+
+@pytest.mark.parametrize("instruction, macs", [
+    ("HMMA.16816.F32.BF16 R12, R8, R10, R12", 16 * 8 * 16), ("@P0 HMMA.1688.F32.TF32 R4, R8, R10, R4", 16 * 8 * 8),
+    ("DMMA.8x8x4 R4, R8, R10, R4", 8 * 8 * 4), ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", 64 * 128 * 16 // 4),
+    ("IADD3 R1, R2, R3, RZ", 0), ("LDSM.16.M88.4 R8, [R5]", 0),
+])
+def test_multiply_adds_per_tensor_instruction(instruction, macs):
+    assert machine_code.multiply_adds(instruction) == macs
+
+
+def test_a_loop_is_issue_bound_when_it_issues_more_than_the_tensor_cores_consume():
+    h100, a100 = GPU_ARCHS["sm_90"], GPU_ARCHS["sm_80"]
+    mix = machine_code.LoopMix(total=64 * 10, tensor=64, multiply_adds=64 * 2048, ldsm=16, ldgsts=8, nested=0)
+    # H100: an HMMA.16816 a clock an SM; 10 instructions an HMMA issue in 2.5 clocks: 40%
+    which, fraction = loop_bound(h100, "matrix16", mix)
+    assert which == "issue" and abs(fraction - 0.4) < 1e-9
+    # A100 does half the multiply-adds a clock: the same loop keeps up to 80%
+    which, fraction = loop_bound(a100, "matrix16", mix)
+    assert which == "issue" and abs(fraction - 0.8) < 1e-9
+    lean = machine_code.LoopMix(total=64 * 3, tensor=64, multiply_adds=64 * 2048, ldsm=16, ldgsts=8, nested=0)
+    assert loop_bound(h100, "matrix16", lean) == ("tensor", 1.0)
+    assert loop_bound(GPU_ARCHS["sm_86"], "matrix16", mix) is None   # no peaks for that part here
+    line = loop_line(h100, "matrix16", mix)
+    assert "640 instructions: 64 tensor" in line and "9.0 non-tensor per 2048" in line and "at 40% of" in line
+    assert "below" in loop_line(h100, "matrix16", dataclasses.replace(mix, nested=5), gathers=True)
+
+
+def test_explain_prints_each_matrix_kernels_main_loop_from_its_machine_code():
+    nvcc = knobs.nvcc()
+    if not nvcc or not shutil.which(nvcc) or machine_code.nvdisasm() is None:
+        pytest.skip("nvcc or nvdisasm is not installed: the machine code is not read")
+    for op, kernel in (("fwd", "fwd"), ("bwd_data", "bwd_data"), ("bwd_weight", "bwd_weight_partial")):
+        text = _explain(*FLAGS, "--op", op, "--target", "cuda-sm_90")
+        line = re.search(rf"\n  {kernel}: .*\n    (main loop \(machine code.*)", text)
+        assert line, text
+        m = re.search(r"(\d+) instructions: (\d+) tensor \((\d+) multiply-adds\), (\d+) LDSM, (\d+) LDGSTS, "
+                      r"(\d+) other; ([\d.]+) non-tensor per 2048", line.group(1))
+        total, tensor, macs, ldsm, ldgsts, other, per = (*map(int, m.groups()[:6]), float(m.group(7)))
+        assert tensor > 0 and macs == tensor * 2048 and ldsm > 0 and total == tensor + ldsm + ldgsts + other
+        assert abs(per - (total - tensor) * 2048 / macs) < 0.06
+        assert "% of the matrix peak" in line.group(1) or "tensor-bound" in line.group(1)
+
+
+def test_explain_says_why_a_hip_targets_loops_are_not_read():
+    if not knobs.hipcc() or not shutil.which(knobs.hipcc()):
+        pytest.skip("hipcc is not installed: no report to read beside")
+    text = _explain(*FLAGS, "--op", "fwd", "--target", "hip-gfx90a")
+    assert "main loops: not read (the machine code of hip targets is not read yet)" in text

@@ -5,9 +5,7 @@ under which a test runs a script in a fresh process."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,21 +14,10 @@ import pytest
 
 from convgen import knobs
 from convgen.building import sim_build
+from convgen.building.machine_code import cuda_tool   # noqa: F401 (the tests' way to find nvdisasm)
 from convgen.devices import sim
 
 from support.paths import TESTS
-
-
-def cuda_tool(name: str) -> str | None:
-    """A CUDA binary tool from PATH, else from the nvidia-cuda-* pip packages' bin directory."""
-    found = shutil.which(name)
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for candidate in Path(root).glob(f"*/bin/{name}"):
-            return str(candidate)
-    return None
 
 
 def require_fp16() -> None:
