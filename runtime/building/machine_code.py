@@ -84,39 +84,92 @@ def is_tensor(instruction: str) -> bool:
     return _opcode(instruction).split(".")[0] in ("HMMA", "HGMMA", "DMMA", "IMMA")
 
 
-def _loops(code: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
-    """(first, last) instruction of each backward branch: a loop's range."""
-    return [(labels[m.group(1)], i) for i, x in enumerate(code)
-            if (m := re.search(r"\bBRA\b.*?(\.L_x_\d+)", x)) and labels.get(m.group(1), i + 1) <= i]
+def _successors(code: list[str], labels: dict[str, int]) -> list[list[int]]:
+    """Each instruction's successors: the next one, a branch's target, both for a predicated branch
+    (`@PT` always, `@!PT` never); none after an unconditional EXIT or RET."""
+    out = []
+    for i, x in enumerate(code):
+        guard = x.split()[0] if x.startswith("@") else None
+        always, never = guard in (None, "@PT"), guard == "@!PT"
+        op = _opcode(x)
+        m = re.search(r"(\.L_x_\d+)", x) if op.startswith("BRA") else None
+        nexts = []
+        if m and m.group(1) in labels:
+            if not never:
+                nexts.append(labels[m.group(1)])
+            if not always:
+                nexts.append(i + 1)
+        elif op.startswith(("EXIT", "RET")):
+            if not always:
+                nexts.append(i + 1)
+        else:
+            nexts.append(i + 1)
+        out.append([j for j in nexts if j < len(code)])
+    return out
 
 
-def _main_range(code: list[str], labels: dict[str, int]) -> tuple[int, int]:
-    tensor = [(lo, hi) for lo, hi in _loops(code, labels) if any(is_tensor(x) for x in code[lo:hi + 1])]
-    return max(tensor, key=lambda loop: loop[1] - loop[0], default=(0, len(code) - 1))
+def _natural_loops(code: list[str], labels: dict[str, int]) -> list[set[int]]:
+    """The natural loops of the function's control flow (a back edge's header and every
+    instruction that reaches the edge without passing the header), one per header; an edge back to
+    an instruction that does not dominate it is no loop."""
+    succ = _successors(code, labels)
+    preds: list[list[int]] = [[] for _ in code]
+    for i, nexts in enumerate(succ):
+        for j in nexts:
+            preds[j].append(i)
+    loops: dict[int, set[int]] = {}
+    for tail, nexts in enumerate(succ):
+        for head in nexts:
+            if head > tail:
+                continue
+            body, stack = {head}, [tail]
+            while stack:
+                n = stack.pop()
+                if n not in body:
+                    body.add(n)
+                    stack.extend(preds[n])
+            # the entry reaches the tail around the head: a jump back from out-of-line code (a
+            # shuffle's divergent path rejoining), not a loop the head dominates
+            if head == 0 or 0 not in body:
+                loops[head] = loops.get(head, set()) | body
+    return list(loops.values())
+
+
+def _main_and_nested(code: list[str], labels: dict[str, int]) -> tuple[list[int], list[int]]:
+    """The main loop's instruction positions outside the loops nested in it, and those inside."""
+    loops = _natural_loops(code, labels)
+    tensor = [b for b in loops if any(is_tensor(code[i]) for i in b)]
+    # a kernel with 16-byte copies has a second main loop, gathering elements, for unaligned
+    # pointers (templates/gpu/igemm.cu.j2 block_gemm): the copies' loop is the one that runs
+    copying = [b for b in tensor if any(_opcode(code[i]).startswith("LDGSTS") for i in b)]
+    if not tensor:
+        return list(range(len(code))), []
+    main = max(copying or tensor, key=len)
+    inner = set()
+    for b in loops:
+        if b is not main and b <= main:
+            inner |= b
+    return sorted(main - inner), sorted(inner)
 
 
 def main_loop(function: str) -> list[str]:
-    """The instructions of a kernel's main loop in nvdisasm's text of its function: the longest
-    backward branch whose range holds tensor-core instructions, or the whole function where the
-    reduction's steps are so few that ptxas unrolled them all (a reduction of one step has no loop).
+    """The instructions of a kernel's main loop in nvdisasm's text of its function: the largest
+    natural loop holding tensor-core instructions (and cp.async copies, where a loop does: the
+    aligned operands' loop, not the gathering one), with the loops nested in it, in address order;
+    the whole function where the reduction's steps are so few that ptxas unrolled them all.
     (A never-executed `@!PT LDS RZ, [RZ]` that ptxas puts after cp.async keeps its `@!PT`.)"""
     code, labels = instructions(function)
-    lo, hi = _main_range(code, labels)
-    return code[lo:hi + 1]
+    outer, inner = _main_and_nested(code, labels)
+    return [code[i] for i in sorted(outer + inner)]
 
 
 def main_loop_parts(function: str) -> tuple[list[str], list[str]]:
-    """The main loop's instructions outside the loops nested in it, and those inside them (the
-    element gathers a loop falls back on where an operand is not 16-byte aligned: a k-step of the
-    aligned path does not run them)."""
+    """The main loop's instructions outside the loops nested in it, and those inside them (element
+    gathers: of an operand moved element by element, every k-step; of unaligned operands, only in
+    the gathering loop)."""
     code, labels = instructions(function)
-    lo, hi = _main_range(code, labels)
-    inner = set()
-    for a, b in _loops(code, labels):
-        if lo <= a and b <= hi and (a, b) != (lo, hi):
-            inner.update(range(a, b + 1))
-    return ([x for i, x in enumerate(code[lo:hi + 1], lo) if i not in inner],
-            [x for i, x in enumerate(code[lo:hi + 1], lo) if i in inner])
+    outer, inner = _main_and_nested(code, labels)
+    return [code[i] for i in outer], [code[i] for i in inner]
 
 
 def multiply_adds(instruction: str) -> int:
