@@ -107,6 +107,7 @@ class IgemmContext(TensorContext):
     phases: tuple[Phase, ...]
     entries: tuple[str, ...]
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
+    iterators: tuple[tuple[str, bool], ...] = ()   # ("FWD_A" ... "DGRAD_B", copies by iterator: copy_iterators)
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -245,6 +246,8 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     converts = _converts(normal, staged)
     tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
+    read_strides = kernel_strides(normal, staged)
+    iterators = copy_iterators(normal, tiles, read_strides, converts, tiles.fwd.depth)
     return IgemmContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), scalar=SCALARS[problem.dtype],
         acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0],
@@ -252,12 +255,36 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         bits=SCALARS[problem.dtype] if fma or f64_matrix else BITS[problem.dtype], fma=fma, f64_matrix=f64_matrix,
         vector=vector_of(problem.dtype.itemsize), lds=tiles.fwd.lds, ldmatrix=tiles.fwd.swizzled, tf32=problem.tf32,
         transposed=problem.transposed,
-        staged=staged, read_strides=kernel_strides(normal, staged), converts=tuple(converts.items()),
+        staged=staged, read_strides=read_strides, converts=tuple(converts.items()), iterators=tuple(iterators.items()),
         staged_entries=_staged_entries(problem, converts, entries),
         raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],
         block_k=tiles.fwd.depth, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), entries=tuple(entries),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
+
+
+# A GEMM operand's 16-byte copies take their sources from offsets set up before the main loop and
+# advanced a step at a time (templates/gpu/igemm.cu.j2, "iterators"), not from the reduction index
+# decoded at every step, where each step stays within one tap (a tap-major reduction of whole steps)
+# and a row's taps fit a 64-bit mask. The template checks the same conditions (static_assert).
+MAX_ITERATOR_TAPS = 64
+
+
+def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict, block_k: int) -> dict[str, bool]:
+    """Which operands' copies go by iterator: FWD_A (the input), FWD_B (the weight, read linearly in
+    the reduction's order), DGRAD_A (grad_output), DGRAD_B (the weight's filters-innermost copy)."""
+    g = normal.groups or 1
+    cg, kg = normal.channels // g, normal.filters // g
+    rd, rh, rw = normal.kernel
+    taps = rd * rh * rw
+    _, ws_c, ws_d, ws_h, ws_w = read_strides[2]
+    fwd, dgrad = tiles.fwd, tiles.dgrad
+    linear = ((ws_c, ws_w, ws_h, ws_d) == (1, cg, rw * cg, rh * rw * cg) if fwd.tap_major
+              else (ws_w, ws_h, ws_d, ws_c) == (1, rw, rh * rw, taps))
+    return {"FWD_A": fwd.vector_a and fwd.tap_major and cg % block_k == 0 and taps <= MAX_ITERATOR_TAPS,
+            "FWD_B": fwd.vector_b and linear and cg * taps % block_k == 0,
+            "DGRAD_A": dgrad.vector_a and dgrad.tap_major and kg % block_k == 0 and taps <= MAX_ITERATOR_TAPS,
+            "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major and kg % block_k == 0}
 
 
 def render_igemm(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:

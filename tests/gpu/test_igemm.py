@@ -68,7 +68,16 @@ CASES = [
     # staged channels-last (nchw_staged): 3-D with stride and dilation, a 1x1 whose tiles span images
     ("vec_3d", (2, 8, 3, 5, 4), 16, (3, 2, 3), (1, 2, 1), ((1, 1), (0, 0), (1, 1)), (1, 1, 2), 1),
     ("vec_1x1", (3, 16, 5, 7), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+    # copies by iterator (channels per group a multiple of the 32-deep step; copy_iterators): padding
+    # past both edges and ragged tiles, stride 2 with dilation (data-gradient phases of 2 and 1 taps
+    # a side), groups, 49 taps (a 64-bit mask), 3-D with stride
+    ("it_pad", (2, 32, 7, 9), 64, (3, 3), (1, 1), ((1, 1), (2, 0)), (1, 1), 1),
+    ("it_s2", (2, 32, 9, 8), 32, (3, 3), (2, 2), ((1, 1), (1, 1)), (2, 1), 1),
+    ("it_groups", (1, 64, 5, 6), 64, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),
+    ("it_7x7", (1, 32, 8, 8), 32, (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1), 1),
+    ("it_3d", (1, 32, 3, 4, 5), 32, (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 2)), (1, 1, 1), 1),
 ]
+ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d"}   # not in NCHW: their layouts below
 BY_NAME = {c[0]: c for c in CASES}
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
 F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
@@ -77,12 +86,14 @@ F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 # staged -- the forward's input and weight and the data gradient's grad_output, codegen/gpu/staging.py --
 # where the layout pass would stage only the ones its problem's own GEMM reads, when they pay)
 CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
-                       "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl"}
+                       "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl", "it_pad": "cl", "it_groups": "cl",
+                       "it_3d": "cl"}
 F16_CASES |= {"vec_nchw"}
 NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
-STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16"}
+STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16",
+                "it_pad": "bf16", "it_s2": "f16", "it_7x7": "bf16"}
 PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES
-           if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT | {"vec_3d", "vec_1x1"}]
+           if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT | ITERATOR_CASES | {"vec_3d", "vec_1x1"}]
           + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()]
           + [(name, d, "nchw_staged") for name, d in STAGED_CASES.items()])
 ORDERS = ("forward", "reverse", "shuffle")
@@ -318,20 +329,42 @@ def test_the_vector_cases_take_the_16_byte_copies():
         assert tiles["vec_cl"]["DGRAD"].stages == (6 if cuda else 2)   # 24 x 9 = 216: seven steps, the ring wraps
 
 
+def test_the_iterator_cases_take_the_iterators():
+    """The it_* cases run the copies by iterator they are for (codegen/gpu/igemm.py copy_iterators),
+    and the other 16-bit cases the per-step decode, so both stay checked against ATen."""
+    expect = {("it_pad", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("it_groups", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("it_3d", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("it_pad", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
+              ("it_s2", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
+              ("it_7x7", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B")}
+    for vendor in sim_build.WARP:
+        for name, dtype, layout in PARAMS:
+            problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)
+            iterators = dict(igemm_context(problem, parse_target(vendor), "p", staged=_staged(layout)).iterators)
+            taken = tuple(k for k, v in iterators.items() if v)
+            assert taken == expect.get((name, layout), ()), (vendor, name, layout, taken)
+
+
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
-def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor):
+@pytest.mark.parametrize("name, layout", [("vec_nchw", "nchw"), ("it_pad", "cl")])
+def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor, name, layout):
     """Tensors whose data starts 2 bytes past a 16-byte boundary: the launch sees it and gathers
-    element by element (a 16-byte copy there would fault on a device); results still match ATen."""
-    name, layout = "vec_nchw", "nchw"
+    element by element (a 16-byte copy there would fault on a device); results still match ATen.
+    (it_pad: the kernel whose aligned loop copies by iterator.)"""
     case = BY_NAME[name]
     problem = case_problem(case, DType.BF16, layout)
     g = generator_for(f"igemm-misaligned-{vendor}")
 
-    def shifted(shape):   # a tensor whose storage begins one bf16 element past an aligned one
-        flat = randn((1 + torch.Size(shape).numel(),), torch.bfloat16, g)
-        return flat[1:].view(shape)
+    def shifted(shape, memory):   # storage beginning one bf16 element past an aligned one, in `memory`'s order
+        flat = randn((1 + torch.Size(shape).numel(),), torch.bfloat16, g)[1:]
+        if memory is not Layout.CHANNELS_LAST:
+            return flat.view(shape)
+        last = len(shape) - 1   # channels innermost: (N, *spatial, C) seen as (N, C, *spatial)
+        return flat.view(shape[0], *shape[2:], shape[1]).permute(0, last, *range(1, last))
 
-    x, w, dy = shifted(problem.input_shape), shifted(problem.weight_shape), shifted(problem.output_shape)
+    x, w = shifted(problem.input_shape, problem.input_layout), shifted(problem.weight_shape, problem.weight_layout)
+    dy = shifted(problem.output_shape, problem.output_layout)
+    assert in_layout(x, problem.input_layout).data_ptr() == x.data_ptr()   # no aligned copy on the way in
     b = randn((problem.k,), torch.bfloat16, g)
     assert x.data_ptr() % 16 and w.data_ptr() % 16 and dy.data_ptr() % 16
     out = _run(libs[vendor], _prefix(vendor, name, "bf16", layout), problem, torch.bfloat16, x, w, b, dy, "shuffle", 3)
