@@ -31,6 +31,13 @@ TEMPLATES = {KOp.FWD: "cpu/lanes_fwd.cpp.j2", KOp.DGRAD: "cpu/lanes_dgrad.cpp.j2
 # shuffles and spills fuller tiles. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules",
 # LANES_SPARE_REGISTERS)
 LANES_SPARE_REGISTERS = 5
+# Tiles of 32 registers (forward, data gradient, weight gradient) may take up to this many vectors
+# of channels (5 x 5, 6 x 4), but only where that fills more of the lanes than any tile of 4
+# vectors: 80 and 160 channels (5 vectors a block) against 4-vector blocks that leave lanes idle;
+# where both fill the lanes (96 channels: 3 x 9 or 6 x 4; 240: five blocks of 3) the 4-vector tile
+# stays.
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", LANES_WIDEST)
+LANES_WIDEST = 6
 CHUNK_WHOLE_L1_FROM = 48 * 1024   # lanes chunks take the whole L1 from this size (AVX-512: any size)
 
 # --- lanes over blocked (over_blocked), by the two families' tile scores
@@ -57,7 +64,7 @@ WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
 
 
 def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
-               pairs: bool = False, capped: bool = False) -> tuple[int, int, float]:
+               pairs: bool = False, capped: bool = False, widest: int = 4) -> tuple[int, int, float]:
     """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
     NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
     does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
@@ -72,14 +79,22 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
 
     `capped`: the intensity counts at most 1 (FMA-bound) whatever the tile, for a score to compare
     with blocked's (over_blocked).
+
+    `widest`: tiles of 5 to `widest` vectors are taken only where they fill more lanes than the best
+    tile of at most 4 (LANES_WIDEST).
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes.lanes_tile)"""
+    def filled(nv: int) -> float:
+        return channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
+
     best = (1, 1, -1.0)
-    for nv in range(1, 5):
+    for nv in range(1, max(4, widest) + 1):
+        if nv > 4 and filled(nv) <= filled(best[0]):
+            continue
         for pb in range(1, 15):
             used = asm_tile_registers(nv, pb) if asm else nv * pb + nv + 1 + LANES_SPARE_REGISTERS
             if used > registers:
                 continue
-            ch_eff = channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
+            ch_eff = filled(nv)
             intensity = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD)
             intensity = intensity if (pairs or (asm and registers > 16)) and not capped else min(1.0, intensity)
             score = ch_eff * intensity + 1e-3 * nv * pb * ch_eff   # (ties: the larger tile, not wider waste)
@@ -354,6 +369,23 @@ def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_byt
     return "".join(parts)
 
 
+def result_tile(plan: Plan) -> tuple[int, int, float]:
+    """The forward's or data gradient's register tile (NV, PB, score): NV vectors of the result's
+    channels x PB pixels, on 32 registers up to LANES_WIDEST vectors."""
+    g, t = plan.geometry, plan.target
+    pairs = bf16_pairs(plan)
+    registers = t.tile_registers if pairs else t.vector_registers
+    return lanes_tile(g.cout_g if plan.kop is KOp.FWD else g.cin_g, vector_lanes(plan), registers, asm=t.fma_asm,
+                      pairs=pairs, widest=LANES_WIDEST if registers >= 32 else 4)
+
+
+def fills_lanes(plan: Plan) -> bool:
+    """Whether the forward's or data gradient's tile blocks fill every lane with a channel."""
+    nv = result_tile(plan)[0]
+    channels = plan.geometry.cout_g if plan.kop is KOp.FWD else plan.geometry.cin_g
+    return channels % (nv * vector_lanes(plan)) == 0
+
+
 def tile(plan: Plan) -> Plan:
     """Forward: NV vectors of output channels x PB output pixels per register tile. Data gradient:
     NV vectors of input channels x PB input-gradient pixels of one stride phase."""
@@ -367,7 +399,7 @@ def tile(plan: Plan) -> Plan:
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes.tile: registers)
     pairs = bf16_pairs(plan)
     registers = t.tile_registers if pairs else t.vector_registers
-    nv, pb, score = lanes_tile(g.cout_g if fwd else g.cin_g, lanes, registers, asm=t.fma_asm, pairs=pairs)
+    nv, pb, score = result_tile(plan)
     weight_bytes, channel_major = _channel_major(plan)
     qb = _shortened_run(plan, pb, pb * 16, pairs)
     border = _border(g, fwd)

@@ -51,9 +51,9 @@ PATCH_MIN_REDUCED = 32
 POINTWISE_WIDE_MIN_REDUCED = 256
 PLANE_POINTWISE_WASTES = 64
 # In channels last on AVX-512 lanes reads each pixel's channels as whole vectors and beat pointwise
-# on 1x1 kernels without groups, but for a reduction longer than this into a partial channel block,
-# and strided data gradients. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules",
-# CL_LANES_MAX_REDUCED)
+# on 1x1 kernels, with groups or without, but for a reduction longer than this into a channel block
+# its tile leaves partly empty, and strided data gradients. (figures: BENCHMARKS.md, "Figures behind
+# codegen's CPU rules", CL_LANES_MAX_REDUCED)
 CL_LANES_MAX_REDUCED = 512
 WIDE_LANES_BLOCK = 64   # channels of lanes' AVX-512 tile (4 vectors of 16)
 # A channels-last 1x1 forward from at most EXPAND_MAX_IN channels to EXPAND_RATIO times as many
@@ -98,8 +98,18 @@ def _expanding_channels_last(plan: Plan) -> bool:
 
 
 def _over_patches(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str]:
-    """Forward patches (PATCH_POINTWISE_TAPS, PATCH_LANES_MIN_IN, PATCH_MIN_REDUCED)."""
+    """Forward patches (PATCH_POINTWISE_TAPS, PATCH_LANES_MIN_IN, PATCH_MIN_REDUCED); on AVX-512
+    pointwise's tile of 14 channels x 2 vectors of pixels lost the patch embeddings measured to lanes
+    in channels last, and in NCHW to blocked or lanes by their scores (`choice`) but where output
+    rows are shorter than a vector (ViT's 16x16 patches: 14 columns), which keep the rules below.
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", PATCH_POINTWISE_TAPS)"""
     g = plan.geometry
+    if plan.target.isa == "avx512":
+        written_cl = any(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind == "Y")
+        if written_cl:
+            return lanes.NAME, f"{lanes.WHY}; not pointwise: non-overlapping patches into channels last on AVX-512"
+        if g.y_size[2] >= vector_lanes(plan):
+            return choice, f"{why}; not pointwise: non-overlapping patches on AVX-512"
     if plan.problem.rank > 1 and math.prod(g.kernel) < PATCH_POINTWISE_TAPS:
         if g.cin_g >= PATCH_LANES_MIN_IN:
             return lanes.NAME, f"{lanes.WHY}; non-overlapping {'x'.join(map(str, g.kernel[-2:]))} patches"
@@ -132,9 +142,10 @@ def _avx512(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str] 
     nchw = all(op.layout is not Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y"))
     lanes_channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
     strided_dgrad = plan.kop is KOp.DGRAD and g.stride != (1, 1, 1)
-    if (plan.target.isa == "avx512" and not nchw and g.groups == 1 and not bf16_pairs(plan) and not strided_dgrad
-            and (reduced <= CL_LANES_MAX_REDUCED or lanes_channels % WIDE_LANES_BLOCK == 0)):
-        return lanes.NAME, f"{lanes.WHY}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
+    if (plan.target.isa == "avx512" and not nchw and not bf16_pairs(plan) and not strided_dgrad
+            and (reduced <= CL_LANES_MAX_REDUCED or lanes.fills_lanes(plan))):
+        return lanes.NAME, (f"{lanes.WHY}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
+                            f"{f' in each of {g.groups} groups' if g.groups > 1 else ''}")
     if plan.target.isa == "avx512" and g.stride == (1, 1, 1) and nchw:
         plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
         if plane <= PLANE_POINTWISE_WASTES and lanes_channels % WIDE_LANES_BLOCK == 0:
