@@ -405,7 +405,12 @@ def tile(plan: Plan) -> Plan:
     border = _border(g, fwd)
     # tiles within rows only where tiles have 32 registers (the AVX2 shape's ran mixed)
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", ROW_TILES_MIN_REGISTERS)
-    split = (row_split(g, fwd, nv, pb)
+    # Tiles across rows read a zero-padded copy; made whole per call from channels last (not a work
+    # item's rows at a time, and not where bf16 is copied to f32 anyway), it costs what tiles within
+    # rows, which read in place, save (ROW_TILES_COPY_GAIN)
+    whole_copy = (p.dtype.accumulator is p.dtype and plan.layout_of("X" if fwd else "Y") is Layout.CHANNELS_LAST
+                  and not _copy_per_item(plan, qb, pairs, (), channel_major))
+    split = (row_split(g, fwd, nv, pb, whole_copy)
              if border and registers >= ROW_TILES_MIN_REGISTERS and (fwd or all(s == 1 for s in g.stride)) else ())
     if split:   # work items of whole rows, as many as nearest the pixels of an item across rows
         pb = max(split)

@@ -14,6 +14,11 @@ from ..plan import Geometry, KOp, Plan, Tiling
 ROW_TILES_MAX_WIDTH = 256   # rows wider than this keep tiles across rows (the kernel maps each column to its tile)
 ROW_TILES_MIN_REGISTERS = 32   # tiles within rows on targets whose tiles have this many vector registers
 ROW_TILES_GAIN = 0.99     # tiles within rows where they are estimated to take at most this much of the time
+# ... or at most this much, where tiles across rows would read a zero-padded copy of the whole operand
+# made per call, which tiles within rows leave out (padding only across planes or rows: R(2+1)D's
+# temporal 3x1x1, estimate 1.00, 8.9 -> 7.2 ms). (figures: BENCHMARKS.md, "Figures behind codegen's CPU
+# rules", lanes_rows.row_split)
+ROW_TILES_COPY_GAIN = 1.02
 FMA_LATENCY_CYCLES = 4   # a tile step's floor: each accumulator takes one FMA, 4 cycles after its last
 
 Span = tuple[tuple[int, int], tuple[int, int]]   # a row's kd and kh taps [lo, hi) that read inside
@@ -74,7 +79,7 @@ def _across_rows(spans: list[Span], tw: int, kw: int, pb: int, step: float) -> f
     return flat
 
 
-def row_split(g: Geometry, fwd: bool, nv: int, pb: int) -> tuple[int, ...]:
+def row_split(g: Geometry, fwd: bool, nv: int, pb: int, whole_copy: bool = False) -> tuple[int, ...]:
     """Register tiles within rows for a lanes forward or stride-1 data gradient, where that saves time:
     the sizes of the ceil(width / pb) tiles that split a row evenly, or () to keep tiles of pb pixels
     across rows.
@@ -84,7 +89,8 @@ def row_split(g: Geometry, fwd: bool, nv: int, pb: int) -> tuple[int, ...]:
     reduction step as max(nv * pixels / 2, FMA_LATENCY_CYCLES) cycles (two FMA pipes; a tile of few
     accumulators waits on their latency), against tiles of pb pixels across rows, which skip the kd
     and kh taps that none of their rows reads inside (SKIP_TAPS) and step every kw tap for all their
-    pixels; kept where the estimate is ROW_TILES_GAIN of that or less. Work items then take a whole
+    pixels; kept where the estimate is ROW_TILES_GAIN of that or less (ROW_TILES_COPY_GAIN where tiles
+    across rows would read a copy of the whole operand, `whole_copy`). Work items then take a whole
     number of rows nearest the pixels of an item across rows (not fewer: items of one row read more
     input rows per output row).
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_rows.row_split)"""
@@ -103,7 +109,8 @@ def row_split(g: Geometry, fwd: bool, nv: int, pb: int) -> tuple[int, ...]:
     spans = [(_taps_inside(g, fwd, d, 0), _taps_inside(g, fwd, h, 1)) for d in range(size[0]) for h in range(size[1])]
     per_row = sum(cost(len(cols)) for tile in row_tile_taps(g, fwd, split) for cols in tile)
     rows = sum(_count(*span) for span in spans) * per_row
-    return split if rows <= ROW_TILES_GAIN * _across_rows(spans, tw, g.kernel[2], pb, cost(pb)) else ()
+    gain = ROW_TILES_COPY_GAIN if whole_copy else ROW_TILES_GAIN
+    return split if rows <= gain * _across_rows(spans, tw, g.kernel[2], pb, cost(pb)) else ()
 
 
 def row_classes(plan: Plan) -> tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], ...]:

@@ -41,6 +41,7 @@ CASES = [
     ("uneven", dict(n=2, c=5, k=16, size=(7, 9), kernel=(3, 2), pad=((2, 0), (0, 3)), dil=(1, 2)), lambda w: (1, 5, w - 8, 2), 2),
     ("strided", dict(n=2, c=6, k=18, size=(9, 11), kernel=(3, 3), pad=1, stride=2), lambda w: (2, 2, w - 4), 2),
     ("3d", dict(n=2, c=6, k=18, size=(4, 5, 6), kernel=(3, 3, 3), pad=1), lambda w: (4, w - 4), 3),
+    ("depth_pad_only", dict(n=2, c=6, k=18, size=(3, 4, 7), kernel=(3, 1, 1), pad=((1, 1), (0, 0), (0, 0))), None, 2),
     ("1d", dict(n=3, c=4, k=20, size=(37,), kernel=(5,), pad=2), lambda w: (6,) * (w // 6) + (w % 6,), 1),
     ("tiles_of_one", dict(n=2, c=5, k=16, size=(4, 7), kernel=(3, 3), pad=1), lambda w: (1, w - 2, 1), 1),
     ("one_tile_a_row", dict(n=3, c=5, k=16, size=(3, 5), kernel=(3, 3), pad=1), lambda w: (w,), 2),
@@ -118,8 +119,8 @@ def test_pixels_that_read_padding_are_left_out():
 @pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=["fwd", "bwd_data"])
 def test_planner_splits_rows_where_padding_costs(op):
     """ResNet-50's 3 x 3 layer at 14 x 14 (9% of its products read padding) takes tiles within rows;
-    at 112 x 112 (1%) tiles keep running across rows; 1 x 1 layers have no padding to skip; nor does
-    the 16-register AVX2 shape split rows."""
+    at 112 x 112 (1%) only to leave out the copy of the whole operand; 1 x 1 layers have no padding
+    to skip; nor does the 16-register AVX2 shape split rows."""
     target = cpu_target("avx512", 48 * 1024, 2 << 20)
 
     def plan(size, kernel, pad):
@@ -129,8 +130,32 @@ def test_planner_splits_rows_where_padding_costs(op):
     t = plan((14, 14), (3, 3), 1)
     assert t.row_split == (5, 5, 4) and t.kb == 5 and t.cols % 14 == 0
     assert t.in_place == ("X" if op is Op.FWD else "Y",)   # no padding read: no copy
-    assert plan((112, 112), (3, 3), 1).row_split == ()
-    assert plan((112, 112), (3, 3), 1).in_place == ()   # tiles across rows read the padded copy
+    # 1% of the products read padding at 112 x 112: tiles within rows there only because tiles across
+    # rows would read a zero-padded copy of the whole 103 MB operand (ROW_TILES_COPY_GAIN)
+    t = plan((112, 112), (3, 3), 1)
+    assert t.row_split and t.in_place == ("X" if op is Op.FWD else "Y",)
     assert plan((14, 14), (1, 1), 0).row_split == ()
     target = cpu_target("avx2", 32 * 1024, 512 * 1024)   # 16 registers: tiles of 3 pixels, kept across rows
     assert plan((14, 14), (3, 3), 1).row_split == ()
+
+
+@pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=["fwd", "bwd_data"])
+def test_planner_splits_rows_where_they_save_a_whole_copy(op):
+    """R(2+1)D's temporal 3x1x1 (padding across planes only): tiles within rows estimate the same as
+    across rows (1.00, above ROW_TILES_GAIN), but across rows read a zero-padded copy of the whole
+    25 MB channels-last operand made per call, which tiles within rows leave out (ROW_TILES_COPY_GAIN);
+    in NCHW, in bf16 (copied to f32 anyway) and where the copy is made per work item (ResNet's 3x3 at
+    112 x 112) tiles stay across rows."""
+    target = cpu_target("avx512", 48 * 1024, 2 << 20)
+
+    def plan(n, c, size, kernel, pad, layout=Layout.CHANNELS_LAST, dtype=DType.F32):
+        return lower(conv_problem(n, c, c, size, kernel, pad=pad, op=op, layout=layout, dtype=dtype), target,
+                     algorithm="lanes").tiling
+
+    depth = dict(n=4, c=64, size=(8, 56, 56), kernel=(3, 1, 1), pad=((1, 1), (0, 0), (0, 0)))
+    t = plan(**depth)
+    assert t.row_split and sum(t.row_split) == 56 and t.in_place == ("X" if op is Op.FWD else "Y",)
+    assert plan(**depth, layout=Layout.CONTIGUOUS).row_split == ()
+    assert plan(**depth, dtype=DType.BF16).row_split == ()
+    t = plan(8, 64, (112, 112), (3, 3), 1)
+    assert t.row_split == () and t.copy_per_item
