@@ -80,6 +80,27 @@ def test_generic_tier_wide_rows(case, variant, dtype, generic_built, monkeypatch
     assert convgen.stats()["builds"] == 0 and convgen.stats()["generic_calls"] >= 8
 
 
+# Few channels in channels last (at most half a vector: generic_depthwise_cl.j2, few_channels_cl): the
+# operands transposed to channel planes, the planes' kernels run there and the result transposed back;
+# strided rows keep the channels-last kernels for the forward and weight gradient (the data gradient
+# takes the planes at any stride). RGB and two-channel filters, padding, dilation, stride 2, 3-D and a
+# transposed (upsampling) filter, in every dtype.
+FEW = [Case("few-rgb-row-filter", (2, 3, 5, 40), 3, (1, 9), padding=(0, 4), groups=3),
+       Case("few-two-channels-dilated", (2, 2, 9, 23), 2, (3, 3), padding=2, dilation=2, groups=2),
+       Case("few-rgb-stride2", (2, 3, 11, 21), 3, (3, 3), stride=2, padding=1, groups=3),
+       Case("few-rgb-3d", (1, 3, 4, 6, 19), 3, (3, 1, 3), padding=(1, 0, 1), groups=3),
+       Case("few-rgb-upsampler", (2, 3, 6, 17), 3, (3, 3), stride=2, padding=1, output_padding=1, groups=3,
+            transposed=True)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16", "f16"])
+@pytest.mark.parametrize("case", FEW, ids=[c.id for c in FEW])
+def test_generic_tier_few_channels_channels_last(case, dtype, generic_built, monkeypatch):
+    _fresh(monkeypatch, "generic")
+    check_case(case, DTYPES[dtype], operands(case, DTYPES[dtype], "channels_last"))
+    assert convgen.stats()["builds"] == 0 and convgen.stats()["generic_calls"] >= 8
+
+
 # The register tile's rows follow the vector registers (12 with AVX-512's 32, 6 with 16): every ISA
 # level this CPU runs, on cases with groups, depthwise, transposed and a 576-term reduction.
 ISA_CASES = ["02-mixed-stride-padding-dilation4-groups2", "06-depthwise", "16-transposed-output-padding",
