@@ -8,8 +8,16 @@ import hashlib
 import json
 
 
+_SCALARS = (int, bool, str, float, type(None))
+
+
 def to_jsonable(value):
     """Dataclasses, enums, tuples and scalars to plain JSON values, deterministically."""
+    kind = type(value)
+    if kind in _SCALARS:   # (exact types first: the runtime keys a problem several times a call)
+        return value
+    if kind is tuple or kind is list:
+        return [to_jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):

@@ -138,7 +138,13 @@ class ConvProblem:
         )
 
     def key(self) -> str:
-        return canonical_key(self._identity())
+        # computed once per instance (the runtime asks a problem for its key several times a call;
+        # the instance is frozen, so the key cannot go stale)
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = canonical_key(self._identity())
+            object.__setattr__(self, "_key", key)
+        return key
 
     def with_batch(self, n: int) -> "ConvProblem":
         return dataclasses.replace(self, n=n)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -39,6 +40,7 @@ _lock = threading.Lock()
 _loaded: dict[Path, dict] = {}
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
