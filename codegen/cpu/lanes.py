@@ -64,7 +64,7 @@ WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
 
 
 def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
-               pairs: bool = False, capped: bool = False, widest: int = 4) -> tuple[int, int, float]:
+               pairs: bool = False, capped: bool = False) -> tuple[int, int, float]:
     """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
     NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
     does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
@@ -80,14 +80,15 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
     `capped`: the intensity counts at most 1 (FMA-bound) whatever the tile, for a score to compare
     with blocked's (over_blocked).
 
-    `widest`: tiles of 5 to `widest` vectors are taken only where they fill more lanes than the best
-    tile of at most 4 (LANES_WIDEST).
+    With 32 registers (and not `capped`, whose score over_blocked compares with blocked's as before)
+    tiles of 5 to LANES_WIDEST vectors are taken where they fill more lanes than the best of at most 4.
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes.lanes_tile)"""
     def filled(nv: int) -> float:
         return channels / (math.ceil(channels / (nv * lanes)) * nv * lanes)
 
+    widest = LANES_WIDEST if registers >= 32 and not capped else 4
     best = (1, 1, -1.0)
-    for nv in range(1, max(4, widest) + 1):
+    for nv in range(1, widest + 1):
         if nv > 4 and filled(nv) <= filled(best[0]):
             continue
         for pb in range(1, 15):
@@ -376,7 +377,7 @@ def result_tile(plan: Plan) -> tuple[int, int, float]:
     pairs = bf16_pairs(plan)
     registers = t.tile_registers if pairs else t.vector_registers
     return lanes_tile(g.cout_g if plan.kop is KOp.FWD else g.cin_g, vector_lanes(plan), registers, asm=t.fma_asm,
-                      pairs=pairs, widest=LANES_WIDEST if registers >= 32 else 4)
+                      pairs=pairs)
 
 
 def fills_lanes(plan: Plan) -> bool:

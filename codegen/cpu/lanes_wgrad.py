@@ -15,7 +15,7 @@ import math
 from ..ir import Layout
 from ..plan import Geometry, KOp, Plan, Tiling
 from .family import Family
-from .lanes import LANES_WIDEST, NAME, WHY, context, lanes_tile
+from .lanes import NAME, WHY, context, lanes_tile
 from .work import asm_tile_registers, bf16_pairs, reduction_splits, vector_lanes, windows_inside
 
 TEMPLATES = {KOp.WGRAD: "cpu/lanes_wgrad.cpp.j2"}
@@ -197,9 +197,8 @@ def tile(plan: Plan) -> Plan:
     pairs = bf16_pairs(plan)    # (see lanes.tile: pairs, and 32 registers for their tile)
     # every dtype's assembly tile takes all 32 registers where it may (Target.evex_tiles)
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad.tile: registers)
-    # tiles of 5 or 6 vectors where they fill more lanes (LANES_WIDEST: 80 output channels a group)
-    nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm, pairs=pairs,
-                               widest=LANES_WIDEST if t.tile_registers >= 32 else 4)
+    # (with 32 registers, tiles of 5 or 6 vectors where they fill more lanes: LANES_WIDEST)
+    nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm, pairs=pairs)
     tap_rows = _tap_rows(plan, nv, pb, pairs)
     # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
