@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .cpu.context import entry_signature
+from .cpu.context import conversion, entry_signature
 from .cpu.families import find
 from .errors import ConvgenError
 from .gpu.entry import emit_gpu
@@ -42,7 +42,21 @@ def emit(plan: Plan) -> KernelSource | None:
         "reasons": plan.reasons,
     }
     text = render(family.templates[plan.kop], h=header, c=family.context(plan, entry))
+    if plan.conversions:
+        text = _converting(text, plan, entry)
     return KernelSource(name=name, text=text, entry=entry, signature=entry_signature(plan), target=plan.target)
+
+
+def _converting(text: str, plan: Plan, entry: str) -> str:
+    """The kernel's source with its entry renamed `entry`_in_layouts and an entry `entry` appended that
+    converts the caller's activations to the plan's layouts and the result back (the layout pass's
+    choice), so callers pass their tensors as they hold them."""
+    head = f'extern "C" int {entry}('
+    if text.count(head) != 1:
+        raise ConvgenError(f"emit: the {plan.algorithm} {plan.kop.value} template does not define its entry "
+                           f"{entry} once; it cannot be wrapped by a layout conversion")
+    text = text.replace(head, f"static int {entry}_in_layouts(")
+    return text + render("cpu/convert_layouts.j2", c=conversion(plan, entry))
 
 
 # ---------------------------------------------------------------------------------- bundles

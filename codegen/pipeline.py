@@ -11,7 +11,7 @@ import functools
 import networkx as nx
 
 from .errors import ConvgenError
-from .ir import ConvProblem
+from .ir import ConvProblem, Layout
 from .plan import Plan
 from .passes import Pass, algorithm, canonicalise, group_split, layout, tiling, validate
 from .target import Target
@@ -51,9 +51,11 @@ def pipeline() -> tuple[Pass, ...]:
     return tuple(order_passes(load_passes()))
 
 
-def lower(problem: ConvProblem, target: Target, algorithm: str | None = None) -> Plan:
-    """The plan for `problem` on `target`; `algorithm` picks one of the candidates instead of the heuristic."""
-    plan = Plan(problem=problem, target=target, requested_algorithm=algorithm)
+def lower(problem: ConvProblem, target: Target, algorithm: str | None = None, layout: Layout | None = None) -> Plan:
+    """The plan for `problem` on `target`; `algorithm` picks one of the candidates instead of the heuristic,
+    `layout` (CPU) the activations' internal layout instead of the layout pass's cost model (the kernel
+    converts the caller's operands where they differ)."""
+    plan = Plan(problem=problem, target=target, requested_algorithm=algorithm, requested_layout=layout)
     for p in pipeline():
         plan = p.run(plan).mark(p.name)
     return plan

@@ -131,11 +131,14 @@ class Plan:
     candidates: tuple[str, ...] = ()
     layouts: tuple[tuple[str, Layout], ...] = ()   # internal layout per kernel operand kind
     conversions: tuple[str, ...] = ()
+    layout_options: tuple = ()          # CPU: the layout pass's options (layout_cost.Option), the caller's first
     staged: tuple[str, ...] = ()        # GPU igemm: operand kinds its kernel reads from a converted copy (layout pass)
     group_strategy: str | None = None
     tiling: Tiling | GpuTiling | None = None
     batch_is_runtime: bool = True
     requested_algorithm: str | None = None   # a caller's (or the tuner's) pick among the candidates
+    requested_layout: Layout | None = None   # CPU: the activations' internal layout, instead of the layout pass's
+                                             # cost model (tests, the tuner)
 
     def decide(self, pass_name: str, reason: str, **changes) -> "Plan":
         """A new plan with `changes` applied and one reason recorded for `pass_name`."""
@@ -144,11 +147,31 @@ class Plan:
     def mark(self, pass_name: str) -> "Plan":
         return dataclasses.replace(self, applied=self.applied + (pass_name,))
 
+    def caller_layouts(self) -> dict[str, Layout]:
+        """The layout the caller holds each kernel operand kind in (X, W, Y; the bias is a vector)."""
+        layouts: dict[str, Layout] = {}
+        for operand in self.operands:
+            if operand.kind != "B":
+                layouts.setdefault(operand.kind, operand.layout)
+        return layouts
+
     def layout_of(self, kind: str) -> Layout:
-        return dict(self.layouts)[kind]
+        """The layout the kernel reads operand `kind` in: the layout pass's internal one once it has run
+        (or while it weighs an internal layout), before that the caller's."""
+        for k, layout in self.layouts:
+            if k == kind:
+                return layout
+        for op in self.operands:
+            if op.kind == kind:
+                return op.layout
+        raise KeyError(kind)
 
     def key(self) -> str:
         return canonical_key(self)
 
     def name(self) -> str:
-        return f"{self.problem.name()}_{self.algorithm}" if self.algorithm else self.problem.name()
+        if not self.algorithm:
+            return self.problem.name()
+        # a CPU kernel converting the caller's activations (layout pass) is named by its internal layout
+        via = f"_via_{self.layout_of('X').value}" if self.conversions and self.target.gpu is None else ""
+        return f"{self.problem.name()}_{self.algorithm}{via}"

@@ -99,3 +99,46 @@ def wide_tiles(plan: Plan) -> bool:
 def entry_signature(plan: Plan) -> tuple[tuple[str, str], ...]:
     """The entry's parameters: one pointer per operand (by caller role), then batch and threads."""
     return tuple(("ptr", op.role) for op in plan.operands) + (("i64", "n"), ("i32", "nthreads"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertedOperand:
+    """One pointer parameter of a converting entry (templates/cpu/convert_layouts.j2)."""
+
+    name: str
+    writes: bool
+    converted: bool
+    caller: tuple[int, ...] = ()     # element strides (batch, channel, d, h, w) in the caller's layout
+    inner: tuple[int, ...] = ()      # ... in the kernel's
+    size: tuple[int, int, int] = (1, 1, 1)
+    channels: int = 0
+    elements: int = 0                # per image
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionContext:
+    entry: str
+    note: str
+    operands: tuple[ConvertedOperand, ...]
+
+    @property
+    def converted(self) -> tuple[ConvertedOperand, ...]:
+        return tuple(p for p in self.operands if p.converted)
+
+
+def conversion(plan: Plan, entry: str) -> ConversionContext:
+    """The context of the entry converting `plan`'s activations between the caller's layouts and the
+    kernel's (plan.conversions; the kernel itself is `entry`_in_layouts)."""
+    g, caller, inner = plan.geometry, plan.caller_layouts(), dict(plan.layouts)
+    shapes = {"X": (g.cin, g.x_size), "Y": (g.cout, g.y_size)}
+    operands = []
+    for i, op in enumerate(plan.operands):
+        name = f"p{i}_{op.role}"
+        if op.kind in shapes and caller[op.kind] is not inner[op.kind]:
+            channels, size = shapes[op.kind]
+            operands.append(ConvertedOperand(name, op.writes, True, operand_strides(caller[op.kind], channels, size),
+                                             operand_strides(inner[op.kind], channels, size), size, channels,
+                                             channels * size[0] * size[1] * size[2]))
+        else:
+            operands.append(ConvertedOperand(name, op.writes, False))
+    return ConversionContext(entry, "; ".join(plan.conversions), tuple(operands))

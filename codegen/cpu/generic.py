@@ -116,8 +116,9 @@ def source(kop: KOp, dtype: DType, target: Target, layer: Plan | None = None) ->
 
 def sizes(plan: Plan) -> tuple[int, ...]:
     """The generic kernel's size array for `plan` (SIZE_FIELDS): its geometry, the element strides of
-    its operands in the plan's internal layouts, and the bias gradient's source."""
-    g, layouts = plan.geometry, dict(plan.layouts)
+    its operands in the caller's layouts (the generic kernel reads the caller's tensors, whatever
+    internal layout the specialised kernel converts them to), and the bias gradient's source."""
+    g, layouts = plan.geometry, plan.caller_layouts()
     words = [g.groups, g.cin_g, g.cout_g, *g.x_size, *g.y_size, *g.kernel, *g.stride, *g.pad_lo, *g.dilation]
     shapes = {"X": (g.cin, g.x_size), "Y": (g.cout, g.y_size), "W": (g.cin_g, g.kernel)}
     for kind in ("X", "Y", "W"):

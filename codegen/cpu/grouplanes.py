@@ -41,7 +41,7 @@ def fits(plan: Plan) -> bool:
     lanes = vector_lanes(plan)
     small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0
     return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and few_channels(plan) is None and
-            all(op.layout is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
+            all(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
 
 
 def few_channels(plan: Plan) -> str | None:
@@ -126,9 +126,34 @@ def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:
     return (NAME,) + candidates if fits(plan) else candidates
 
 
+# The weight gradient of small groups (M > 1 channels a group) spreads each grad_output vector across
+# the group's lanes for every tap: with many taps or few pixels a group it lost to the other kernels
+# (Xeon, f32, channels last, 8 images, kernel alone, grouplanes / lanes: M=8 at 7x7 pixels 3x3 taps 6.2x
+# slower, 14x14 1.7x, 28x28 0.60; M=4 at 7x7 1.23, 14x14 0.40; 5x7 or 7x7 taps 2.8-22x slower for M 4
+# and 8 at every size measured; depthwise, M=1, won everywhere: 0.04-0.57). So small groups take it only
+# from SMALL_WGRAD_PIXELS output pixels a channel of the group and at most SMALL_WGRAD_TAPS taps.
+# (figures: BENCHMARKS.md, "2026-12-03", grouplanes.rule)
+SMALL_WGRAD_PIXELS = 49
+SMALL_WGRAD_TAPS = 9
+
+
+def _small_wgrad_loses(plan: Plan) -> bool:
+    g = plan.geometry
+    return (plan.kop is KOp.WGRAD and g.cin_g > 1 and
+            (math.prod(g.kernel) > SMALL_WGRAD_TAPS or math.prod(g.y_size) < SMALL_WGRAD_PIXELS * g.cin_g))
+
+
 def rule(plan: Plan, candidates: tuple[str, ...], choice: str, why: str) -> tuple[str, str]:
-    """Its kernel ops wherever it fits."""
-    return (NAME, WHY) if NAME in candidates else (choice, why)
+    """Its kernel ops wherever it fits, but the weight gradients of small groups with many taps or few
+    pixels (_small_wgrad_loses)."""
+    if NAME not in candidates:
+        return choice, why
+    if _small_wgrad_loses(plan) and "lanes" in candidates:
+        g = plan.geometry
+        return "lanes", (f"channels in the vector lanes, input values broadcast; not grouplanes: a weight "
+                         f"gradient of {g.cin_g}-channel groups over {math.prod(g.kernel)} taps and "
+                         f"{math.prod(g.y_size)} output pixels")
+    return NAME, WHY
 
 
 FAMILY = Family(NAME, WHY, TEMPLATES, tile, join=join, rule=rule)

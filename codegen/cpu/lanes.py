@@ -137,7 +137,7 @@ def _layout_and_pairs(plan: Plan, s: _Scores) -> tuple[str, str] | None:
     """A channels-last result, or bf16 in pairs on vdpbf16ps: the choice, or None to look further."""
     g = plan.geometry
     written = next(op for op in plan.operands if op.writes)
-    if written.layout is Layout.CHANNELS_LAST and s.by_channels >= 0.5 and (
+    if plan.layout_of(written.kind) is Layout.CHANNELS_LAST and s.by_channels >= 0.5 and (
             g.stride == (1, 1, 1) or s.blocked < 0.95 * s.by_channels):
         # channels are the contiguous axis: lanes stores whole vectors where blocked would gather and
         # scatter one element per channel stride; with strides too, unless blocked's tile scores within
@@ -172,9 +172,9 @@ def _strided(plan: Plan, s: _Scores, wide: bool) -> tuple[str, str] | None:
         # (not where lanes' own tile wastes most of its lanes: few channels a group, as the channels-last
         # rule above asks; figures: BENCHMARKS.md, 2026-12-02 (fourth session), "lanes leaves strided
         # forwards of few channels")
-        if not plan.problem.transposed and (written.layout is Layout.CHANNELS_LAST and s.by_channels >= 0.5 or
+        if not plan.problem.transposed and (plan.layout_of(written.kind) is Layout.CHANNELS_LAST and s.by_channels >= 0.5 or
                                             g.cin_g >= STRIDED_LANES_MIN_IN):
-            what = (f"channels-last {written.role}" if written.layout is Layout.CHANNELS_LAST
+            what = (f"channels-last {written.role}" if plan.layout_of(written.kind) is Layout.CHANNELS_LAST
                     else f"{g.cin_g} input channels")
             return NAME, f"{WHY}; strided rows, {what} ({s.text})"
         # On AVX-512 (NCHW) the data gradients of 2-D and 3-D transposed convolutions take lanes too,
@@ -198,7 +198,7 @@ def over_blocked(plan: Plan) -> tuple[str, str]:
     g = plan.geometry
     written = next(op for op in plan.operands if op.writes)
     # the AVX-512 boundaries (NCHW), measured on the Xeon (f32, 2 threads, kernel alone)
-    wide = plan.target.isa == "avx512" and written.layout is not Layout.CHANNELS_LAST
+    wide = plan.target.isa == "avx512" and plan.layout_of(written.kind) is not Layout.CHANNELS_LAST
     decided = _strided(plan, s, wide)
     if decided:
         return decided

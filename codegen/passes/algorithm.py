@@ -11,10 +11,12 @@ choice is recorded with its reason.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..cpu import amx, depthwise, flat, gemm, grouplanes, lanes, planes, pointwise, pointwise_wgrad, reduce
 from ..cpu.families import WHY
+from ..cpu.layout_cost import internal_layouts
 from ..errors import ConvgenError
 from ..plan import KOp, Plan
 from ..target import TargetKind
@@ -79,6 +81,22 @@ def _choose(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, str]:
     return choice, why
 
 
+def _elsewhere(plan: Plan, algorithm: str) -> bool:
+    """Whether `algorithm` is a candidate in another internal layout of the activations, which the
+    layout pass may then take (a requested algorithm of a converting plan: the tuner's, a bundle's)."""
+    caller = plan.caller_layouts()
+    return any(algorithm in _candidates(dataclasses.replace(plan, layouts=tuple(sorted(layouts.items()))))
+               for layouts in internal_layouts(plan) if layouts != caller)
+
+
+def choose_for(plan: Plan) -> tuple[str, str, tuple[str, ...]]:
+    """The heuristic's algorithm for `plan` as its operands' layouts say (plan.layout_of), why, and the
+    candidates: what the layout pass asks for each internal layout it weighs."""
+    candidates = _candidates(plan)
+    choice, why = _choose(plan, candidates)
+    return choice, why, candidates
+
+
 def run(plan: Plan) -> Plan:
     why_empty = _empty_reason(plan)
     if why_empty:
@@ -89,7 +107,7 @@ def run(plan: Plan) -> Plan:
         return plan.decide("algorithm", reduce.WHY, algorithm=reduce.NAME, candidates=(reduce.NAME,))
     requested = plan.requested_algorithm
     candidates = _candidates(plan)
-    if requested is not None and requested not in candidates:
+    if requested is not None and requested not in candidates and not _elsewhere(plan, requested):
         raise ConvgenError(f"algorithm {requested!r} is not a candidate for a {plan.kop.value} "
                            f"kernel; candidates: {list(candidates)}")
     choice, why = _choose(plan, candidates) if requested is None else (requested, "requested")

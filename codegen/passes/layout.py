@@ -1,20 +1,32 @@
 """Pass `layout`: the internal memory layout of each kernel operand (like ATen's memory-format choice).
 
-The direct kernels address every operand through compile-time strides, so they read and write
-either layout in place; converting a tensor costs a full pass over it, which these kernels
-never win back. So each operand stays in the layout the caller holds it in, and no conversion
-is added. The GPU implicit-GEMM kernel is the exception: its forward and data gradient copy their
-operands 16 bytes at a time only from channels-last, so this pass weighs converting NCHW operands
-(the cost of the transpose against the gathers it saves, codegen/gpu/staging.py) and records the
-internal layout; the emitter launches the conversion into the entry's workspace.
+CPU: the direct kernels address every operand through compile-time strides, so they read and write
+either layout in place, and the families that vectorise along an axis that is not the contiguous
+one pack or copy what they read. This pass weighs, per internal layout of the activations (the
+caller's, NCHW, channels last), the kernel the heuristic picks there plus converting the caller's
+operands into it and the result back (codegen/cpu/layout_cost.py), and takes the cheapest; a
+conversion is done by the kernel's entry itself, in its own scratch (templates/cpu/convert_layouts.j2),
+so every caller (dispatch, AOT bundles, the eager launcher) passes its tensors as they are. Weights
+stay in the caller's layout; outputs are returned in it. `lower(..., layout=)` forces an internal
+layout (tests, the tuner).
+
+GPU: the implicit-GEMM kernel's forward and data gradient copy their operands 16 bytes at a time
+only from channels-last, so this pass weighs converting NCHW operands (the cost of the transpose
+against the gathers it saves, codegen/gpu/staging.py) and records the internal layout; the emitter
+launches the conversion into the entry's workspace. The GPU's other kernels read the caller's layouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from ..cpu import layout_cost
+from ..errors import ConvgenError
 from ..gpu.staging import staging
 from ..ir import Layout
 from . import Pass
 from ..plan import KOp, Plan
+from .algorithm import choose_for
 
 
 def run(plan: Plan) -> Plan:
@@ -43,9 +55,55 @@ def run(plan: Plan) -> Plan:
         return plan.decide("layout", f"operands in the caller's layouts ({described}): the GPU kernel addresses "
                                      f"each through its own compile-time strides, so no conversion kernel is launched",
                            layouts=tuple(sorted(layouts.items())), conversions=())
-    return plan.decide("layout", f"operands in the caller's layouts ({described}): strided addressing "
-                                 f"reads them in place, so no conversion is added",
-                       layouts=tuple(sorted(layouts.items())), conversions=())
+    return _cpu(plan, described)
+
+
+def _cpu(plan: Plan, described: str) -> Plan:
+    """The CPU's choice among internal layouts by the cost model (or the one requested)."""
+    caller = plan.caller_layouts()
+    if plan.kop is KOp.BIAS or plan.problem.rank < 2:
+        return plan.decide("layout", f"operands in the caller's layouts ({described}): "
+                                     f"{'a reduction' if plan.kop is KOp.BIAS else 'one layout in 1-D'} reads them "
+                                     f"in place", layouts=tuple(sorted(caller.items())), conversions=())
+    found = layout_cost.options(plan, lambda view: choose_for(view)[::2])
+    requested = plan.requested_algorithm
+    if plan.requested_layout is not None:
+        wanted = {k: (plan.requested_layout if k in ("X", "Y") else v) for k, v in caller.items()}
+        best = next(o for o in found if dict(o.layouts) == wanted)
+        how = f"requested {plan.requested_layout.value}"
+    elif requested is not None:
+        best = layout_cost.for_algorithm(found, requested, requested in plan.candidates)
+        if best is None:
+            raise ConvgenError(f"algorithm {requested!r} is not a candidate for a {plan.kop.value} kernel in any "
+                               f"layout; candidates: {sorted({a for o in found for a in o.candidates})}")
+        how = f"the layout requested {requested} runs in"
+    else:
+        best = layout_cost.cheapest(found)
+        how = (f"the cheapest estimate by at least {1 - layout_cost.CONVERT_GAIN:.0%}" if best is not found[0] else
+               f"no conversion estimated to save {1 - layout_cost.CONVERT_GAIN:.0%}")
+    figures = "; ".join(o.describe() for o in found)
+    if best is found[0]:
+        return plan.decide("layout", f"operands in the caller's layouts ({described}), read in place ({how}; "
+                                     f"estimates: {figures})",
+                           layouts=best.layouts, conversions=(), layout_options=tuple(found))
+    conversions = tuple(f"{kind}: {caller[kind].value} -> {dict(best.layouts)[kind].value} (in the kernel's "
+                        f"scratch{', converted back' if _written(plan, kind) else ''})" for kind in best.converted)
+    view = dataclasses.replace(plan, layouts=best.layouts)
+    algorithm, why, candidates = choose_for(view)
+    if requested is not None:
+        algorithm, why = requested, "requested"
+    if algorithm not in candidates:
+        raise ConvgenError(f"algorithm {algorithm!r} is not a candidate for a {plan.kop.value} kernel reading "
+                           f"{', '.join(f'{k}={v.value}' for k, v in best.layouts)}; candidates: {list(candidates)}")
+    return plan.decide("layout", f"the caller holds {described}; the kernel reads "
+                                 f"{', '.join(f'{k}={v.value}' for k, v in best.layouts if k != 'W')} ({how}; "
+                                 f"estimates: {figures}); there: {algorithm} ({why})",
+                       layouts=best.layouts, conversions=conversions, algorithm=algorithm, candidates=candidates,
+                       layout_options=tuple(found))
+
+
+def _written(plan: Plan, kind: str) -> bool:
+    return any(op.writes for op in plan.operands if op.kind == kind)
 
 
 PASS = Pass("layout", run, requires=("algorithm",), provides=("layout",), doc=__doc__)

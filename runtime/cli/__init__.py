@@ -188,6 +188,7 @@ def cmd_explain(args) -> int:
             f"  algorithm:   {plan.algorithm} (candidates: {', '.join(plan.candidates) or '-'})",
             f"  layouts:     {layouts}",
             f"  conversions: {', '.join(plan.conversions) or 'none'}",
+            *_layout_options(plan),
             f"  groups:      {plan.group_strategy}",
             f"  tiling:      {tiling}",
             f"  batch:       {'run-time argument' if plan.batch_is_runtime else 'compile-time constant'}"]
@@ -204,6 +205,15 @@ def cmd_explain(args) -> int:
         out += ["", f"resources on {target.name()} ({target.gpu.part}):"] + _gpu_resources(plan, source)
     print("\n".join(out))
     return 0
+
+
+def _layout_options(plan) -> list[str]:
+    """The CPU layout pass's options (codegen/cpu/layout_cost.py), the one taken marked."""
+    if not plan.layout_options:
+        return []
+    taken = tuple(plan.layouts)
+    return ["  layout options (the layout pass's estimates, per image on one core; kernel + conversions):"] + [
+        f"    {'*' if option.layouts == taken else ' '} {option.describe()}" for option in plan.layout_options]
 
 
 def _gpu_resources(plan, source) -> list[str]:
