@@ -50,9 +50,25 @@ GEMM_WGRAD_EVEX_MAX_PLANE = 64
 GEMM_WGRAD_EVEX_FEW_ROWS = 64
 
 
+# On the AVX-512 shape lanes' weight gradient (32-register tiles) measured ahead of gemm (Xeon, f32, 2
+# threads, kernel alone, ms, lanes / gemm, channels last and NCHW) on unit-stride 1x1 kernels that widen
+# (256 -> 1024 at 14x14: 3.15 / 3.77, 2.54 / 3.49; 512 -> 2048 at 7x7: 2.82 / 2.96, 2.65 / 2.83) or
+# run over images of WIDE_1X1_LANES_PLANE output pixels or more (256 -> 64 at 56x56: 2.95 / 4.25, 3.33 /
+# 4.75), and on every few-row problem (fewer than GEMM_WGRAD_MAX_FEW_ROWS (input channel, tap) rows:
+# 3 -> 64 3x3 at 224x224 1.84 / 7.30, 3.24 / 5.72; stride 2 1.96 / 7.29, 3.38 / 6.10; 3 -> 128 at 56x56
+# 1.51 / 3.39, 1.64 / 1.94; 1 -> 64 5x5 0.57 / 2.33, 0.94 / 1.55); gemm keeps the narrowing 1x1 kernels
+# over smaller images (1024 -> 256 at 14x14: 3.46 / 2.52, 2.74 / 2.51; 2048 -> 512 at 7x7 3.83 / 2.30,
+# 2.76 / 2.28). (figures: BENCHMARKS.md, "2026-12-03", gemm.over on AVX-512)
+WIDE_1X1_LANES_PLANE = 2048
+
+
 def _over_1x1(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     """A 1x1 kernel (with unit strides flattened to 1-D rows: not over()'s 1-D case)."""
     g = plan.geometry
+    if (plan.target.isa == "avx512" and g.stride == (1, 1, 1) and plan.problem.dtype is DType.F32
+            and (g.cout_g > g.cin_g or math.prod(g.y_size) >= WIDE_1X1_LANES_PLANE)):
+        return choice, (f"{why}; not gemm: a 1x1 {'widening' if g.cout_g > g.cin_g else 'over large images'} "
+                        f"on AVX-512")
     if g.cin_g >= GEMM_WGRAD_MIN_IN:
         return NAME, f"{WHY}; 1x1 with {g.cin_g} input channels"
     if bf16_pairs(plan):
@@ -108,6 +124,8 @@ def over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     evex = plan.target.evex_tiles and plan.problem.dtype is DType.F32   # the Zen 4 boundaries
     rows = g.cin_g * math.prod(g.kernel)
     if rows < (GEMM_WGRAD_EVEX_FEW_ROWS if evex and not wide else GEMM_WGRAD_MAX_FEW_ROWS):
+        if wide and plan.problem.dtype is DType.F32:   # WIDE_1X1_LANES_PLANE's figures
+            return choice, f"{why}; only {rows} (input channel, tap) rows, lanes' on AVX-512"
         return NAME, f"{WHY}; only {rows} (input channel, tap) rows"
     if evex:
         return _over_evex(plan, choice, why, wide)
