@@ -1,0 +1,114 @@
+"""Rules of the AVX-512 shape measured on the Xeon (2026-12-03).
+
+The weight gradient's gemm-or-lanes rule (codegen/cpu/gemm.py, WIDE_1X1_LANES_PLANE): unit-stride 1x1
+kernels that widen or run over large images, and problems of few (input channel, tap) rows, take lanes
+there (f32); narrowing 1x1 kernels over small images keep gemm; AVX2 and bf16 keep their rules. Strided
+problems into channels last (codegen/cpu/lanes.py, CL_STRIDED_MARGIN_AVX512): lanes unless blocked's
+tile scores above lanes' (AVX2: within 5%). And the lanes kernels of such problems, on this CPU,
+against ATen in float64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from convgen.codegen.ir import DType, Layout, Op
+from convgen.codegen.pipeline import lower
+from convgen.codegen.target import cpu_target, host_cpu
+
+from support.builds import kernels_by_key, load_keyed
+from support.problems import conv_problem
+from support.reference import check_weight_gradient, rel_err, tolerance
+
+AVX512 = cpu_target("avx512", 48 * 1024, 2 << 20)
+AVX2 = cpu_target("avx2", 32 * 1024, 512 * 1024)
+
+# name, (c, k, size, kernel, stride, pad), the AVX-512 f32 choice
+RULES = [
+    ("r50_1x1_256_64", (256, 64, (56, 56), 1, 1, 0), "lanes"),      # 3136 output pixels an image
+    ("r50_1x1_256_1024", (256, 1024, (14, 14), 1, 1, 0), "lanes"),  # widening
+    ("r50_1x1_512_2048", (512, 2048, (7, 7), 1, 1, 0), "lanes"),
+    ("r50_1x1_1024_256", (1024, 256, (14, 14), 1, 1, 0), "gemm"),   # narrowing, 196 pixels
+    ("r50_1x1_2048_512", (2048, 512, (7, 7), 1, 1, 0), "gemm"),
+    ("r50_ds_256_512_s2", (256, 512, (56, 56), 1, 2, 0), "gemm"),   # strided 1x1: as before
+    ("vgg_3_64", (3, 64, (224, 224), 3, 1, 1), "lanes"),            # 27 rows
+    ("c3_k64_s2", (3, 64, (224, 224), 3, 2, 1), "lanes"),
+]
+
+
+@pytest.mark.parametrize("name,spec,taken", RULES, ids=[r[0] for r in RULES])
+@pytest.mark.parametrize("layout", [Layout.CONTIGUOUS, Layout.CHANNELS_LAST], ids=["nchw", "cl"])
+def test_avx512_weight_gradient_rule(name, spec, taken, layout):
+    c, k, size, kernel, stride, pad = spec
+    problem = conv_problem(8, c, k, size, kernel, stride=stride, pad=pad, op=Op.BWD_WEIGHT, layout=layout)
+    assert lower(problem, AVX512).algorithm == taken
+    # AVX2 (16 registers) keeps gemm; bf16 is left to its own rules
+    assert lower(problem, AVX2).algorithm == "gemm"
+    bf16 = conv_problem(8, c, k, size, kernel, stride=stride, pad=pad, op=Op.BWD_WEIGHT, layout=layout,
+                        dtype=DType.BF16)
+    why = dict(lower(bf16, AVX512).reasons)["algorithm"]
+    assert "not gemm: a 1x1" not in why and "lanes' on AVX-512" not in why, why
+
+
+SMALL = {"wide_1x1": dict(n=2, c=16, k=48, size=(6, 7), kernel=1, pad=0),
+         "large_1x1": dict(n=1, c=64, k=64, size=(48, 48), kernel=1, pad=0),
+         "few_rows": dict(n=2, c=3, k=64, size=(11, 13), kernel=3, pad=1),
+         "few_rows_s2": dict(n=2, c=3, k=64, size=(11, 13), kernel=3, pad=1, stride=2)}
+KEYS = [(name, layout) for name in SMALL for layout in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST)]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return kernels_by_key(KEYS, lambda name, layout: lower(conv_problem(**SMALL[name], op=Op.BWD_WEIGHT, layout=layout),
+                                                           host_cpu(), algorithm="lanes"))
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: f"{k[0]}-{'nchw' if k[1] is Layout.CONTIGUOUS else 'cl'}")
+def test_lanes_weight_gradient_of_the_rules_problems_matches_aten(kernels, key):
+    plan, kernel = kernels[key]
+    check_weight_gradient(kernel, plan.problem, torch.Generator().manual_seed(11))
+
+
+# name, (c, k, size, kernel, stride, pad, output_padding), kernel op asked, the AVX-512 choice
+STRIDED_CL = [
+    ("tconv_3x3_s2_op_fwd", (64, 32, (32, 32), 3, 2, 1, 1), Op.FWD, "lanes"),
+    ("tconv_3x3_s2_op_dgrad", (64, 32, (32, 32), 3, 2, 1, 1), Op.BWD_DATA, "lanes"),
+    ("tconv_to_rgb_dgrad", (64, 3, (64, 64), 4, 2, 1, 0), Op.BWD_DATA, "lanes"),
+    ("tconv_to_rgb_fwd", (64, 3, (64, 64), 4, 2, 1, 0), Op.FWD, "blocked"),   # 3 channels written
+]
+
+
+@pytest.mark.parametrize("name,spec,op,wide", STRIDED_CL, ids=[r[0] for r in STRIDED_CL])
+def test_strided_transposed_into_channels_last_take_lanes_on_avx512(name, spec, op, wide):
+    """Tile scores within 1% (blocked 1.02, lanes 1.03): lanes on AVX-512, where 5% had kept blocked."""
+    c, k, size, kernel, stride, pad, out_pad = spec
+    problem = conv_problem(8, c, k, size, kernel, stride=stride, pad=pad, op=op, transposed=True,
+                           output_padding=out_pad, layout=Layout.CHANNELS_LAST)
+    plan = lower(problem, AVX512)
+    assert plan.algorithm == wide, dict(plan.reasons)["algorithm"]
+
+
+@pytest.mark.parametrize("op", [Op.FWD, Op.BWD_DATA], ids=["fwd", "bwd_data"])
+def test_lanes_on_strided_transposed_channels_last_matches_aten(op):
+    """The transposed 3x3 stride-2 problem, small, on lanes as the rule now takes it, against ATen."""
+    problem = conv_problem(2, 24, 16, (7, 9), 3, stride=2, pad=1, op=op, transposed=True, output_padding=1,
+                           layout=Layout.CHANNELS_LAST, bias=False)
+    plan = lower(problem, host_cpu(), algorithm="lanes")
+    (_, kernel), = load_keyed([(0, plan)]).values()
+    gen = torch.Generator().manual_seed(5)
+    fmt = torch.channels_last
+    x = torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).float().contiguous(memory_format=fmt)
+    w = torch.randn(problem.weight_shape, generator=gen, dtype=torch.float64).float().contiguous(memory_format=fmt)
+    args = ([2, 2], [1, 1], [1, 1], True, [1, 1], 1)
+    if op is Op.FWD:
+        out = torch.full(problem.output_shape, float("nan")).contiguous(memory_format=fmt)
+        kernel({"input": x, "weight": w, "bias": None, "output": out}, problem.n, 2)
+        ref = torch.ops.aten.convolution(x.double(), w.double(), None, *args)
+    else:
+        gy = torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).float().contiguous(memory_format=fmt)
+        out = torch.full(problem.input_shape, float("nan")).contiguous(memory_format=fmt)
+        kernel({"grad_output": gy, "weight": w, "grad_input": out}, problem.n, 2)
+        ref = torch.ops.aten.convolution_backward(gy.double(), x.double(), w.double(), None, *args,
+                                                  (True, False, False))[0]
+    assert rel_err(out, ref) <= tolerance(torch.float32, 16 * 9), rel_err(out, ref)
