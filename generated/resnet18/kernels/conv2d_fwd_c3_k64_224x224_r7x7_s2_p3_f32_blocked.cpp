@@ -10,7 +10,7 @@
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
 //   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided rows (tile scores blocked 0.89, lanes 1.01)); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
-//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous): strided addressing reads them in place, so no conversion is added
+//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: blocked 3512.3 = 3512.3 µs an image a core; X=channels_last, Y=channels_last: lanes 3512.3 + convert X/Y 1694.8 = 5207.2 µs an image a core)
 //   [tiling] register tile 5 channels x 2 vectors of 8 output columns (10 of 16 registers accumulate; 0.89 useful); 8 output rows per work item share one copy of the 21 input rows they read; 112 columns per work item so its buffer (58464 B) stays within half the L2; parallel over (batch, group, output row block, column tile)
 // Register-blocked forward convolution. Each work item is RB consecutive output row segments
 // (batch b, group g, output depth, row block, column tile). The input rows they read are first
