@@ -64,7 +64,7 @@ class Option:
     per image (seconds on one core)."""
 
     layouts: tuple[tuple[str, Layout], ...]
-    algorithm: str
+    algorithm: str                   # "" where the kernel was not weighed (pruned: see `options`)
     candidates: tuple[str, ...]
     kernel_s: float
     convert_s: float
@@ -77,6 +77,9 @@ class Option:
     def describe(self) -> str:
         lay = ", ".join(f"{k}={v.value}" for k, v in self.layouts if k != "W")
         conv = f" + convert {'/'.join(self.converted)} {self.convert_s * 1e6:.1f}" if self.converted else ""
+        if not self.algorithm:
+            return (f"{lay}: convert {'/'.join(self.converted)} {self.convert_s * 1e6:.1f} µs an image a core, "
+                    f"already over {CONVERT_GAIN:.2f} of the caller's (its kernel not weighed)")
         return (f"{lay}: {self.algorithm} {self.kernel_s * 1e6:.1f}{conv} = {self.total_s * 1e6:.1f} µs an image "
                 f"a core")
 
@@ -148,18 +151,24 @@ def internal_layouts(plan: Plan) -> list[dict[str, Layout]]:
     return found
 
 
-def options(plan: Plan, choose) -> list[Option]:
+def options(plan: Plan, choose, prune: bool = True) -> list[Option]:
     """Every candidate internal layout of `plan` (the caller's first, with the algorithm pass's choice)
     with the algorithm and candidates `choose(view)` gives there (view: `plan` reading that layout) and
-    its estimated costs."""
+    its estimated costs. With `prune`, a layout whose conversions alone cost more than CONVERT_GAIN of
+    the caller's estimate is not weighed further (no kernel can make it the cheapest: the heuristic's
+    choice there is most of a lowering's time, and most problems end here)."""
     caller = plan.caller_layouts()
-    found = []
+    found: list[Option] = []
     for layouts in internal_layouts(plan):
         view = dataclasses.replace(plan, layouts=tuple(sorted(layouts.items())))
-        algorithm, candidates = (plan.algorithm, plan.candidates) if layouts == caller else choose(view)
         converted = tuple(k for k in ("X", "Y") if k in layouts and layouts[k] is not caller[k])
-        found.append(Option(view.layouts, algorithm, candidates, kernel_seconds(view, algorithm),
-                            convert_seconds(view, converted), converted))
+        convert_s = convert_seconds(view, converted)
+        if found and prune and convert_s > CONVERT_GAIN * found[0].total_s:
+            found.append(Option(view.layouts, "", (), math.inf, convert_s, converted))
+            continue
+        algorithm, candidates = (plan.algorithm, plan.candidates) if layouts == caller else choose(view)
+        found.append(Option(view.layouts, algorithm, candidates, kernel_seconds(view, algorithm), convert_s,
+                            converted))
     return found
 
 

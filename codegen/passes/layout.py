@@ -65,8 +65,9 @@ def _cpu(plan: Plan, described: str) -> Plan:
         return plan.decide("layout", f"operands in the caller's layouts ({described}): "
                                      f"{'a reduction' if plan.kop is KOp.BIAS else 'one layout in 1-D'} reads them "
                                      f"in place", layouts=tuple(sorted(caller.items())), conversions=())
-    found = layout_cost.options(plan, lambda view: choose_for(view)[::2])
     requested = plan.requested_algorithm
+    found = layout_cost.options(plan, lambda view: choose_for(view)[::2],
+                                prune=requested is None and plan.requested_layout is None)
     if plan.requested_layout is not None:
         wanted = {k: (plan.requested_layout if k in ("X", "Y") else v) for k, v in caller.items()}
         best = next(o for o in found if dict(o.layouts) == wanted)

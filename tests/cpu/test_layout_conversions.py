@@ -12,6 +12,7 @@ requested algorithm that only another layout has, and `convgen explain`'s option
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -168,3 +169,26 @@ def test_small_group_weight_gradients_leave_grouplanes_for_many_taps_or_few_pixe
     groups = 256 // channels
     problem = conv_problem(8, 256, 256, size, kernel, pad=1, groups=groups, op=Op.BWD_WEIGHT, layout=CL)
     assert lower(problem, AVX512).algorithm == taken
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+def test_pruned_options_change_no_choice(target):
+    """A layout whose conversions alone exceed CONVERT_GAIN of the caller's estimate is not weighed
+    (layout_cost.options' prune): weighing every option takes the same layout, and the pruned one is said."""
+    from convgen.codegen.passes.algorithm import choose_for
+    narrow = dict(n=16, c=4, k=128, size=(56, 1), kernel=(3, 5), stride=(1, 2), pad=(1, 2), groups=4)
+    pruned_seen = 0
+    for spec in ISSUE_LAYERS + [narrow]:
+        for layout in (NCHW, CL):
+            for op in OPS:
+                plan = lower(conv_problem(**spec, op=op, layout=layout), target)
+                keep = plan.layout_options[0]   # the plan as the layout pass met it: the caller's layouts
+                before = dataclasses.replace(plan, layouts=(), algorithm=keep.algorithm, candidates=keep.candidates)
+                full = layout_cost.options(before, lambda view: choose_for(view)[::2], prune=False)
+                assert layout_cost.cheapest(full).layouts == plan.layouts
+                for option in plan.layout_options[1:]:
+                    if not option.algorithm:
+                        pruned_seen += 1
+                        assert option.convert_s > layout_cost.CONVERT_GAIN * plan.layout_options[0].total_s
+                        assert "its kernel not weighed" in option.describe()
+    assert pruned_seen > 0

@@ -10,7 +10,7 @@
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
 //   [algorithm] general: pointwise (a packed GEMM over channels (1x1 kernel), register tiles of channels x pixels; 512 channels reduced); candidates ['blocked', 'lanes', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
-//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: pointwise 191.1 = 191.1 µs an image a core; X=channels_last, Y=channels_last: pointwise 191.1 + convert X/Y 133.8 = 324.9 µs an image a core)
+//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: pointwise 191.1 = 191.1 µs an image a core; X=channels_last, Y=channels_last: convert X/Y 133.8 µs an image a core, already over 0.67 of the caller's (its kernel not weighed))
 //   [tiling] register tile 6 channels x 2 vectors of 8 pixels (12 of 16 registers accumulate); weights packed once per call in panels of 6 channels; per item 132 channels x up to 128 pixels, whose values are packed in chunks of 256 reduced channels (half the L1); parallel over (group, run of pixels, block of input channels), handed out as threads come free; runs shrink from 128 pixels when the batch gives fewer than 16 items
 // 1x1 data gradient as a packed GEMM per group:
 // out[o][q] = sum over r of A[o][r] * B[r][q], with o the input channels, r the

@@ -10,7 +10,7 @@
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
 //   [algorithm] general: blocked (register-blocked micro-kernel over zero-padded rows, strides split into phases; strided data gradient, 28-wide phases (tile scores blocked 0.78, lanes 1.01)); candidates ['blocked', 'lanes', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
-//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: blocked 191.1 = 191.1 µs an image a core; X=channels_last, Y=channels_last: lanes 191.1 + convert X/Y 535.2 = 726.4 µs an image a core)
+//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: blocked 191.1 = 191.1 µs an image a core; X=channels_last, Y=channels_last: convert X/Y 535.2 µs an image a core, already over 0.67 of the caller's (its kernel not weighed))
 //   [tiling] register tile 5 channels x 2 vectors of 8 input-gradient (per stride phase) columns (10 of 16 registers accumulate; 0.78 useful); 8 input-gradient rows per work item share one copy of the 4 grad_output rows they reach; 32 columns per work item so its buffer (65536 B) stays within half the L2; parallel over (batch, group, input-gradient row block, column tile)
 // Register-blocked data gradient by stride decomposition (no zero-insertion). Each work item is
 // RB consecutive input-gradient row segments (batch b, group g, depth, row block, column tile).

@@ -10,7 +10,7 @@
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows); candidates ['lanes', 'gemm', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
-//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: lanes 241.3 = 241.3 µs an image a core; X=channels_last, Y=channels_last: lanes 191.1 + convert X/Y 267.6 = 458.8 µs an image a core)
+//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: lanes 241.3 = 241.3 µs an image a core; X=channels_last, Y=channels_last: convert X/Y 267.6 µs an image a core, already over 0.67 of the caller's (its kernel not weighed))
 //   [tiling] register tile 4 vectors of 8 output channels x 3 (input channel, tap) rows (1.01 useful); 129 of the 128 rows per work item, 8 items x 1 parts of the reduction, chunks of 128 pixels; grad_output packed pixel-major once per call; input read in place; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient with output channels in the vector lanes: gW[k][(c, tap)] = sum over pixels p of
 // gY[k][p] * X[c][window(p) + tap]. grad_output is first packed pixel-major per block of NV x V

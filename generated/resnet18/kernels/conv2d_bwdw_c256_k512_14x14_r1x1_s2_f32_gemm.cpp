@@ -10,7 +10,7 @@
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
 //   [algorithm] general: gemm (a packed GEMM over output channels x (input channel, tap) columns, register tiles of 6 output channels x 2 vectors of columns, reduced over pixels in a fixed order; 1x1 with 256 input channels); candidates ['lanes', 'gemm', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
-//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: gemm 191.1 = 191.1 µs an image a core; X=channels_last, Y=channels_last: gemm 191.1 + convert X/Y 133.8 = 324.9 µs an image a core)
+//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: gemm 191.1 = 191.1 µs an image a core; X=channels_last, Y=channels_last: convert X/Y 133.8 µs an image a core, already over 0.67 of the caller's (its kernel not weighed))
 //   [tiling] register tile 6 output channels x 2 vectors of 8 input channels; grad_output packed once per call in panels of 6 channels; per item 174 x 128 columns, 6 items x 4 parts of the reduction, input values packed in chunks of 256 pixels (half the L1); parallel over (group, out-channel block, column block, part of the reduction); each item owns its sums and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient as a packed GEMM per group: gW[k][c] = sum over pixels q of gY[k][q] * X[c][q'],
 // where column c is an input channel (1x1 kernel; q' the input pixel that output pixel q reads,

@@ -10,7 +10,7 @@
 //   [canonicalise] 2-D problem computed as 3-D with leading axes of size 1
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows); candidates ['lanes', 'gemm', 'direct', 'pointwise']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
-//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: lanes 291.5 = 291.5 µs an image a core; X=channels_last, Y=channels_last: lanes 191.1 + convert X/Y 535.2 = 726.4 µs an image a core)
+//   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: lanes 291.5 = 291.5 µs an image a core; X=channels_last, Y=channels_last: convert X/Y 535.2 µs an image a core, already over 0.67 of the caller's (its kernel not weighed))
 //   [tiling] register tile 4 vectors of 8 output channels x 3 (input channel, tap) rows (1.01 useful); 66 of the 64 rows per work item, 4 items x 4 parts of the reduction, chunks of 128 pixels; grad_output packed pixel-major once per call; input read in place; parallel over (group, out-channel block, row block, part of the reduction); each item owns its weight gradients and reduces in a fixed order, so results do not depend on the thread count
 // Weight gradient with output channels in the vector lanes: gW[k][(c, tap)] = sum over pixels p of
 // gY[k][p] * X[c][window(p) + tap]. grad_output is first packed pixel-major per block of NV x V
