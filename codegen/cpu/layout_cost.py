@@ -110,6 +110,7 @@ def fill(plan: Plan, algorithm: str) -> float:
         return 1.0 / lanes
     if algorithm in PIXEL_LANES and plan.kop is not KOp.WGRAD:
         return _whole((g.x_size if plan.kop is KOp.DGRAD else g.y_size)[2], lanes)
+    # the packed GEMMs (PACKED) and the pixel families' weight gradients (flat dot products over planes)
     return 1.0
 
 
