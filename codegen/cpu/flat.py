@@ -32,7 +32,7 @@ def fits(plan: Plan) -> bool:
     fewer than half a vector (grouplanes.few_channels)."""
     g = plan.geometry
     return (plan.kop in (KOp.FWD, KOp.DGRAD) and g.cin_g == 1 and g.cout_g == 1 and g.stride[2] == 1 and
-            all(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")) and
+            all(plan.layout_of(kind) is Layout.CHANNELS_LAST for kind in ("X", "Y")) and
             few_channels(plan) is not None)
 
 

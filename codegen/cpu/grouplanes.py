@@ -41,7 +41,7 @@ def fits(plan: Plan) -> bool:
     lanes = vector_lanes(plan)
     small = g.cin_g == g.cout_g and g.cin_g > 1 and lanes % g.cin_g == 0
     return (g.groups > 1 and (g.cin_g == 1 and g.cout_g == 1 or small) and few_channels(plan) is None and
-            all(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")))
+            all(plan.layout_of(kind) is Layout.CHANNELS_LAST for kind in ("X", "Y")))
 
 
 def few_channels(plan: Plan) -> str | None:

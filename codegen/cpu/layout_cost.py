@@ -65,6 +65,7 @@ class Option:
 
     layouts: tuple[tuple[str, Layout], ...]
     algorithm: str                   # "" where the kernel was not weighed (pruned: see `options`)
+    why: str                         # the heuristic's reason for `algorithm` there
     candidates: tuple[str, ...]
     kernel_s: float
     convert_s: float
@@ -154,8 +155,8 @@ def internal_layouts(plan: Plan) -> list[dict[str, Layout]]:
 
 def options(plan: Plan, choose, prune: bool = True) -> list[Option]:
     """Every candidate internal layout of `plan` (the caller's first, with the algorithm pass's choice)
-    with the algorithm and candidates `choose(view)` gives there (view: `plan` reading that layout) and
-    its estimated costs. With `prune`, a layout whose conversions alone cost more than CONVERT_GAIN of
+    with the algorithm, reason and candidates `choose(view)` gives there (view: `plan` reading that
+    layout) and its estimated costs. With `prune`, a layout whose conversions alone cost more than CONVERT_GAIN of
     the caller's estimate is not weighed further (no kernel can make it the cheapest: the heuristic's
     choice there is most of a lowering's time, and most problems end here)."""
     caller = plan.caller_layouts()
@@ -165,10 +166,10 @@ def options(plan: Plan, choose, prune: bool = True) -> list[Option]:
         converted = tuple(k for k in ("X", "Y") if k in layouts and layouts[k] is not caller[k])
         convert_s = convert_seconds(view, converted)
         if found and prune and convert_s > CONVERT_GAIN * found[0].total_s:
-            found.append(Option(view.layouts, "", (), math.inf, convert_s, converted))
+            found.append(Option(view.layouts, "", "", (), math.inf, convert_s, converted))
             continue
-        algorithm, candidates = (plan.algorithm, plan.candidates) if layouts == caller else choose(view)
-        found.append(Option(view.layouts, algorithm, candidates, kernel_seconds(view, algorithm), convert_s,
+        algorithm, why, candidates = (plan.algorithm, "", plan.candidates) if layouts == caller else choose(view)
+        found.append(Option(view.layouts, algorithm, why, candidates, kernel_seconds(view, algorithm), convert_s,
                             converted))
     return found
 

@@ -48,7 +48,7 @@ def over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     acc = plan.problem.dtype.accumulator.itemsize
     lanes = t.vector_bytes // acc
     pixels = g.y_size[0] * g.y_size[1] * g.y_size[2]
-    if any(plan.layout_of(op.kind) is not Layout.CONTIGUOUS for op in plan.operands if op.kind in ("X", "Y")):
+    if any(plan.layout_of(kind) is not Layout.CONTIGUOUS for kind in ("X", "Y")):
         return choice, why
     if g.cout_g >= lanes or pixels < PLANES_WGRAD_MIN_PIXELS:
         return choice, why

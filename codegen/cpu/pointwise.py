@@ -85,14 +85,14 @@ def _widening_channels_last_dgrad(plan: Plan) -> bool:
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", pointwise._widening_channels_last_dgrad)"""
     g = plan.geometry
     return (plan.target.evex_tiles and plan.kop is KOp.DGRAD and g.stride == (1, 1, 1)
-            and any(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind == "X")
+            and plan.layout_of("X") is Layout.CHANNELS_LAST
             and g.cin_g >= EXPAND_RATIO * g.cout_g)
 
 
 def _expanding_channels_last(plan: Plan) -> bool:
     """A channels-last 1x1 forward that widens few channels to many (EXPAND_MAX_IN, EXPAND_RATIO)."""
     g = plan.geometry
-    written_cl = any(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind == "Y")
+    written_cl = plan.layout_of("Y") is Layout.CHANNELS_LAST
     return (plan.kop is KOp.FWD and written_cl and g.stride == (1, 1, 1)
             and g.cin_g <= EXPAND_MAX_IN and g.cout_g >= EXPAND_RATIO * g.cin_g)
 
@@ -105,7 +105,7 @@ def _over_patches(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str,
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", PATCH_POINTWISE_TAPS)"""
     g = plan.geometry
     if plan.target.isa == "avx512":
-        written_cl = any(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind == "Y")
+        written_cl = plan.layout_of("Y") is Layout.CHANNELS_LAST
         if written_cl:
             return lanes.NAME, f"{lanes.WHY}; not pointwise: non-overlapping patches into channels last on AVX-512"
         if g.y_size[2] >= vector_lanes(plan):
@@ -139,7 +139,7 @@ def _avx512(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str] 
     """The AVX-512 boundaries (CL_LANES_MAX_REDUCED, PLANE_POINTWISE_WASTES, POINTWISE_WIDE_MIN_REDUCED),
     or None where they do not decide."""
     g = plan.geometry
-    nchw = all(plan.layout_of(op.kind) is not Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y"))
+    nchw = all(plan.layout_of(kind) is not Layout.CHANNELS_LAST for kind in ("X", "Y"))
     lanes_channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
     strided_dgrad = plan.kop is KOp.DGRAD and g.stride != (1, 1, 1)
     if (plan.target.isa == "avx512" and not nchw and not bf16_pairs(plan) and not strided_dgrad

@@ -43,7 +43,7 @@ DOTS_WGRAD_PAIRS_MIN_PLANE = 512
 def over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
     """pointwise for a 1x1 weight gradient, where it measured faster than `choice`."""
     g = plan.geometry
-    if any(plan.layout_of(op.kind) is Layout.CHANNELS_LAST for op in plan.operands if op.kind in ("X", "Y")):
+    if any(plan.layout_of(kind) is Layout.CHANNELS_LAST for kind in ("X", "Y")):
         return choice, why
     wide = (plan.target.evex_tiles and plan.problem.dtype is DType.F32 and g.stride == (1, 1, 1)
             and g.cin_g <= DOTS_WGRAD_EVEX_MAX_IN and g.cout_g >= EXPAND_RATIO * g.cin_g)

@@ -18,8 +18,6 @@ launches the conversion into the entry's workspace. The GPU's other kernels read
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..cpu import layout_cost
 from ..errors import ConvgenError
 from ..gpu.staging import staging
@@ -32,11 +30,7 @@ from .algorithm import choose_for
 def run(plan: Plan) -> Plan:
     if plan.algorithm == "empty":
         return plan.decide("layout", "no kernel: layouts are the caller's", layouts=())
-    layouts: dict[str, Layout] = {}
-    for operand in plan.operands:
-        if operand.kind == "B":
-            continue
-        layouts.setdefault(operand.kind, operand.layout)
+    layouts = plan.caller_layouts()
     described = ", ".join(f"{kind}={lay.value}" for kind, lay in sorted(layouts.items()))
     if plan.target.gpu is not None and plan.algorithm == "igemm":
         staged = staging(plan.problem, plan.target)
@@ -55,19 +49,18 @@ def run(plan: Plan) -> Plan:
         return plan.decide("layout", f"operands in the caller's layouts ({described}): the GPU kernel addresses "
                                      f"each through its own compile-time strides, so no conversion kernel is launched",
                            layouts=tuple(sorted(layouts.items())), conversions=())
-    return _cpu(plan, described)
+    return _cpu(plan, layouts, described)
 
 
-def _cpu(plan: Plan, described: str) -> Plan:
-    """The CPU's choice among internal layouts by the cost model (or the one requested)."""
-    caller = plan.caller_layouts()
+def _cpu(plan: Plan, caller: dict[str, Layout], described: str) -> Plan:
+    """The CPU's choice among internal layouts by the cost model (or the one requested); `caller`: the
+    caller's layout of each operand kind."""
     if plan.kop is KOp.BIAS or plan.problem.rank < 2:
         return plan.decide("layout", f"operands in the caller's layouts ({described}): "
                                      f"{'a reduction' if plan.kop is KOp.BIAS else 'one layout in 1-D'} reads them "
                                      f"in place", layouts=tuple(sorted(caller.items())), conversions=())
     requested = plan.requested_algorithm
-    found = layout_cost.options(plan, lambda view: choose_for(view)[::2],
-                                prune=requested is None and plan.requested_layout is None)
+    found = layout_cost.options(plan, choose_for, prune=requested is None and plan.requested_layout is None)
     if plan.requested_layout is not None:
         wanted = {k: (plan.requested_layout if k in ("X", "Y") else v) for k, v in caller.items()}
         best = next(o for o in found if dict(o.layouts) == wanted)
@@ -89,10 +82,8 @@ def _cpu(plan: Plan, described: str) -> Plan:
                            layouts=best.layouts, conversions=(), layout_options=tuple(found))
     conversions = tuple(f"{kind}: {caller[kind].value} -> {dict(best.layouts)[kind].value} (in the kernel's "
                         f"scratch{', converted back' if _written(plan, kind) else ''})" for kind in best.converted)
-    view = dataclasses.replace(plan, layouts=best.layouts)
-    algorithm, why, candidates = choose_for(view)
-    if requested is not None:
-        algorithm, why = requested, "requested"
+    algorithm, why, candidates = (requested, "requested", best.candidates) if requested is not None else \
+        (best.algorithm, best.why, best.candidates)
     if algorithm not in candidates:
         raise ConvgenError(f"algorithm {algorithm!r} is not a candidate for a {plan.kop.value} kernel reading "
                            f"{', '.join(f'{k}={v.value}' for k, v in best.layouts)}; candidates: {list(candidates)}")
