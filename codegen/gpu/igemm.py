@@ -33,13 +33,14 @@ arch's tile configuration (codegen/arch/gpu.py).
 - data gradient: one GEMM per stride phase (normal.py), every residue with any position launched,
   those without taps writing zeros.
 - weight gradient: M = filters per group, N = channels per group x taps, reduction = batch x
-  output pixels, split SPLIT ways; each split's f32 partial tile goes to a workspace and a second
-  kernel sums the SPLIT partials of each weight in split order and rounds once. No atomics: the
-  result is the same bits whatever order blocks and threads run in.
+  output pixels, split by the launch (its batch x output pixels, SPLIT_PIXELS a split at least, at
+  most the SPLIT_MAX that fills about two blocks per SM); each split's f32 partial tile goes to a
+  workspace and a second kernel sums the partials of each weight in split order and rounds once. No
+  atomics: for a given batch the result is the same bits whatever order blocks and threads run in.
 
 The workspace contract: `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes the
 caller passes to `<prefix>_bwd_weight(grad_output, input, grad_weight, workspace, batch, stream)`
-(SPLIT x the weight's elements x 4 today, whatever the batch). Asked with the weight gradient, the
+(the batch's split x the weight's elements x 4). Asked with the weight gradient, the
 bias gradient rides the same scheme (`<prefix>_bwd_weight_bias(grad_output, input, grad_weight,
 grad_bias, workspace, batch, stream)`, `_bwd_weight_bias_workspace_bytes`): after its GEMM tile each
 block's warps take bias channels of its group in turn and sum them over the split's share of the
@@ -81,7 +82,7 @@ BITS = {DType.BF16: "unsigned short", DType.F16: "unsigned short", DType.F32: "u
 # What the FMA path accumulates in: f32 in f32 (as the matrix instructions do), f64 in f64.
 ACCUMULATORS = {DType.F32: "float", DType.F64: "double"}
 MAX_SPLIT = 64
-SPLIT_PIXELS = 4 * 32   # a weight-gradient split takes at least four 32-deep steps of one image's pixels
+SPLIT_PIXELS = 4 * 32   # a weight-gradient split takes at least four 32-deep steps of the batch's pixels
 SPLIT_K_ENTRIES = ("bwd_weight", "bwd_weight_bias")   # their partials go to a workspace
 
 
@@ -107,6 +108,7 @@ class IgemmContext(TensorContext):
     phases: tuple[Phase, ...]
     entries: tuple[str, ...]
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
+    split_pixels: int = 0       # the weight gradient's least batch x pixels a split (SPLIT_PIXELS)
     iterators: tuple[tuple[str, bool], ...] = ()   # ("FWD_A" ... "DGRAD_B", copies by iterator: copy_iterators)
 
 
@@ -128,19 +130,28 @@ def tiles_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | Non
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
+    """The weight gradient's largest split (SPLIT_MAX) and the rule in words. The split itself is
+    the launch's, from the batch (the template's wgrad_split): batch x output pixels / SPLIT_PIXELS,
+    at most SPLIT_MAX, which is what fills about two blocks per SM (CU) of the target."""
     units = (target.gpu or GPU_ARCHS[target.isa]).sm_count
     groups = normal.groups
     kg, cg = normal.filters // groups, normal.channels // groups
     taps, out_pixels = math.prod(normal.kernel), math.prod(normal.out_size)
     tiles = -(-kg // tile.m) * -(-(cg * taps) // tile.n) * groups
     by_units = -(-2 * units // tiles) if tiles else 1
-    by_depth = max(1, out_pixels // SPLIT_PIXELS)
-    split = max(1, min(MAX_SPLIT, by_units, by_depth, 65535 // max(groups, 1)))
+    split = max(1, min(MAX_SPLIT, by_units, 65535 // max(groups, 1)))
     unit = "SM" if target.kind is TargetKind.CUDA else "CU"
     return split, (f"weight gradient: {tiles} output tiles; split the batch x {out_pixels} pixels reduction "
-                   f"{split} way{'' if split == 1 else 's'} (about two blocks per {unit} of {units}, at least "
-                   f"{SPLIT_PIXELS} pixels of one image per split), {partials} partials in a workspace "
-                   f"summed in split order by a second kernel (no atomics)")
+                   f"by the launch's batch, min({split}, batch x {out_pixels} / {SPLIT_PIXELS}) ways (about two "
+                   f"blocks per {unit} of {units}, at least {SPLIT_PIXELS} pixels per split), {partials} partials "
+                   f"in a workspace summed in split order by a second kernel (no atomics)")
+
+
+def wgrad_split(context: IgemmContext, batch: int) -> int:
+    """How many ways the weight gradient of `context` splits its reduction for `batch` images (the
+    template's wgrad_split; its workspace holds this many partials)."""
+    out_pixels = math.prod(context.out_size)
+    return max(1, min(context.split, batch * out_pixels // context.split_pixels))
 
 
 def refusal(problem: ConvProblem, target: Target) -> str | None:
@@ -250,7 +261,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     iterators = copy_iterators(normal, tiles, read_strides, converts, tiles.fwd.depth)
     return IgemmContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), scalar=SCALARS[problem.dtype],
-        acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0],
+        acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0], split_pixels=SPLIT_PIXELS,
         why=reasons(problem, target, staged),
         bits=SCALARS[problem.dtype] if fma or f64_matrix else BITS[problem.dtype], fma=fma, f64_matrix=f64_matrix,
         vector=vector_of(problem.dtype.itemsize), lds=tiles.fwd.lds, ldmatrix=tiles.fwd.swizzled, tf32=problem.tf32,

@@ -31,7 +31,7 @@ from convgen.devices import sim
 from convgen.building import sim_build
 from convgen.building.machine_code import main_loop
 from convgen.codegen.errors import ConvSpecError
-from convgen.codegen.gpu.igemm import igemm_context, render_igemm
+from convgen.codegen.gpu.igemm import igemm_context, render_igemm, wgrad_split
 from convgen.codegen.gpu.normal import axis_phases
 from convgen.codegen.ir import DType, Layout
 from convgen.codegen.target import parse_target
@@ -262,7 +262,7 @@ def check_every_pass(lib, prefix: str, case, dtypes, layout: str, order: str, se
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor):
     problem = case_problem(BY_NAME["split"], DType.BF16)
-    assert igemm_context(problem, parse_target(vendor), "p").split > 1
+    assert wgrad_split(igemm_context(problem, parse_target(vendor), "p"), problem.n) > 1
     g = generator_for(f"igemm-determinism-{vendor}")
     x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
     w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
@@ -280,7 +280,7 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     """The workspace holds full f32 partials (not rounded to bf16) and grad_weight is their sum in
     split order, in f32, rounded to bf16 once."""
     problem = case_problem(BY_NAME["split"], DType.BF16)
-    split = igemm_context(problem, parse_target("cuda"), "p").split
+    split = wgrad_split(igemm_context(problem, parse_target("cuda"), "p"), problem.n)
     g = generator_for("igemm-split-rounding")
     x, dy = randn(problem.input_shape, torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
     w, b = randn(problem.weight_shape, torch.bfloat16, g), randn((problem.k,), torch.bfloat16, g)
@@ -302,6 +302,30 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     for s in range(split):
         bias += bias_partials[s]
     assert torch.equal(out[5].view(torch.int16), bias.bfloat16().view(torch.int16))
+
+
+def test_the_weight_gradient_splits_by_the_launch_batch(libs):
+    """The split is the launch's (wgrad_split): a batch of one image splits fewer ways than two, its
+    workspace is that many partials, and both sums match ATen."""
+    case = BY_NAME["split"]
+    prefix = _prefix("cuda", "split", "bf16")
+    context = igemm_context(case_problem(case, DType.BF16), parse_target("cuda"), "p")
+    sizes = libs["cuda"].lib[f"{prefix}_bwd_weight_workspace_bytes"]
+    sizes.restype = ctypes.c_ulonglong
+    splits = [wgrad_split(context, n) for n in (1, 2)]
+    assert 1 < splits[0] < splits[1] <= context.split
+    for n, split in zip((1, 2), splits):
+        problem = dataclasses.replace(case_problem(case, DType.BF16), n=n)
+        weights = problem.k * problem.c * 3
+        assert sizes(ctypes.c_longlong(n)) == split * weights * 4
+        g = generator_for(f"igemm-split-batch-{n}")
+        x, w = randn(problem.input_shape, torch.bfloat16, g), randn(problem.weight_shape, torch.bfloat16, g)
+        b, dy = randn((problem.k,), torch.bfloat16, g), randn(problem.output_shape, torch.bfloat16, g)
+        out = _run(libs["cuda"], prefix, problem, torch.bfloat16, x, w, b, dy, "shuffle", n)
+        terms = reduction_terms(problem.input_shape, problem.weight_shape, problem.output_shape)
+        reference = _reference((case[0], (n, *case[1][1:]), *case[2:]), x, w, b, dy)
+        for what, i in (("grad_weight", 2), ("grad_bias", 3)):
+            assert_close(out[i], reference[i], torch.bfloat16, f"batch {n} {what}", terms[what])
 
 
 def test_the_vector_cases_take_the_16_byte_copies():
