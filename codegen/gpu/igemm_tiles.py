@@ -24,9 +24,12 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   staging.py) with channel counts (per group and in all) multiple of the vector and the reduction
   ordered tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel,
   tap) reduction of a multiple of it; a contiguous grad_output along its pixels (weight gradient,
-  output pixels a multiple of it). The launch entry also checks the pointers' 16-byte alignment at
-  run time; the other operands (and misaligned pointers) are gathered element by element, with the
-  same predicates, into the same stages.
+  output pixels a multiple of it); on ldmatrix, the weight gradient's channels-last grad_output and
+  input along their filters and channels (whole vectors of both, in all and per group), into shared
+  tiles whose rows are the reduction's (mn_major), with (tap, channel) columns. The launch entry
+  also checks the pointers' 16-byte alignment at run time; the other operands (and misaligned
+  pointers) are gathered element by element, with the same predicates, into the same stages (of
+  rows along the reduction).
 - Shared layout: a tile keeps each row's (column's, for B) step of the reduction contiguous. With
   `ldmatrix` (16-bit operands on CUDA, `on_ldmatrix`) rows are the step's depth long, unpadded, their
   16-byte chunks XOR-swizzled by the row (the PTX ISA's 32/64/128-byte swizzle: 64 bytes for a step
@@ -50,6 +53,7 @@ from ..target import Target, TargetKind
 from .normal import Normal
 
 WARPS = 4   # warps (waves) a block, each a quarter of its tile: the template's 2 x 2 layout
+MN_MAJOR_SIDE = 64   # a tile of reduction rows (mn_major) swizzles 8 chunks of 8 elements a row
 
 
 def on_f64_matrix(problem: ConvProblem, target: Target) -> bool:
@@ -102,6 +106,8 @@ class GemmTile:
     itemsize: int       # bytes of one operand element in shared memory (2: bf16/f16 bits, 4: f32, 8: f64)
     depth: int          # the reduction step (BLOCK_K)
     swizzled: bool      # unpadded rows, 16-byte chunks XOR-swizzled, fragments by ldmatrix (on_ldmatrix)
+    mn_major: bool = False   # both operands copied along their rows / columns (filters, channels), not along the
+                             # reduction: shared tiles of reduction rows, fragments by ldmatrix.trans
 
     @property
     def lds(self) -> int:
@@ -118,6 +124,9 @@ class GemmTile:
         operands = [name for name, on in (("A", self.vector_a), ("B", self.vector_b)) if on]
         copies = (f"{' and '.join(operands)} by 16-byte {how} copies" if operands
                   else "operands gathered element by element")
+        if self.mn_major:
+            copies += (" along filters and channels (reduction rows in shared memory, fragments by "
+                       "ldmatrix.trans)")
         return (f"{self.m}x{self.n}x{self.depth}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
                 f"{copies}{', reduction tap-major' if self.tap_major else ''}")
 
@@ -154,13 +163,13 @@ def _stages(target: Target, per_stage: int, steps: int) -> int:
 
 
 def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction: int, itemsize: int,
-          tap_major: bool, vector_a: bool, vector_b: bool) -> GemmTile:
+          tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False) -> GemmTile:
     m, n = _fitted(target, shape, _side(shape.sides, rows), _side(shape.sides, columns), itemsize)
     steps = max(1, -(-reduction // shape.depth))
     swizzled = on_ldmatrix(target, itemsize)
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
     return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth,
-                    swizzled)
+                    swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE)
 
 
 def _contiguous(strides: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
@@ -194,7 +203,7 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     forward and data gradient read when the layout pass stages operands channels-last (staging.py);
     the weight gradient reads the caller's. `dgrad_b`: the data gradient reads a copy of the weight
     with filters innermost (16-byte copies of B when its reduction is tap-major)."""
-    wg_y_strides = y_strides
+    wg_x_strides, wg_y_strides = x_strides, y_strides
     if staged is not None:
         x_strides, y_strides, w_strides = staged
     shape = block_tiles(target, itemsize, fma)
@@ -218,8 +227,14 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     dg_tap = _channels_last(y_strides) and aligned_k
     dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_tap, dg_tap, dg_tap and dgrad_b)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
+    # (or, both channels-last with whole vectors of filters and channels, on ldmatrix: A along filters and
+    # B along channels, columns (tap, channel), by 16-byte copies into tiles of reduction rows: mn_major)
     wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
-    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, False)
+    wg_mn = (on_ldmatrix(target, itemsize) and _channels_last(wg_x_strides) and _channels_last(wg_y_strides)
+             and aligned_c and aligned_k)
+    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_mn, mn_major=wg_mn)
+    if wg_mn and not wgrad.mn_major:   # (never with today's sides: the tiles' shared rows need 64 elements)
+        wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, False)
     return IgemmTiles(fwd, dgrad, wgrad, _reasons(target, shape, fwd, dgrad, wgrad, itemsize, fma, f64_matrix))
 
 

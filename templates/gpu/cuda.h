@@ -186,6 +186,24 @@ __device__ __forceinline__ void convgen_mma_load_b2_x4(convgen_mma_b<T>& first, 
     second.r[1] = r[3];
 }
 
+// The same fragments from tiles kept the other way round (rows of the tile are k: tile[k][row] for A,
+// tile[k][col] for B), by ldmatrix.x4.trans. A: lane l gives k row 8 (l / 16) + l % 8 of the slice, the 8
+// elements at row 8 (l / 8 % 2) of the 16; B: k row 8 (l / 8 % 2) + l % 8, the 8 elements at column
+// 8 (l / 16) of the 16. The registers are those the untransposed loads above give.
+template <class T> __device__ __forceinline__ void convgen_mma_load_a_x4_trans(convgen_mma_a<T>& a, const unsigned short* row) {
+    convgen_ldmatrix_x4_trans(a.r, row);
+}
+template <class T>
+__device__ __forceinline__ void convgen_mma_load_b2_x4_trans(convgen_mma_b<T>& first, convgen_mma_b<T>& second,
+                                                             const unsigned short* row) {
+    unsigned r[4];
+    convgen_ldmatrix_x4_trans(r, row);
+    first.r[0] = r[0];
+    first.r[1] = r[1];
+    second.r[0] = r[2];
+    second.r[1] = r[3];
+}
+
 #if defined(CONVGEN_SIM)
 template <class T> struct convgen_sim_bits;
 template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16Bits type; };

@@ -449,7 +449,9 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
             # ptxas drops the matrix instructions and loads of fragments no output column needs.)
             loop = main_loop(body)
             assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
-            assert any(x.startswith("LDSM.16.M88.4 ") for x in loop), (prefix, symbol)
+            # (.MT88: transposed, from tiles of reduction rows: the channels-last weight gradient's)
+            transposed = gemm == "WGRAD" and tiles[gemm].mn_major
+            assert any(x.startswith("LDSM.16.MT88.4 " if transposed else "LDSM.16.M88.4 ") for x in loop), (prefix, symbol)
             assert not [x for x in loop if re.match(r"(@!?U?P\d\s+)?LDS\b", x)], (prefix, symbol)
 
 

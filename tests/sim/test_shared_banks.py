@@ -1,6 +1,8 @@
 """The 16-bit implicit GEMM on CUDA reads its fragments without shared-memory bank conflicts (issue 47):
 each fragment is one ldmatrix.x4 from unpadded shared rows whose 16-byte chunks are XOR-swizzled
-(templates/gpu/igemm.cu.j2's tile_at, cuda.h's convgen_mma_load_a_x4 / _b2_x4).
+(templates/gpu/igemm.cu.j2's tile_at, cuda.h's convgen_mma_load_a_x4 / _b2_x4), and the channels-last
+weight gradient's from tiles of reduction rows whose chunks are swizzled too (tile_mn,
+convgen_mma_load_a_x4_trans / _b2_x4_trans).
 
 The kernels run in the simulator with its profile on (templates/gpu/sim/checks.h: a warp's shared
 request takes as many wavefronts as the most distinct 4-byte words one bank serves in a phase of
@@ -12,9 +14,9 @@ copies and stores. (The one element path left out, activations whose rows are co
 -- NCHW input or grad_output gathered -- stores 32 rows at one k and conflicts 4 ways, padded or
 swizzled: its copies are issue 47's third deliverable.)
 
-The same kernels with the swizzle taken out of tile_at (the layout stays consistent, only unpadded
-and unswizzled) conflict in every GEMM launch: the ldmatrix phases' 8 rows, 64 bytes apart, fall on
-4 bank groups. So the test sees the fragment loads.
+The same kernels with the swizzles taken out of tile_at and tile_mn (the layouts stay consistent,
+only unpadded and unswizzled) conflict in every GEMM launch: the ldmatrix phases' 8 rows, 64 (or
+128, 256) bytes apart, fall on 4 bank groups or fewer. So the test sees the fragment loads.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ GEMMS = {"FWD": "fwd", "DGRAD": "bwd_data", "WGRAD": "bwd_weight_partial"}
 CASES = {
     # channels-last, channels in whole 16-byte copies: the forward's and the data gradient's operands
     # by copies (the data gradient's weight from its filters-innermost copy, staged "W"); the weight
-    # gradient's gathered along the reduction
+    # gradient's along filters and channels into tiles of reduction rows (mn_major)
     "cl_s1": (2, 16, 24, (6, 6), 1, Layout.CHANNELS_LAST, ("W",), ("FWD", "DGRAD", "WGRAD")),
     "cl_s2": (2, 16, 16, (7, 7), 2, Layout.CHANNELS_LAST, ("W",), ("FWD", "DGRAD", "WGRAD")),   # 4 stride phases
     # NCHW grad_output along 64 pixels: the weight gradient's A by copies
     "nchw": (2, 8, 16, (8, 8), 1, Layout.CONTIGUOUS, (), ("WGRAD",)),
 }
 SWIZZLE = r"const unsigned chunk = \(unsigned\)k / VECTOR \^ \(unsigned\)row / SWIZZLE_ROWS % SWIZZLE_CHUNKS;"
+SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| j >> 1;"
 
 
 def _problem(name: str, dtype: str):
@@ -68,6 +71,8 @@ def _source(unswizzled: bool = False) -> str:
     if unswizzled:
         text, count = re.subn(SWIZZLE, "const unsigned chunk = (unsigned)k / VECTOR;", text)
         assert count == len(CASES) * len(DTYPES), "tile_at's swizzle is no longer where this test takes it out"
+        text, count = re.subn(SWIZZLE_MN, "swizzle = 0;", text)
+        assert count == len(CASES) * len(DTYPES), "tile_mn's swizzle is no longer where this test takes it out"
     return text
 
 
@@ -112,12 +117,15 @@ def test_every_gemm_launch_reads_and_writes_shared_memory_without_bank_conflicts
     context = igemm_context(problem, TARGET, "p", staged=CASES[name][6])
     assert context.ldmatrix and context.lds == context.block_k   # unpadded, swizzled rows
     tiles = dict(context.tiles)
+    layout_cl = CASES[name][5] is Layout.CHANNELS_LAST
     launches = _launches(libs[False], name, dtype)
     assert len(launches["DGRAD"]) == (4 if name == "cl_s2" else 1)   # a launch per stride phase
     for gemm in CASES[name][7]:
-        # the case is about what it says: copies where rows are contiguous in memory
-        assert tiles[gemm].vector_a == (gemm != "WGRAD" or name == "nchw"), (gemm, tiles[gemm])
-        assert tiles[gemm].vector_b == (gemm != "WGRAD"), (gemm, tiles[gemm])
+        # the case is about what it says: copies where rows are contiguous in memory, and the
+        # channels-last weight gradient's along filters and channels
+        assert tiles[gemm].mn_major == (gemm == "WGRAD" and layout_cl), (gemm, tiles[gemm])
+        assert tiles[gemm].vector_a == (gemm != "WGRAD" or name == "nchw" or layout_cl), (gemm, tiles[gemm])
+        assert tiles[gemm].vector_b == (gemm != "WGRAD" or layout_cl), (gemm, tiles[gemm])
         assert launches[gemm], gemm
         for launch in launches[gemm]:
             assert launch["tensor_instructions"] > 0 and launch["shared_requests"] > 0, launch
