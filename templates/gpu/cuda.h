@@ -37,8 +37,8 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 #define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
 
 // --- asynchronous copies global -> shared: cp.async (sm_80+), 16 bytes at a time -------------------
-// A stage's copies are issued with convgen_copy16 (a null-valid source gives 16 zero bytes: padding
-// and ragged edges), closed with convgen_copy_commit; convgen_copy_wait<N>() returns when at most the
+// A stage's copies are issued with convgen_copy16 (a copy that is not valid gives 16 zero bytes and
+// reads nothing, whatever its source address: padding and ragged edges), closed with convgen_copy_commit; convgen_copy_wait<N>() returns when at most the
 // newest N committed stages are still in flight, and only after it *and a __syncthreads* may any
 // thread read what the copies wrote. convgen_copy_land is for vendors that stage in registers
 // (hip.h); here copies go straight to shared memory and it does nothing.
@@ -55,7 +55,10 @@ template <int N> __device__ __forceinline__ void convgen_copy_wait() { ::convgen
 template <int N>
 __device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, bool valid) {
     unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0)
+    // ignore-src (PTX ISA 7.5): a copy that is not valid reads nothing at all -- its source address
+    // may be anything -- and writes 16 zero bytes
+    asm volatile("{\n .reg .pred ignore;\n setp.eq.u32 ignore, %2, 0;\n"
+                 " cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}\n" ::"r"(address), "l"(global), "r"((unsigned)valid)
                  : "memory");
 }
 __device__ __forceinline__ void convgen_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

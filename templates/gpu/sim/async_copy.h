@@ -31,7 +31,7 @@ CONVGEN_SIM_UNCHECKED inline void async_wait(unsigned newest_pending) {
     std::vector<AsyncCopy> still;
     for (const AsyncCopy& c : f.copies) {
         if (c.group >= done_below) { still.push_back(c); continue; }
-        std::memcpy(c.shared, c.global, c.source_bytes);
+        if (c.source_bytes) std::memcpy(c.shared, c.global, c.source_bytes);   // none: the source is never touched
         std::memset(static_cast<char*>(c.shared) + c.source_bytes, 0, c.bytes - c.source_bytes);
         copy_landed(c.shared, c.bytes, c.pc);
     }
