@@ -49,7 +49,8 @@ the workspace, and the second kernel adds those in split order too and rounds on
 bias_reason). When the layout pass stages operands channels-last (staging.py), the entries whose
 GEMM reads them (`<prefix>_fwd`, `<prefix>_bwd_data`) take a workspace too, after the pointers,
 sized by `<prefix>_<entry>_workspace_bytes(batch)`: they launch the transpose kernel into it, then
-the GEMM on it. Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in
+the GEMM on it; the weight-gradient entries that stage their input and grad_output keep the copies
+after the partials in theirs (the fused bias gradient still sums the caller's tensor). Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in
 f32 (f64 for f64). Tensors may be contiguous or channels-last (each of input, weight and output by
 its own layout: every access goes through its strides). A transposed problem runs through the same
 equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the normal convolution's
@@ -70,7 +71,8 @@ from ..render import render
 from ..target import Target, TargetKind
 from .context import ENTRIES, TensorContext, check_entries, check_prefix, file_fields, tensor_fields
 from .family import Family
-from .igemm_tiles import WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of
+from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of,
+                          wgrad_copies_along_channels)
 from .normal import Normal, Phase
 from .staging import staging
 
@@ -126,7 +128,8 @@ def tiles_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | Non
     normal = Normal.of(problem)
     staged = staged_of(problem, target, staged)
     return choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, on_fma(problem, target),
-                        on_f64_matrix(problem, target), staged=kernel_strides(normal, staged), dgrad_b="W" in staged)
+                        on_f64_matrix(problem, target), staged=kernel_strides(normal, staged), dgrad_b="W" in staged,
+                        wgrad_staged=bool(_converts(normal, staged, target, problem.dtype.itemsize)["WGRAD"]))
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
@@ -215,20 +218,25 @@ def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
             "bwd_weight_bias": ("bwd_weight_partial", "bwd_weight_sum"), "bwd_bias": ("bwd_bias",)}[entry]
 
 
-def _converts(normal: Normal, staged: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+def _converts(normal: Normal, staged: tuple[str, ...], target: Target, itemsize: int) -> dict[str, tuple[str, ...]]:
     """What each GEMM's launch converts: the forward its staged X and W that are not channels-last
     already, the data gradient its staged Y that is not, and its staged W (filters innermost, which
-    no caller layout is)."""
+    no caller layout is); the weight gradient its staged X and Y that are not, where with them
+    channels-last it copies both along channels (wgrad_copies_along_channels), else nothing."""
     cl = {k: lay is Layout.CHANNELS_LAST for k, lay in zip("XWY", normal.layouts)}
+    wgrad = (all(cl[k] or k in staged for k in ("X", "Y")) and wgrad_copies_along_channels(normal, target, itemsize))
     return {"FWD": tuple(k for k in ("X", "W") if k in staged and not cl[k]),
-            "DGRAD": tuple(k for k in ("Y", "W") if k in staged and (k == "W" or not cl[k]))}
+            "DGRAD": tuple(k for k in ("Y", "W") if k in staged and (k == "W" or not cl[k])),
+            "WGRAD": tuple(k for k in ("X", "Y") if k in staged and not cl[k]) if wgrad else ()}
 
 
 def _staged_entries(problem: ConvProblem, converts: dict[str, tuple[str, ...]],
                     entries: tuple[str, ...]) -> tuple[str, ...]:
     """The entries among `entries` whose GEMM's launch converts an operand: the fwd entry launches
-    the forward GEMM (a transposed problem's: the data gradient), bwd_data the data gradient."""
-    gemm = {"fwd": "DGRAD" if problem.transposed else "FWD", "bwd_data": "FWD" if problem.transposed else "DGRAD"}
+    the forward GEMM (a transposed problem's: the data gradient), bwd_data the data gradient, the
+    weight-gradient entries the weight gradient's."""
+    gemm = {"fwd": "DGRAD" if problem.transposed else "FWD", "bwd_data": "FWD" if problem.transposed else "DGRAD",
+            "bwd_weight": "WGRAD", "bwd_weight_bias": "WGRAD"}
     return tuple(e for e in entries if e in gemm and converts[gemm[e]])
 
 
@@ -254,7 +262,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     unknown = [k for k in staged if k not in ("X", "W", "Y")]
     if unknown:
         raise ConvSpecError(f"staged {list(staged)}: expected operand kinds among X, W, Y")
-    converts = _converts(normal, staged)
+    converts = _converts(normal, staged, target, problem.dtype.itemsize)
     tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     read_strides = kernel_strides(normal, staged)

@@ -24,7 +24,8 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   staging.py) with channel counts (per group and in all) multiple of the vector and the reduction
   ordered tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel,
   tap) reduction of a multiple of it; a contiguous grad_output along its pixels (weight gradient,
-  output pixels a multiple of it); on ldmatrix, the weight gradient's channels-last grad_output and
+  output pixels a multiple of it), and so the weight gradient's input too where its pixels are the
+  output's (1x1 at unit stride, no padding); on ldmatrix, the weight gradient's channels-last grad_output and
   input along their filters and channels (whole vectors of both, in all and per group), into shared
   tiles whose rows are the reduction's (mn_major), with (tap, channel) columns. The launch entry
   also checks the pointers' 16-byte alignment at run time; the other operands (and misaligned
@@ -85,6 +86,15 @@ def on_ldmatrix(target: Target, itemsize: int) -> bool:
 def _row(depth: int, itemsize: int, swizzled: bool) -> int:
     """A shared row's elements: the step's depth, plus one 16-byte vector of padding unless swizzled."""
     return depth if swizzled else depth + vector_of(itemsize)
+
+
+def wgrad_copies_along_channels(normal: Normal, target: Target, itemsize: int) -> bool:
+    """Whether the weight gradient can copy both operands along filters and channels (mn_major) once
+    they are channels-last: 16-bit operands on ldmatrix, channels and filters (in all and per group)
+    whole 16-byte copies."""
+    vector, g = vector_of(itemsize), max(normal.groups, 1)
+    return (on_ldmatrix(target, itemsize) and normal.channels % vector == 0 and (normal.channels // g) % vector == 0
+            and normal.filters % vector == 0 and (normal.filters // g) % vector == 0)
 
 
 def block_tiles(target: Target, itemsize: int, fma: bool) -> BlockTiles:
@@ -196,16 +206,20 @@ def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, 
 
 
 def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
-                 fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False) -> IgemmTiles:
+                 fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False,
+                 wgrad_staged: bool = False) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` on GPU `target`, for operands of `itemsize` bytes in shared
     memory, multiplied on matrix instructions, (`fma`) by each thread's register tile of fused
     multiply-adds, or (`f64_matrix`) f64 on matrix instructions. `staged`: the (x, y, w) strides the
     forward and data gradient read when the layout pass stages operands channels-last (staging.py);
-    the weight gradient reads the caller's. `dgrad_b`: the data gradient reads a copy of the weight
-    with filters innermost (16-byte copies of B when its reduction is tap-major)."""
+    the weight gradient reads the caller's, or (`wgrad_staged`) those copies too. `dgrad_b`: the data
+    gradient reads a copy of the weight with filters innermost (16-byte copies of B when its reduction
+    is tap-major)."""
     wg_x_strides, wg_y_strides = x_strides, y_strides
     if staged is not None:
         x_strides, y_strides, w_strides = staged
+        if wgrad_staged:
+            wg_x_strides, wg_y_strides = x_strides, y_strides
     shape = block_tiles(target, itemsize, fma)
     vector = vector_of(itemsize)   # elements of one 16-byte copy
 
@@ -229,12 +243,17 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
     # (or, both channels-last with whole vectors of filters and channels, on ldmatrix: A along filters and
     # B along channels, columns (tap, channel), by 16-byte copies into tiles of reduction rows: mn_major)
+    # (and B too along its pixels where each input pixel is its output pixel's: a contiguous input, 1x1
+    # taps at unit stride without padding)
     wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
+    wg_b = (wg_a and taps == 1 and _contiguous(wg_x_strides, (normal.channels,) + tuple(normal.in_size))
+            and tuple(normal.in_size) == tuple(normal.out_size) and all(s == 1 for s in normal.stride)
+            and not any(normal.pad))
     wg_mn = (on_ldmatrix(target, itemsize) and _channels_last(wg_x_strides) and _channels_last(wg_y_strides)
              and aligned_c and aligned_k)
-    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_mn, mn_major=wg_mn)
+    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_b or wg_mn, mn_major=wg_mn)
     if wg_mn and not wgrad.mn_major:   # (never with today's sides: the tiles' shared rows need 64 elements)
-        wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, False)
+        wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, wg_b)
     return IgemmTiles(fwd, dgrad, wgrad, _reasons(target, shape, fwd, dgrad, wgrad, itemsize, fma, f64_matrix))
 
 

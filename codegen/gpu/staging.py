@@ -12,9 +12,12 @@ tap, filter), or (group, tap, channel, filter) from a channels-last weight. In t
 the same operand is gathered element by element. The layout pass may instead convert it: a
 transpose kernel (32 x 32 tiles through shared memory, both sides coalesced) writes the copy into
 the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue
-writes through strides); the weight gradient is not staged (its grad_output is read along pixels,
-which NCHW already gives 16 bytes at a time, and its input is gathered by (channel, tap) columns in
-either layout).
+writes through strides). The weight gradient copies along channels (both operands channels-last,
+igemm_tiles.py's mn_major) only on ldmatrix (16-bit operands on CUDA) with channels and filters in
+whole 16-byte copies: there its NCHW input and grad_output are staged together or not at all (one
+alone leaves the input gathered element by element), after the split-K partials in its workspace;
+elsewhere it reads the caller's layouts (NCHW grad_output along pixels, 16 bytes at a time; the
+input gathered by (channel, tap) columns, or along pixels for a 1x1 at unit stride).
 
 The cost model, per image of a batch of REFERENCE_BATCH (the batch is a run-time argument and the
 kernel serves every batch, so the decision is made for one typical of training; the weight's
@@ -48,7 +51,7 @@ import math
 from ..arch.gpu import GPU_ARCHS, Peaks
 from ..ir import ConvProblem, Layout, Op
 from ..target import Target
-from .igemm_tiles import choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of
+from .igemm_tiles import choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of, wgrad_copies_along_channels
 from .normal import Normal
 
 GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
@@ -101,6 +104,9 @@ def _loads(normal, tile, gemm: str) -> tuple[int, int]:
         a = rows * reduction_rows * -(-kg // tile.n) * g
         b = kg * reduction_rows * -(-rows // tile.m) * g
         return a, b
+    if gemm == "WGRAD":   # A: grad_output (rows filters), B: the input's (channel, tap) columns; reduction pixels
+        pixels = math.prod(normal.out_size)
+        return kg * pixels * -(-(cg * taps) // tile.n) * g, cg * taps * pixels * -(-kg // tile.m) * g
     a = b = 0
     for phase in normal.phases():
         positions = math.prod(axis.count for axis in phase.axes)
@@ -115,29 +121,49 @@ def _issue(elements: int, vector: bool, per_copy: int) -> float:
     return elements * (COPY_INSTRUCTIONS / per_copy if vector else GATHER_INSTRUCTIONS)
 
 
-def staging(problem: ConvProblem, target: Target) -> Staging:
-    """Which operands of `problem`'s implicit GEMM on GPU `target` to stage channels-last (see the module)."""
-
-    gemm = gemm_of(problem)
-    if gemm is None:
-        return Staging((), "weight and bias gradients read their operands in the caller's layouts (NCHW grad_output "
-                           "is already 16-byte copies along pixels): no conversion")
-    normal = Normal.of(problem)
+def _stageable(problem: ConvProblem, normal: Normal, target: Target, gemm: str) -> tuple[str, ...] | Staging:
+    """The operands `gemm` could read from a staged copy (to be weighed), or the decision already
+    (nothing to stage, and why)."""
     x_layout, w_layout, y_layout = normal.layouts
     g = max(normal.groups, 1)
     vector = vector_of(problem.dtype.itemsize)
-    a_kind, a_layout, a_channels = (("X", x_layout, normal.channels) if gemm == "FWD"
-                                    else ("Y", y_layout, normal.filters))
-    if gemm == "FWD" and a_layout is Layout.CHANNELS_LAST and w_layout is Layout.CHANNELS_LAST:
-        return Staging((), "input and weight already channels-last, as the forward GEMM copies them 16 bytes at a "
-                           "time: no conversion")
-    if a_channels % vector or (a_channels // g) % vector:
-        return Staging((), f"{a_kind} has {a_channels} channels ({a_channels // g} a group): not whole 16-byte copies "
-                           f"of {vector} elements, so channels-last would not give vector loads; no conversion")
-    # the data gradient's weight is gathered in either caller layout (its reduction runs over filters):
-    # its copy has filters innermost whatever the caller's layout
-    kinds = tuple(k for k, lay in ((a_kind, a_layout), ("W", w_layout))
-                  if lay is not Layout.CHANNELS_LAST or (k == "W" and gemm == "DGRAD"))
+    if gemm == "WGRAD":
+        if not wgrad_copies_along_channels(normal, target, problem.dtype.itemsize):
+            return Staging((), "the weight gradient reads its operands in the caller's layouts: it copies them along "
+                               "channels only with ldmatrix (16-bit operands on CUDA) and channels and filters in whole "
+                               f"16-byte copies of {vector} (in all and per group); no conversion")
+        kinds = tuple(k for k, lay in (("X", x_layout), ("Y", y_layout)) if lay is not Layout.CHANNELS_LAST)
+        if not kinds:
+            return Staging((), "input and grad_output already channels-last, as the weight gradient copies them along "
+                               "channels 16 bytes at a time: no conversion")
+    else:
+        a_kind, a_layout, a_channels = (("X", x_layout, normal.channels) if gemm == "FWD"
+                                        else ("Y", y_layout, normal.filters))
+        if gemm == "FWD" and a_layout is Layout.CHANNELS_LAST and w_layout is Layout.CHANNELS_LAST:
+            return Staging((), "input and weight already channels-last, as the forward GEMM copies them 16 bytes at a "
+                               "time: no conversion")
+        if a_channels % vector or (a_channels // g) % vector:
+            return Staging((), f"{a_kind} has {a_channels} channels ({a_channels // g} a group): not whole 16-byte copies "
+                               f"of {vector} elements, so channels-last would not give vector loads; no conversion")
+        # the data gradient's weight is gathered in either caller layout (its reduction runs over filters):
+        # its copy has filters innermost whatever the caller's layout
+        kinds = tuple(k for k, lay in ((a_kind, a_layout), ("W", w_layout))
+                      if lay is not Layout.CHANNELS_LAST or (k == "W" and gemm == "DGRAD"))
+    return kinds
+
+
+def staging(problem: ConvProblem, target: Target) -> Staging:
+    """Which operands of `problem`'s implicit GEMM on GPU `target` to stage channels-last (see the module)."""
+
+    gemm = gemm_of(problem) or ("WGRAD" if problem.op is Op.BWD_WEIGHT else None)
+    if gemm is None:
+        return Staging((), "the bias gradient reads grad_output in the caller's layout: no conversion")
+    normal = Normal.of(problem)
+    g = max(normal.groups, 1)
+    vector = vector_of(problem.dtype.itemsize)
+    kinds = _stageable(problem, normal, target, gemm)
+    if isinstance(kinds, Staging):
+        return kinds
 
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     peaks = _peaks(target)
@@ -149,6 +175,12 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
     memory = compulsory / bandwidth
 
     def kernel_time(staged: tuple[str, ...]) -> tuple[float, float]:
+        if gemm == "WGRAD":   # the weight gradient reads the copies (both channels-last: mn_major) or the caller's
+            tile = choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, fma, f64_matrix,
+                                staged=kernel_strides(normal, staged), wgrad_staged=bool(staged)).wgrad
+            a, b = _loads(normal, tile, gemm)
+            issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
+            return max(multiply, memory, issue), issue
         tiles = choose_tiles(normal, *kernel_strides(normal, staged), target, problem.dtype.itemsize, fma, f64_matrix,
                              dgrad_b="W" in staged)
         tile = tiles.fwd if gemm == "FWD" else tiles.dgrad
@@ -176,9 +208,12 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
                                         f"{len(staged)} launch{'es' if len(staged) > 1 else ''}, over "
                                         f"{REFERENCE_BATCH} images; GEMM {us(gemm_time)}, loads {us(issue)})")
 
-    # every subset of what could be staged (an activation alone, the weight alone, both)
-    options = sorted(((total(subset), subset) for r in range(len(kinds) + 1)
-                      for subset in itertools.combinations(kinds, r)), key=lambda option: option[0][0])
+    # every subset of what could be staged (an activation alone, the weight alone, both); the weight
+    # gradient's: all of its non-channels-last activations or none (it copies along channels only
+    # with both channels-last)
+    subsets = ([(), kinds] if gemm == "WGRAD" else
+               [subset for r in range(len(kinds) + 1) for subset in itertools.combinations(kinds, r)])
+    options = sorted(((total(subset), subset) for subset in subsets), key=lambda option: option[0][0])
     chosen = options[0][1]
     numbers = (f"an image's share of a batch of {REFERENCE_BATCH}: "
                + "; ".join(words for (_, words), _ in options)

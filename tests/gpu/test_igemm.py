@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import os
 import random
 import re
@@ -76,6 +77,11 @@ CASES = [
     ("it_groups", (1, 64, 5, 6), 64, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),
     ("it_7x7", (1, 32, 8, 8), 32, (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1), 1),
     ("it_3d", (1, 32, 3, 4, 5), 32, (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 2)), (1, 1, 1), 1),
+    # the weight gradient's copies: NCHW 1x1 at unit stride along pixels for both operands (64 a
+    # plane); channels-last along channels with 64 channels, two taps a 128-column tile, the last
+    # tile half past the (channel, tap) columns
+    ("px_1x1", (2, 16, 8, 8), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+    ("mn_64", (2, 64, 6, 6), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
 ]
 ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d"}   # not in NCHW: their layouts below
 BY_NAME = {c[0]: c for c in CASES}
@@ -87,7 +93,7 @@ F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 # where the layout pass would stage only the ones its problem's own GEMM reads, when they pay)
 CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
                        "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl", "it_pad": "cl", "it_groups": "cl",
-                       "it_3d": "cl"}
+                       "it_3d": "cl", "mn_64": "cl"}
 F16_CASES |= {"vec_nchw"}
 NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
 STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16",
@@ -228,8 +234,22 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
     launches = lib.launches()
     lib.call(f"{prefix}_bwd_weight_bias", p(dy), p(x), p(dw_fused), p(db_fused), p(fused), n, None, order=order,
              seed=seed)
-    assert lib.launches() - launches == 2   # partials and their ordered sum, the bias gradient inside them
-    assert fused.numel() == plain.numel() + plain.numel() // dw.numel() * problem.k
+    # partials and their ordered sum, the bias gradient inside them (after the layout pass's conversions)
+    context = igemm_context(problem, parse_target("cuda" if lib.warp_size == 32 else "hip"), "p",
+                            staged=_staged("nchw_staged" if prefix.endswith("_nchw_staged") else ""))
+    converted = dict(context.converts)["WGRAD"]
+    assert lib.launches() - launches == 2 + len(converted) * (problem.n > 0)
+    # the workspaces: the split's partials (f32 or f64), the bias's after the weight's, then (from a
+    # 256-byte boundary) the conversions' copies, each a whole number of 256 bytes
+    split, acc = wgrad_split(context, problem.n), 8 if torch_dtype == torch.float64 else 4
+    whole = lambda size: -(-size // 256) * 256 if converted else size
+    copies = sum(whole(problem.n * math.prod(shape[1:]) * problem.dtype.itemsize)
+                 for kind, shape in (("X", problem.input_shape), ("Y", problem.output_shape)) if kind in converted)
+    if problem.transposed:   # the normal convolution's input is this problem's grad_output, and back
+        copies = sum(whole(problem.n * math.prod(shape[1:]) * problem.dtype.itemsize)
+                     for kind, shape in (("X", problem.output_shape), ("Y", problem.input_shape)) if kind in converted)
+    assert plain.numel() * 4 == whole(split * dw.numel() * acc) + copies
+    assert fused.numel() * 4 == whole(split * (dw.numel() + problem.k) * acc) + copies
     if keep is not None:
         keep["workspace"], keep["fused workspace"] = plain, fused
     return y, dx, dw, db, dw_fused, db_fused
@@ -334,21 +354,30 @@ def test_the_vector_cases_take_the_16_byte_copies():
     for vendor in sim_build.WARP:
         target = parse_target(vendor)
         tiles = {name: dict(igemm_context(case_problem(BY_NAME[name], DType.BF16, layout), target, "p", staged=()).tiles)
-                 for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"))}
+                 for name, layout in (("vec_cl", "cl"), ("vec_nchw", "nchw"), ("vec_groups", "cl"), ("vec_xcl", "x_cl"),
+                                      ("px_1x1", "nchw"), ("mn_64", "cl"))}
         # staged (codegen/gpu/staging.py): the forward and data gradient copy 16 bytes, tap-major, from
         # the NCHW tensors' channels-last copies and (data gradient) the weight's filters-innermost one;
-        # the weight gradient keeps grad_output's pixels
+        # the weight gradient (ldmatrix: CUDA) from both activations' copies along channels, else it
+        # keeps grad_output's pixels
         staged = dict(igemm_context(case_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)
         assert staged["FWD"].vector_a and staged["FWD"].vector_b and staged["FWD"].tap_major
         assert staged["DGRAD"].vector_a and staged["DGRAD"].vector_b and staged["DGRAD"].tap_major
-        assert staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"] and not tiles["vec_cl"]["DGRAD"].vector_b
+        assert not tiles["vec_cl"]["DGRAD"].vector_b
+        cuda = vendor == "cuda"
+        if cuda:
+            assert staged["WGRAD"].mn_major and staged["WGRAD"].vector_a and staged["WGRAD"].vector_b
+        else:
+            assert staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"]
         assert tiles["vec_cl"]["FWD"].vector_a and tiles["vec_cl"]["FWD"].vector_b and tiles["vec_cl"]["FWD"].tap_major
         assert tiles["vec_cl"]["DGRAD"].vector_a and tiles["vec_cl"]["DGRAD"].tap_major
         assert tiles["vec_nchw"]["FWD"].vector_b and not tiles["vec_nchw"]["FWD"].vector_a
-        assert tiles["vec_nchw"]["WGRAD"].vector_a
+        assert tiles["vec_nchw"]["WGRAD"].vector_a and not tiles["vec_nchw"]["WGRAD"].vector_b
+        assert tiles["px_1x1"]["WGRAD"].vector_a and tiles["px_1x1"]["WGRAD"].vector_b
+        assert not tiles["px_1x1"]["WGRAD"].mn_major
+        assert tiles["mn_64"]["WGRAD"].mn_major == cuda and (tiles["mn_64"]["WGRAD"].m, tiles["mn_64"]["WGRAD"].n) == (64, 128)
         assert tiles["vec_groups"]["FWD"].vector_a and tiles["vec_groups"]["DGRAD"].vector_a
         assert tiles["vec_xcl"]["FWD"].vector_a and not tiles["vec_xcl"]["FWD"].vector_b
-        cuda = vendor == "cuda"
         assert tiles["vec_cl"]["FWD"].stages == (5 if cuda else 2)   # 16 x 9 = 144: five steps of 32, five stages
         assert tiles["vec_cl"]["DGRAD"].stages == (6 if cuda else 2)   # 24 x 9 = 216: seven steps, the ring wraps
 
@@ -360,7 +389,8 @@ def test_the_iterator_cases_take_the_iterators():
               ("it_3d", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
               ("it_pad", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
               ("it_s2", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
-              ("it_7x7", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B")}
+              ("it_7x7", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
+              ("mn_64", "cl"): ("FWD_A", "FWD_B"), ("mn_64", "nchw"): ("FWD_B",)}
     for vendor in sim_build.WARP:
         for name, dtype, layout in PARAMS:
             problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)

@@ -50,11 +50,42 @@ def test_a_3x3_nchw_forward_and_data_gradient_are_staged_with_their_costs_in_the
     assert any(c.startswith("W: contiguous -> filters innermost") for c in dgrad.conversions)
 
 
-def test_weight_and_bias_gradients_read_the_caller_layouts():
-    for op in (Op.BWD_WEIGHT, Op.BWD_BIAS):
-        plan = lower(_layer(op=op), parse_target("cuda-sm_90"))
-        assert plan.conversions == () and staged_kinds(plan) == ()
-    assert staging(_layer(op=Op.BWD_WEIGHT), parse_target("cuda-sm_90")).kinds == ()
+def test_the_bias_gradient_reads_the_caller_layout():
+    plan = lower(_layer(op=Op.BWD_BIAS), parse_target("cuda-sm_90"))
+    assert plan.conversions == () and staged_kinds(plan) == ()
+
+
+@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90"])
+def test_an_nchw_weight_gradient_on_ldmatrix_stages_both_activations_channels_last(target):
+    """The weight gradient copies along channels (mn_major) only with both activations channels-last:
+    NCHW input and grad_output are both staged, or neither; its reason gives both options' figures."""
+    cuda = parse_target(target)
+    plan = lower(_layer(op=Op.BWD_WEIGHT), cuda)
+    assert staged_kinds(plan) == ("X", "Y") and dict(plan.layouts) == {"X": CL, "Y": CL, "W": NCHW}
+    reason = _layout_reason(plan)
+    assert re.search(r"X\+Y staged [\d.]+ us \(conversion [\d.]+ us: 2 x \d+ B at [\d.]+ TB/s and 2 launches", reason)
+    assert "wgrad GEMM in the caller's layouts" in reason, reason
+    context = igemm_context(plan.problem, cuda, "p", staged=staged_kinds(plan))
+    assert dict(context.converts)["WGRAD"] == ("X", "Y") and dict(context.tiles)["WGRAD"].mn_major
+    assert {"bwd_weight", "bwd_weight_bias"} <= set(context.staged_entries)
+    # one activation channels-last already: only the other is converted
+    assert staging(_layer(op=Op.BWD_WEIGHT, layouts=(CL, NCHW, NCHW)), cuda).kinds == ("Y",)
+    # both channels-last: nothing to convert; the tile copies along channels as it is
+    assert staging(_layer(op=Op.BWD_WEIGHT, layouts=(CL, CL, CL)), cuda).kinds == ()
+    # without ldmatrix (HIP, f32 on tf32), or channels not whole 16-byte copies: the caller's layouts
+    for problem, on in ((_layer(op=Op.BWD_WEIGHT), "hip-gfx90a"), (_layer(op=Op.BWD_WEIGHT, dtype=DType.F32), target),
+                        (_layer(op=Op.BWD_WEIGHT, c=12), target)):
+        why = staging(problem, parse_target(on))
+        assert why.kinds == () and "ldmatrix" in why.reason, why
+
+
+def test_the_staged_weight_gradient_entry_converts_after_its_partials():
+    plan = lower(_layer(op=Op.BWD_WEIGHT), parse_target("cuda-sm_90"))
+    source = emit_gpu(plan).text
+    assert source.count("convert(") == 3   # the helper's definition, X's and grad_output's launch
+    entry = source[source.index("_bwd_weight_workspace_bytes(long long batch)"):]
+    assert "wgrad_staged_bytes(batch)" in entry and "+ 255) / 256 * 256" in entry
+    assert "bias_from" in source   # the fused bias gradient sums the caller's grad_output, not the copy
 
 
 def test_what_staging_cannot_help_is_not_staged_and_says_why():
@@ -120,16 +151,19 @@ def test_staged_kinds_are_checked_and_only_their_entries_take_a_workspace():
     with pytest.raises(Exception, match=r"staged \['Z'\]"):
         igemm_context(_layer(), cuda, "p", staged=("Z",))
     context = igemm_context(_layer(), cuda, "p", staged=("X", "W", "Y"))
-    assert context.staged_entries == ("fwd", "bwd_data")
-    assert dict(context.converts) == {"FWD": ("X", "W"), "DGRAD": ("Y", "W")}
+    assert context.staged_entries == ("fwd", "bwd_data", "bwd_weight", "bwd_weight_bias")
+    assert dict(context.converts) == {"FWD": ("X", "W"), "DGRAD": ("Y", "W"), "WGRAD": ("X", "Y")}
     assert igemm_context(_layer(), cuda, "p", staged=("Y",)).staged_entries == ("bwd_data",)
     # a transposed problem's fwd entry is the normal data gradient (reads Y), its bwd_data the normal forward
     assert igemm_context(_layer(transposed=True), cuda, "p", staged=("Y",)).staged_entries == ("fwd",)
     # what is channels-last already is not converted again; the data gradient's weight copy always is
     cl = igemm_context(_layer(layouts=(CL, CL, CL)), cuda, "p", staged=("X", "W", "Y"))
-    assert dict(cl.converts) == {"FWD": (), "DGRAD": ("W",)} and cl.staged_entries == ("bwd_data",)
-    # the weight gradient's tiles read the caller's layouts whatever is staged
-    assert context.tiles[2][1] == igemm_context(_layer(), cuda, "p", staged=()).tiles[2][1]
+    assert dict(cl.converts) == {"FWD": (), "DGRAD": ("W",), "WGRAD": ()} and cl.staged_entries == ("bwd_data",)
+    # the weight gradient reads its activations' copies only with both staged (one alone does not make
+    # its copies run along channels): its tiles are then mn_major, else the caller's
+    assert dict(context.tiles)["WGRAD"].mn_major
+    assert dict(igemm_context(_layer(), cuda, "p", staged=("X",)).converts)["WGRAD"] == ()
+    assert not dict(igemm_context(_layer(), cuda, "p", staged=("X",)).tiles)["WGRAD"].mn_major
 
 
 def test_the_cases_md_matrix_reaches_every_staging_path():
