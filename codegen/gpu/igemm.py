@@ -50,8 +50,8 @@ bias_reason). When the layout pass stages operands channels-last (staging.py), t
 GEMM reads them (`<prefix>_fwd`, `<prefix>_bwd_data`) take a workspace too, after the pointers,
 sized by `<prefix>_<entry>_workspace_bytes(batch)`: they launch the transpose kernel into it, then
 the GEMM on it; the weight-gradient entries that stage their input and grad_output keep the copies
-after the partials in theirs (the fused bias gradient still sums the caller's tensor). Asked alone, the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in
-f32 (f64 for f64). Tensors may be contiguous or channels-last (each of input, weight and output by
+after the partials in theirs (the fused bias gradient still sums the caller's tensor). Asked alone,
+the bias gradient (`<prefix>_bwd_bias`) is a plain per-channel sum in f32 (f64 for f64). Tensors may be contiguous or channels-last (each of input, weight and output by
 its own layout: every access goes through its strides). A transposed problem runs through the same
 equivalences as the CPU (codegen/passes/canonicalise.py): its forward is the normal convolution's
 data gradient (plus the bias), its data gradient the normal forward, its weight gradient the normal
@@ -110,7 +110,7 @@ class IgemmContext(TensorContext):
     phases: tuple[Phase, ...]
     entries: tuple[str, ...]
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
-    split_pixels: int = 0       # the weight gradient's least batch x pixels a split (SPLIT_PIXELS)
+    split_pixels: int = SPLIT_PIXELS   # the weight gradient's least batch x pixels a split
     iterators: tuple[tuple[str, bool], ...] = ()   # ("FWD_A" ... "DGRAD_B", copies by iterator: copy_iterators)
 
 
