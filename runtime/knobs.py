@@ -142,6 +142,12 @@ def tune() -> bool:
 JIT_POLICIES = ("background", "eager", "generic")
 
 
+def jit_set() -> bool:
+    """Whether CONVGEN_JIT is set (the simulator follows it only then; unset, it builds the specialised
+    kernels it is there to check)."""
+    return bool(os.environ.get("CONVGEN_JIT", "").strip())
+
+
 def jit() -> str:
     """How a CPU problem without a ready specialised kernel is served (CONVGEN_JIT): "background" (the
     default) runs the shape-generic kernel at once and builds the specialised one in the background;

@@ -6,10 +6,11 @@ result), igemm.py (the implicit GEMM on matrix instructions; its tiles in igemm_
 layout pass's staging decision in staging.py), depthwise.py and stem.py (shared-memory windows,
 their common pieces in windows.py). families.py lists them in order of preference; the algorithm
 and tiling passes iterate over that list, and entry.py emits a plan's file from it. resources.py
-is `convgen explain`'s occupancy and roofline. Arch facts and tile configurations are data in
+is `convgen explain`'s occupancy and roofline. generic.py is the GPU's shape-generic tier: the direct
+kernels with every size at run time (runtime/dispatch/tiers.py serves it). Arch facts and tile configurations are data in
 codegen/arch/gpu.py.
 
 Imports flow one way, bottom to top: wrappers, normal, context, family -> windows, igemm_tiles
--> staging -> direct, depthwise, stem, igemm -> families, resources -> entry. A new family is a
+-> staging -> direct, depthwise, stem, igemm -> generic, families, resources -> entry. A new family is a
 module beside the others and an entry in families.py.
 """

@@ -76,6 +76,7 @@ class DirectContext(GpuContext):
     index_why: str
     entries: tuple[str, ...]
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
+    generic: bool = False      # sizes at run time (codegen/gpu/generic.py's context says True)
 
 
 def index_type(problem: ConvProblem, threads: int = THREADS) -> tuple[str, str]:

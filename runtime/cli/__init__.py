@@ -199,8 +199,7 @@ def cmd_explain(args) -> int:
         params = ", ".join(name for _, name in source.signature)
         out += [f"  kernel:      {source.name}" + (f" ({source.language}, self-contained)" if target.gpu else ""),
                 f"  entry:       {source.entry}({params})"]
-        if not target.gpu:
-            out.append(f"  tier:        {tiers.describe(plan, source)}")
+        out.append(f"  tier:        {tiers.describe(plan, source)}")
     if target.gpu and source is not None:
         out += ["", f"resources on {target.name()} ({target.gpu.part}):"] + _gpu_resources(plan, source)
     print("\n".join(out))
@@ -295,6 +294,30 @@ def cmd_setup(args) -> int:
     print(f"shape-generic kernels: {len(libraries)} in {knobs.generic_dir()} ({time.perf_counter() - start:.1f} s; "
           f"apart from the kernel cache: a new or cleared cache keeps them); a new shape runs them at once while its "
           f"own kernel builds in the background (CONVGEN_JIT={knobs.jit()})")
+    return _setup_devices()
+
+
+def _setup_devices() -> int:
+    """The GPU generic tier's libraries for each torch CUDA device's arch (NVIDIA, or ROCm's), built by
+    the vendor's compiler once per machine; nothing without a device."""
+    import time
+
+    if not torch.cuda.is_available():
+        return 0
+    done: set[str] = set()
+    for index in range(torch.cuda.device_count()):
+        start = time.perf_counter()
+        try:
+            target = dispatch.device_target(torch.device("cuda", index))
+            if target.name() in done:
+                continue
+            done.add(target.name())
+            libraries = tiers.setup(target, device=True)
+        except ConvgenError as err:   # (BuildError included) the CPU's part stands; say what failed
+            print(f"shape-generic kernels for cuda:{index}: not built: {err}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"shape-generic kernels for {target.name()} (cuda:{index}): {len(libraries)} in {knobs.generic_dir()} "
+              f"({time.perf_counter() - start:.1f} s)")
     return 0
 
 

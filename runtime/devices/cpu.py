@@ -18,6 +18,7 @@ import torch
 from .. import knobs
 from ..codegen.errors import BuildError, ConvgenError
 from ..codegen.source import KernelSource
+from ..codegen.target import TargetKind
 from ..stats import bump
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int, "stream": ctypes.c_void_p}
@@ -153,8 +154,12 @@ class GenericKernel:
                  on_hot: Callable[[], None] | None = None, counter: str = "generic_calls"):
         self.source, self.path, self._library = library.source, library.path, library
         self._counter = counter     # generic_calls, or layer_calls for a layer's kernel
-        self._fn = library._fn
+        # a GPU library (a device's, or the simulator's: codegen/gpu/generic.py) is called through its
+        # own bind, the size array as one more pointer (host memory: the entry reads it before launching)
+        self._gpu = library.source.target.kind is not TargetKind.CPU
+        self._fn = None if self._gpu else library._fn
         self._sizes = (ctypes.c_int64 * len(sizes))(*sizes)
+        self._sizes_tensor = torch.tensor(sizes, dtype=torch.int64) if self._gpu else None
         self._roles = tuple(roles.get(kind) for kind in ("X", "W", "Y", "B"))   # the entry's operands by kind
         self.calls = 0
         self._hot_after, self._on_hot = hot_after, on_hot
@@ -172,8 +177,18 @@ class GenericKernel:
 
     def bind(self, roles: Sequence[str], live: Container[str], n: int, nthreads: int) -> Callable[..., None]:
         """As Kernel.bind: a function of the tensors in the order of `roles`."""
-        fn, name, sizes = self._fn, self.source.name, ctypes.addressof(self._sizes)
         slots = tuple(roles.index(role) if role is not None and role in live else None for role in self._roles)
+        if self._gpu:
+            kinds = ("X", "W", "Y", "B")
+            inner = self._library.bind((*kinds, "sizes"), [k for k, i in zip(kinds, slots) if i is not None] + ["sizes"],
+                                       n, nthreads)
+            sizes_tensor = self._sizes_tensor
+
+            def run_gpu(*tensors) -> None:
+                self._count()
+                inner(*[None if i is None else tensors[i] for i in slots], sizes_tensor)
+            return run_gpu
+        fn, name, sizes = self._fn, self.source.name, ctypes.addressof(self._sizes)
 
         def run(*tensors) -> None:
             self._count()

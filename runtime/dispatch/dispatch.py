@@ -132,16 +132,23 @@ def _loaded_locked(source: KernelSource, path: Path) -> Kernel:
         return _load(source, path)
 
 
+def _loaded_on_device(source: KernelSource, path: Path) -> Kernel:
+    with _lock:
+        return _load(source, path, on_device=True)
+
+
 def prepare(problems: Sequence[ConvProblem], device=None, *, policy: str | None = None) -> list[Entry]:
     """Entries for all `problems` on `device` (a torch.device; None or the CPU: the CPU, or the
     simulator under CONVGEN_SIM); every kernel still missing is built in one parallel ninja run
-    (a GPU device's: one vendor compile each). On the CPU, `policy` (default CONVGEN_JIT) may
+    (a GPU device's: one vendor compile each). `policy` (default CONVGEN_JIT; in the simulator,
+    eager unless CONVGEN_JIT is set: the simulator is there to check the specialised kernels) may
     serve them from the generic tier instead (tiers.py); "eager" also builds the specialised
     kernels of entries the generic tier serves so far."""
     gpu = device_target(device)
     vendor = gpu.name() if gpu is not None else knobs.sim()
     kind = gpu.kind if gpu is not None else parse_target(vendor).kind if vendor else TargetKind.CPU
-    policy = policy or (knobs.jit() if not vendor else "eager")
+    policy = policy or (knobs.jit() if gpu is not None or not vendor or knobs.jit_set() else "eager")
+    load = _loaded_on_device if gpu is not None else _loaded_locked
     with _lock:
         entries: list[Entry | None] = []
         new: dict[str, Entry] = {}
@@ -155,18 +162,13 @@ def prepare(problems: Sequence[ConvProblem], device=None, *, policy: str | None 
                 entry = new[key] = _served(p, gpu, vendor, policy)
             entries.append(entry)
         pending = [e for e in new.values() if e.plan.algorithm != "empty" and e.kernel is None]
-        if gpu is not None:
-            for e in pending:
-                e.kernel, e.tier = _load(e.source, gpu_library.build_library(e.source), on_device=True), "specialised"
-        elif vendor and pending:
-            tiers.build_now(pending, _load)
-        elif pending or policy == "eager":
+        if pending or policy == "eager":
             upgrade = [e for e in entries if policy == "eager" and e.tier in ("generic", "generic-dynamic", "layer")]
             kept = [(e, e.kernel, e.tier) for e in upgrade]
             for e in upgrade:
                 e.kernel = None
             try:
-                tiers.serve(pending + upgrade, policy, _loaded_locked)   # (disjoint: new entries have no tier)
+                tiers.serve(pending + upgrade, policy, load, gpu is not None)   # (disjoint: new entries have no tier)
             except BaseException:   # a failed build leaves the generic kernels serving, never none
                 for e, kernel, tier in kept:
                     e.kernel, e.tier = kernel, tier
@@ -185,8 +187,8 @@ def _served(p: ConvProblem, gpu: Target | None, vendor: str, policy: str) -> Ent
     if served is not None:
         bump("bundle_hits")
         return Entry(served.plan, served.source, served.kernel(), on_device=gpu is not None, tier="bundle")
-    if gpu is None and not vendor and policy != "eager":
-        return Entry(_plan(p, target), None)
+    if policy != "eager":
+        return Entry(_plan(p, target), None, on_device=gpu is not None)
     plan, source = plan_for(p, target)
     return Entry(plan, source, on_device=gpu is not None)
 

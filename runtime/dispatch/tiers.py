@@ -37,13 +37,14 @@ import warnings
 from typing import Callable, Sequence
 
 from .. import knobs
-from ..building import build, cache
+from ..building import build, cache, gpu_library
 from ..codegen.cpu import generic
+from ..codegen.gpu import generic as gpu_generic
 from ..codegen.emit import emit
 from ..codegen.errors import CacheError, ConvgenError
 from ..codegen.ir import ConvProblem, DType
 from ..codegen.plan import Plan
-from ..codegen.target import Target, host_cpu
+from ..codegen.target import Target, TargetKind, host_cpu
 from ..devices.cpu import GenericKernel, Kernel
 from ..stats import bump
 
@@ -51,7 +52,7 @@ HOT_CALLS = 2          # the call of a problem that queues its specialised build
 DYNAMIC_AFTER = 2      # spatial sizes of a layer that get specialised kernels; from the next on, generic
 
 _lock = threading.RLock()
-_libraries: dict[tuple, Kernel] = {}                       # (kernel op, dtype, target key) -> generic entry
+_libraries: dict[tuple, Kernel] = {}                       # (kernel op, dtype, target key, device) -> generic entry
 _sizes_seen: dict[str, set] = collections.defaultdict(set)  # layer key -> spatial sizes seen
 _layer_kernels: dict[tuple, Kernel] = {}                   # (layer key, kernel op) -> the layer's kernel
 _layer_waiting: dict[tuple, list] = {}                     # (layer key, kernel op) -> entries until it loads
@@ -74,16 +75,32 @@ def _in_generic_dir():
     return cache.rooted(knobs.generic_dir(), "CONVGEN_GENERIC_DIR")
 
 
-def _generic_build(sources: list) -> list:
+def _tier(target: Target):
+    """The generic tier's module for `target`: codegen/cpu/generic.py, or codegen/gpu/generic.py for a
+    GPU target (the simulator's or a device's)."""
+    return generic if target.kind is TargetKind.CPU else gpu_generic
+
+
+def _build(sources: list, device: bool = False, parallel: int | None = None) -> list:
+    """Artifacts of `sources`: one ninja run (the CPU's and the simulator's), or a device's libraries
+    by its vendor's compiler, one at a time (building/gpu_library.py)."""
+    if device:
+        return [gpu_library.build_library(source) for source in sources]
+    return build.build_many(sources, parallel=parallel)
+
+
+def _generic_build(sources: list, device: bool = False) -> list:
     """The generic tier's libraries of `sources`, built (or found) in their own directory."""
     with _in_generic_dir():
-        return build.build_many(sources)
+        return _build(sources, device)
 
 
-def setup(target: Target | None = None) -> list:
-    """Build the generic tier's libraries for every dtype on `target` (the host's CPU): once per machine."""
+def setup(target: Target | None = None, *, device: bool = False) -> list:
+    """Build the generic tier's libraries for every dtype on `target` (the host's CPU; a GPU target's
+    for the simulator, or with `device` for a device of its arch): once per machine."""
     target = target or host_cpu()
-    return _generic_build([generic.source(kop, dtype, target) for dtype in DType for kop in generic.KOPS])
+    tier = _tier(target)
+    return _generic_build([tier.source(kop, dtype, target) for dtype in DType for kop in tier.KOPS], device)
 
 
 def generic_built(plan: Plan) -> bool:
@@ -91,7 +108,7 @@ def generic_built(plan: Plan) -> bool:
     unusable directory counts as not built: the call that needs it reports it)."""
     try:
         with _in_generic_dir():
-            return build.cached(generic.source(plan.kop, plan.problem.dtype, plan.target)) is not None
+            return build.cached(_tier(plan.target).source(plan.kop, plan.problem.dtype, plan.target)) is not None
     except CacheError:
         return False
 
@@ -99,14 +116,20 @@ def generic_built(plan: Plan) -> bool:
 def describe(plan: Plan, source) -> str:
     """Which tier a call of `plan`'s problem is served by under the current policy, in words."""
     policy, cached = knobs.jit(), build.cached(source) is not None
+    tier, gpu = _tier(plan.target), plan.target.kind is not TargetKind.CPU
     where = "in the cache" if cached else "not built yet"
-    if policy == "eager" or not generic.serves(plan):
+    if policy == "eager" or not tier.serves(plan):
         return f"specialised ({where}{'' if cached else '; the call builds it'}; CONVGEN_JIT={policy})"
-    name = generic.source(plan.kop, plan.problem.dtype, plan.target).name
+    name = tier.source(plan.kop, plan.problem.dtype, plan.target).name
     if not generic_built(plan):
         name += f", not built yet in {knobs.generic_dir()}: `convgen setup` builds it, else the first call, once"
     if policy == "generic":
         return f"shape-generic ({name}; CONVGEN_JIT=generic)"
+    if gpu:
+        return (f"on a device: shape-generic ({name}: the direct kernel with run-time sizes, slow) at once, then "
+                f"specialised (its kernel {where}): call {HOT_CALLS} of the problem in a process queues its vendor "
+                f"compile on the background builder (CONVGEN_JIT={policy}); in the simulator the specialised "
+                f"kernel unless CONVGEN_JIT is set")
     layer = generic.source(plan.kop, plan.problem.dtype, plan.target, layer=plan).name
     return (f"shape-generic ({name}) at once, then specialised (its kernel {where}): call {HOT_CALLS} of the "
             f"problem in a process queues it on the background builder; a layer seen with more than "
@@ -114,16 +137,17 @@ def describe(plan: Plan, source) -> str:
             f"sizes at run time) is built in the background and serves all its sizes (CONVGEN_JIT=background)")
 
 
-def _library(plan: Plan, load) -> Kernel:
-    """The generic tier's entry for `plan`'s kernel op (its dtype's four libraries built once)."""
-    dtype, target = plan.problem.dtype, plan.target
-    key = (plan.kop, dtype, target.key())
+def _library(plan: Plan, load, device: bool = False) -> Kernel:
+    """The generic tier's entry for `plan`'s kernel op (its dtype's four libraries built once; on a
+    GPU device, loaded onto it)."""
+    dtype, target, tier = plan.problem.dtype, plan.target, _tier(plan.target)
+    key = (plan.kop, dtype, target.key(), device)
     with _lock:
         known = _libraries.get(key)
         if known is None:
-            sources = [generic.source(kop, dtype, target) for kop in generic.KOPS]
-            for kop, source, path in zip(generic.KOPS, sources, _generic_build(sources)):
-                _libraries[(kop, dtype, target.key())] = load(source, path)
+            sources = [tier.source(kop, dtype, target) for kop in tier.KOPS]
+            for kop, source, path in zip(tier.KOPS, sources, _generic_build(sources, device)):
+                _libraries[(kop, dtype, target.key(), device)] = load(source, path)
             known = _libraries[key]
         return known
 
@@ -150,23 +174,25 @@ def _dynamic(problem: ConvProblem) -> bool:
         return len(seen) > DYNAMIC_AFTER
 
 
-def serve(entries: Sequence, policy: str, load: Callable) -> None:
+def serve(entries: Sequence, policy: str, load: Callable, device: bool = False) -> None:
     """Give each dispatch entry (its plan lowered, no kernel yet) a kernel under `policy`: the
     specialised one built now (eager, or a problem the generic tier does not serve), else the
-    generic tier's, with a background build queued when the problem turns hot (background)."""
-    now = [e for e in entries if policy == "eager" or not generic.serves(e.plan)]
+    generic tier's, with a background build queued when the problem turns hot (background).
+    `device`: the entries are a GPU device's (`load` loads onto it). On a GPU target no layer turns
+    dynamic: each hot size gets its specialised build (a vendor compile of seconds)."""
+    now = [e for e in entries if policy == "eager" or not _tier(e.plan.target).serves(e.plan)]
     if now:
-        build_now(now, load)
+        build_now(now, load, device)
     for e in entries:
         if e.kernel is not None:
             continue
-        dynamic = _dynamic(e.plan.problem)
-        if dynamic and policy == "background":
+        tier = _tier(e.plan.target)
+        if tier is generic and _dynamic(e.plan.problem) and policy == "background":
             _serve_dynamic(e, load)
             continue
-        hot = None if policy != "background" else (lambda e=e: submit(e, load))
-        e.kernel = GenericKernel(_library(e.plan, load), generic.kinds(e.plan), generic.sizes(e.plan),
-                                 hot_after=HOT_CALLS, on_hot=hot)
+        hot = None if policy != "background" else (lambda e=e: submit(e, load, device))
+        e.kernel = GenericKernel(_library(e.plan, load, device), generic.kinds(e.plan), generic.sizes(e.plan),
+                                 hot_after=HOT_CALLS, on_hot=hot)   # (one size array for the CPU's and GPU's)
         e.tier = "generic"
 
 
@@ -204,12 +230,12 @@ def _on_layer(e, kernel: Kernel) -> None:
     e.tier = "layer"
 
 
-def build_now(entries: Sequence, load) -> None:
-    """Build (one ninja run) and load the specialised kernels of `entries`."""
+def build_now(entries: Sequence, load, device: bool = False) -> None:
+    """Build (one ninja run; a device's: one vendor compile each) and load the specialised kernels of `entries`."""
     for e in entries:
         if e.source is None:
             e.source = emit(e.plan)
-    paths = build.build_many([e.source for e in entries])
+    paths = _build([e.source for e in entries], device)
     for e, path in zip(entries, paths):
         e.kernel = load(e.source, path)
         e.tier = "specialised"
@@ -230,15 +256,16 @@ class _Job:
     the loaded artifact (a swap, under the lock)."""
     source: Callable[[], object]
     done: Callable[[object, object], None]
+    device: bool = False   # a GPU device's kernel (its vendor's compiler), else a ninja build
 
 
-def submit(entry, load) -> None:
+def submit(entry, load, device: bool = False) -> None:
     """Queue `entry`'s specialised build on the background thread (started on first use)."""
     def done(source, path) -> None:
         kernel = load(source, path)
         with _lock:
             entry.source, entry.kernel, entry.tier = source, kernel, "specialised"
-    _enqueue(_Job(lambda: entry.source or emit(entry.plan), done))
+    _enqueue(_Job(lambda: entry.source or emit(entry.plan), done, device))
 
 
 def _enqueue(job: _Job) -> None:
@@ -292,7 +319,10 @@ def _build_batch(batch: list) -> None:
     try:
         sources = [job.source() for job in batch]
         with build.low_priority():   # compiles on what the caller's threads leave idle
-            paths = build.build_many(sources, parallel=workers())
+            built = {device: iter(_build([s for s, job in zip(sources, batch) if job.device == device], device,
+                                         parallel=workers()))
+                     for device in {job.device for job in batch}}
+            paths = [next(built[job.device]) for job in batch]
     except (ConvgenError, OSError) as err:   # the generic kernels stay: correct, only slower
         bump("background_failures", len(batch))
         warnings.warn(f"convgen: a background build failed, the generic kernels keep serving: {err}",

@@ -218,6 +218,52 @@ def test_the_plan_entrys_workspaces_come_from_torchs_caching_allocator(stand_in,
     assert calls == [("alloc", 4096, 0x5000), ("delete", 0x7000), ("alloc", 1 << 41, 0x5000)]
 
 
+_GENERIC_STAND_IN = r"""
+static void* seen[5]; static long long seen_sizes[42], seen_batch; static void* seen_stream;
+int generic_entry(void* x, void* w, void* y, void* b, const long long* sizes, long long batch, void* stream) {
+    seen[0] = x; seen[1] = w; seen[2] = y; seen[3] = b; seen[4] = (void*)sizes;
+    for (int i = 0; i < 42; ++i) seen_sizes[i] = sizes[i];
+    seen_batch = batch; seen_stream = stream;
+    return 0;
+}
+void* seen_pointer(int i) { return seen[i]; }
+long long seen_size(int i) { return seen_sizes[i]; }
+long long seen_n(void) { return seen_batch; }
+void* seen_s(void) { return seen_stream; }
+"""
+
+
+def test_a_generic_gpu_kernel_gets_its_operands_by_kind_the_sizes_in_host_memory_and_the_stream(tmp_path,
+                                                                                               monkeypatch):
+    """The GPU generic tier's launch path (devices/cpu.py GenericKernel over a GpuKernel): the plan's
+    roles mapped to the entry's kinds (X, W, Y, B), the size array as a host pointer, the batch and
+    torch's current stream."""
+    from convgen.codegen.gpu import generic as gpu_generic
+    from convgen.devices.cpu import GenericKernel
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the stand-in library")
+    src, lib = tmp_path / "generic_stand_in.c", tmp_path / "generic_stand_in.so"
+    src.write_text(_GENERIC_STAND_IN)
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    source = KernelSource(name="generic_stand_in", text="", entry="generic_entry", signature=gpu_generic.SIGNATURE,
+                          target=parse_target("cuda-sm_90"), language="cuda")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda_device, "_raw_stream", lambda index: 0x5000 + index)
+    sizes = tuple(range(100, 142))
+    kernel = GenericKernel(cuda_device.GpuKernel(source, lib), {"X": "grad_input", "W": "weight", "Y": "grad_output"},
+                           sizes)
+    roles = ("grad_output", "weight", "grad_input")
+    kernel.bind(roles, roles, 5, 1)(_OnDevice(0x1000), _OnDevice(0x2000), _OnDevice(0x3000))
+    recorder = ctypes.CDLL(str(lib))
+    recorder.seen_pointer.restype, recorder.seen_s.restype = ctypes.c_void_p, ctypes.c_void_p
+    recorder.seen_n.restype = recorder.seen_size.restype = ctypes.c_longlong
+    assert [recorder.seen_pointer(i) for i in range(4)] == [0x3000, 0x2000, 0x1000, None]
+    assert [recorder.seen_size(i) for i in range(42)] == list(sizes)
+    assert (recorder.seen_n(), recorder.seen_s(), kernel.calls) == (5, 0x5000, 1)
+
+
 def test_the_cpu_paths_remembered_calls_never_reach_device_code(monkeypatch):
     x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
     convgen.conv2d(x, w, padding=1)   # built and remembered
@@ -255,6 +301,23 @@ def test_the_vendor_compiler_builds_a_loadable_library_that_exports_the_plan_ent
     path = gpu_library.build_library(source)
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True).stdout
     assert f" T {source.entry}\n" in symbols
+
+
+@pytest.mark.parametrize("target", ["cuda-sm_90", "hip-gfx90a"])
+def test_the_vendor_compiler_builds_the_generic_tiers_libraries(target):
+    """Each kernel op's generic library (codegen/gpu/generic.py), in f32 and bf16, exports its entry."""
+    from convgen.codegen.gpu import generic as gpu_generic
+    from convgen.codegen.ir import DType
+
+    t = parse_target(target)
+    if (convgen.knobs.nvcc() if t.kind.value == "cuda" else convgen.knobs.hipcc()) is None:
+        pytest.skip(f"no {'nvcc' if t.kind.value == 'cuda' else 'hipcc'} on this machine to build {target}")
+    for kop in gpu_generic.KOPS:
+        for dtype in (DType.F32, DType.BF16):
+            source = gpu_generic.source(kop, dtype, t)
+            path = gpu_library.build_library(source)
+            symbols = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True).stdout
+            assert f" T {source.entry}\n" in symbols
 
 
 def test_fat_binary_flags_name_every_arch():
@@ -335,3 +398,35 @@ def test_kernels_run_on_torchs_current_stream_without_synchronising():
     side.synchronize()
     ref = torch.nn.functional.conv2d(x.cpu().double(), w.cpu().double(), padding=1)
     assert_close(y.cpu(), ref, torch.float32, "forward on a side stream", terms=8 * 9)
+
+
+@needs_cuda
+@pytest.mark.parametrize("policy", ["generic", "background"])
+def test_the_generic_tier_on_the_device(policy, monkeypatch):
+    """CONVGEN_JIT=generic: every pass on the generic kernels (no build once set up); background: a
+    first call on them, the specialised kernel built in the background after the second and serving
+    the third. Each call's results against ATen in float64."""
+    from convgen.api import ops
+    from convgen.dispatch import dispatch, tiers
+
+    monkeypatch.setenv("CONVGEN_JIT", policy)
+    tiers.wait(600)
+    dispatch.clear()
+    ops.forget_calls()
+    x, w = torch.randn(2, 8, 9, 9, device="cuda"), torch.randn(4, 8, 3, 3, device="cuda")
+    gy = torch.randn(2, 4, 5, 5, device="cuda")
+    args = ([4], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+    ref = torch.ops.aten.convolution_backward(gy.cpu().double(), x.cpu().double(), w.cpu().double(), *args)
+    for call in range(3):
+        before = convgen.stats()
+        got = convgen.convolution_backward(gy, x, w, *args)
+        for name, g, r in zip(("grad_input", "grad_weight", "grad_bias"), got, ref):
+            assert_close(g.cpu(), r, torch.float32, name, terms=2 * 25)
+        if call == 0:
+            assert convgen.stats()["generic_calls"] > before["generic_calls"]
+        if call == 1:
+            assert tiers.wait(600)
+    if policy == "background":
+        assert convgen.stats()["swaps"] >= 1
+    dispatch.clear()
+    ops.forget_calls()
