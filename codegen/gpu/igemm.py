@@ -65,7 +65,7 @@ import math
 
 from ..arch.gpu import GPU_ARCHS
 from ..errors import ConvSpecError
-from ..ir import ConvProblem, DType, Layout
+from ..ir import ConvProblem, DType, Layout, Op
 from ..plan import GpuTiling, KOp, Plan
 from ..render import render
 from ..target import Target, TargetKind
@@ -129,7 +129,16 @@ def tiles_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | Non
     staged = staged_of(problem, target, staged)
     return choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, on_fma(problem, target),
                         on_f64_matrix(problem, target), staged=kernel_strides(normal, staged), dgrad_b="W" in staged,
-                        wgrad_staged=bool(_converts(normal, staged, target, problem.dtype.itemsize)["WGRAD"]))
+                        wgrad_staged=bool(_converts(normal, staged, target, problem.dtype.itemsize)["WGRAD"]),
+                        gemm=launched_gemm(problem))
+
+
+def launched_gemm(problem: ConvProblem) -> str | None:
+    """The GEMM a plan of `problem`'s pass launches: the forward's (a transposed problem's: the data
+    gradient's), the data gradient's (transposed: the forward's), the weight gradient's; None for a
+    bias gradient alone."""
+    return {Op.FWD: "DGRAD" if problem.transposed else "FWD", Op.BWD_DATA: "FWD" if problem.transposed else "DGRAD",
+            Op.BWD_WEIGHT: "WGRAD"}.get(problem.op)
 
 
 def _split(normal: Normal, target: Target, tile: GemmTile, partials: str = "f32") -> tuple[int, str]:
@@ -290,8 +299,9 @@ MAX_ITERATOR_TAPS = 64
 
 
 def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict, block_k: int) -> dict[str, bool]:
-    """Which operands' copies go by iterator: FWD_A (the input), FWD_B (the weight, read linearly in
-    the reduction's order), DGRAD_A (grad_output), DGRAD_B (the weight's filters-innermost copy)."""
+    """Which operands' copies go by iterator: FWD_A (the input: channels-last, or along its pixels),
+    FWD_B (the weight, read linearly in the reduction's order), DGRAD_A (grad_output), DGRAD_B (the
+    weight's filters-innermost copy)."""
     g = normal.groups or 1
     cg, kg = normal.channels // g, normal.filters // g
     rd, rh, rw = normal.kernel
@@ -300,7 +310,7 @@ def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: di
     fwd, dgrad = tiles.fwd, tiles.dgrad
     linear = ((ws_c, ws_w, ws_h, ws_d) == (1, cg, rw * cg, rh * rw * cg) if fwd.tap_major
               else (ws_w, ws_h, ws_d, ws_c) == (1, rw, rh * rw, taps))
-    return {"FWD_A": fwd.vector_a and fwd.tap_major and cg % block_k == 0 and taps <= MAX_ITERATOR_TAPS,
+    return {"FWD_A": fwd.a_mn or (fwd.vector_a and fwd.tap_major and cg % block_k == 0 and taps <= MAX_ITERATOR_TAPS),
             "FWD_B": fwd.vector_b and linear and cg * taps % block_k == 0,
             "DGRAD_A": dgrad.vector_a and dgrad.tap_major and kg % block_k == 0 and taps <= MAX_ITERATOR_TAPS,
             "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major and kg % block_k == 0}

@@ -55,6 +55,7 @@ from .normal import Normal
 
 WARPS = 4   # warps (waves) a block, each a quarter of its tile: the template's 2 x 2 layout
 MN_MAJOR_SIDE = 64   # a tile of reduction rows (mn_major) swizzles 8 chunks of 8 elements a row
+DEEP_STEP = 64       # the reduction step on ldmatrix where the launched GEMM's reduction is whole such steps
 
 
 def on_f64_matrix(problem: ConvProblem, target: Target) -> bool:
@@ -118,6 +119,7 @@ class GemmTile:
     swizzled: bool      # unpadded rows, 16-byte chunks XOR-swizzled, fragments by ldmatrix (on_ldmatrix)
     mn_major: bool = False   # both operands copied along their rows / columns (filters, channels), not along the
                              # reduction: shared tiles of reduction rows, fragments by ldmatrix.trans
+    a_mn: bool = False       # A alone so (the forward's NCHW input along its pixels: 1x1 at unit stride)
 
     @property
     def lds(self) -> int:
@@ -137,6 +139,8 @@ class GemmTile:
         if self.mn_major:
             copies += (" along filters and channels (reduction rows in shared memory, fragments by "
                        "ldmatrix.trans)")
+        elif self.a_mn:
+            copies += ", A along its pixels (reduction rows in shared memory, fragments by ldmatrix.trans)"
         return (f"{self.m}x{self.n}x{self.depth}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
                 f"{copies}{', reduction tap-major' if self.tap_major else ''}")
 
@@ -173,13 +177,14 @@ def _stages(target: Target, per_stage: int, steps: int) -> int:
 
 
 def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction: int, itemsize: int,
-          tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False) -> GemmTile:
+          tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False, a_mn: bool = False) -> GemmTile:
     m, n = _fitted(target, shape, _side(shape.sides, rows), _side(shape.sides, columns), itemsize)
     steps = max(1, -(-reduction // shape.depth))
     swizzled = on_ldmatrix(target, itemsize)
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
     return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth,
-                    swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE)
+                    swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE,
+                    a_mn and swizzled and m >= MN_MAJOR_SIDE)
 
 
 def _contiguous(strides: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
@@ -195,6 +200,36 @@ def _channels_last(strides: tuple[int, ...]) -> bool:
     return strides[1] == 1
 
 
+def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, depth: int) -> int:
+    """The reduction step (BLOCK_K) of a kernel file launching `gemm`: DEEP_STEP on ldmatrix where that
+    GEMM's channels (forward) or filters (data gradient) per group are whole steps of it and the
+    reduction two steps at least, and for the weight gradient always (batch x pixels, at run time);
+    else the arch's `depth`. A step twice as deep halves what a k-step's fixed costs (barrier, wait,
+    the stage ring, the iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit
+    tiles are 64 deep as well), for half the stages in the same shared memory."""
+    if gemm is None or not on_ldmatrix(target, itemsize):
+        return depth
+    g = max(normal.groups, 1)
+    if gemm == "WGRAD":
+        return DEEP_STEP
+    per_tap, taps = ((normal.channels // g, math.prod(normal.kernel)) if gemm == "FWD"
+                     else (normal.filters // g, _phase_taps(normal)))
+    # a tap's channels (filters) whole steps, as the iterators' steps within one tap need; two steps at
+    # least (a reduction of one step has no pipeline, no loop)
+    return DEEP_STEP if per_tap % DEEP_STEP == 0 and per_tap * taps >= 2 * DEEP_STEP else depth
+
+
+def _phase_taps(normal: Normal) -> int:
+    """The taps of the data gradient's largest stride phase."""
+    return max(1, math.prod(-(-r // (s // math.gcd(s, d))) for r, s, d in zip(normal.kernel, normal.stride, normal.dilation)))
+
+
+def _pixels_are_outputs(normal: Normal) -> bool:
+    """Each input pixel is its output pixel's: 1x1 taps at unit stride without padding."""
+    return (math.prod(normal.kernel) == 1 and tuple(normal.in_size) == tuple(normal.out_size)
+            and all(s == 1 for s in normal.stride) and not any(normal.pad))
+
+
 def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(x, y, w) element strides the forward and data gradient read: the caller's layouts, channels-last
     for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at)."""
@@ -207,27 +242,28 @@ def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, 
 
 def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
                  fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False,
-                 wgrad_staged: bool = False) -> IgemmTiles:
+                 wgrad_staged: bool = False, gemm: str | None = None) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` on GPU `target`, for operands of `itemsize` bytes in shared
     memory, multiplied on matrix instructions, (`fma`) by each thread's register tile of fused
     multiply-adds, or (`f64_matrix`) f64 on matrix instructions. `staged`: the (x, y, w) strides the
     forward and data gradient read when the layout pass stages operands channels-last (staging.py);
     the weight gradient reads the caller's, or (`wgrad_staged`) those copies too. `dgrad_b`: the data
     gradient reads a copy of the weight with filters innermost (16-byte copies of B when its reduction
-    is tap-major)."""
+    is tap-major). `gemm`: the GEMM the kernel file launches ("FWD", "DGRAD", "WGRAD"), whose
+    reduction picks the step's depth (step_depth; None: the arch's)."""
     wg_x_strides, wg_y_strides = x_strides, y_strides
     if staged is not None:
         x_strides, y_strides, w_strides = staged
         if wgrad_staged:
             wg_x_strides, wg_y_strides = x_strides, y_strides
     shape = block_tiles(target, itemsize, fma)
+    shape = dataclasses.replace(shape, depth=step_depth(normal, target, itemsize, gemm, shape.depth))
     vector = vector_of(itemsize)   # elements of one 16-byte copy
 
     g = max(normal.groups, 1)
     cg, kg = normal.channels // g, normal.filters // g
     taps, ov = math.prod(normal.kernel), math.prod(normal.out_size)
-    tap_phase = max(1, math.prod(-(-r // (s // math.gcd(s, d)))
-                                 for r, s, d in zip(normal.kernel, normal.stride, normal.dilation)))
+    tap_phase = _phase_taps(normal)
     positions = max(1, math.prod(normal.in_size) // math.prod(normal.stride))
     aligned_c = normal.channels % vector == 0 and cg % vector == 0
     aligned_k = normal.filters % vector == 0 and kg % vector == 0
@@ -236,7 +272,14 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     fwd_tap = _channels_last(x_strides) and aligned_c
     fwd_b = (fwd_tap and _channels_last(w_strides)) or (
         not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % vector == 0)
-    fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, fwd_tap, fwd_tap, fwd_b)
+    # (or, on ldmatrix, A along its pixels where each input pixel is its output pixel's: a contiguous NCHW
+    # input, 1x1 taps at unit stride without padding, whole 16-byte copies of an image's pixels: the rows
+    # of A, into tiles of reduction rows)
+    fwd_mn = (not fwd_tap and on_ldmatrix(target, itemsize) and _pixels_are_outputs(normal)
+              and _contiguous(x_strides, (normal.channels,) + tuple(normal.in_size)) and ov % vector == 0)
+    fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, fwd_tap, fwd_tap or fwd_mn, fwd_b, a_mn=fwd_mn)
+    if fwd_mn and not fwd.a_mn:   # (never with today's sides: a tile of reduction rows needs 64 of them)
+        fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, False, False, fwd_b)
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
     dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_tap, dg_tap, dg_tap and dgrad_b)
@@ -246,9 +289,8 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     # (and B too along its pixels where each input pixel is its output pixel's: a contiguous input, 1x1
     # taps at unit stride without padding)
     wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
-    wg_b = (wg_a and taps == 1 and _contiguous(wg_x_strides, (normal.channels,) + tuple(normal.in_size))
-            and tuple(normal.in_size) == tuple(normal.out_size) and all(s == 1 for s in normal.stride)
-            and not any(normal.pad))
+    wg_b = (wg_a and _pixels_are_outputs(normal)
+            and _contiguous(wg_x_strides, (normal.channels,) + tuple(normal.in_size)))
     wg_mn = (on_ldmatrix(target, itemsize) and _channels_last(wg_x_strides) and _channels_last(wg_y_strides)
              and aligned_c and aligned_k)
     wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_b or wg_mn, mn_major=wg_mn)

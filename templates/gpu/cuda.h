@@ -35,9 +35,27 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 
 // A kernel's launch bounds: at most `threads` per block, registers for `blocks` resident per SM.
 #define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+// A value kept in a register as computed, never recomputed where it is used: nvcc rematerialised the
+// copies' shared offsets (a swizzle of threadIdx.x) at every k-step of a main loop rather than keep them
+// in registers. An empty asm that may change it is the barrier; nothing in the simulator.
+__device__ __forceinline__ void convgen_keep(int& v) {
+#if !defined(CONVGEN_SIM)
+    asm volatile("" : "+r"(v));
+#else
+    (void)v;
+#endif
+}
+template <class P> __device__ __forceinline__ void convgen_keep(P*& p) {   // a pointer likewise
+#if !defined(CONVGEN_SIM)
+    asm volatile("" : "+l"(p));
+#else
+    (void)p;
+#endif
+}
 
 // --- asynchronous copies global -> shared: cp.async (sm_80+), 16 bytes at a time -------------------
-// A stage's copies are issued with convgen_copy16 (a copy that is not valid gives 16 zero bytes and
+// A stage's copies are issued with convgen_copy16 (valid: any non-zero value, e.g. a predicate's bit, so
+// that no 0/1 is made of it; a copy that is not valid gives 16 zero bytes and
 // reads nothing, whatever its source address: padding and ragged edges), closed with convgen_copy_commit; convgen_copy_wait<N>() returns when at most the
 // newest N committed stages are still in flight, and only after it *and a __syncthreads* may any
 // thread read what the copies wrote. convgen_copy_land is for vendors that stage in registers
@@ -46,19 +64,19 @@ template <int N> struct convgen_copy_stage {};
 #if defined(CONVGEN_SIM)
 #include "sim/async_copy.h"
 template <int N>
-__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, bool valid) {
+__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, unsigned valid) {
     ::convgen_sim::async_copy(shared, global, 16, valid ? 16 : 0);
 }
 __device__ __forceinline__ void convgen_copy_commit() { ::convgen_sim::async_commit(); }
 template <int N> __device__ __forceinline__ void convgen_copy_wait() { ::convgen_sim::async_wait(N); }
 #else
 template <int N>
-__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, bool valid) {
+__device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>&, int, void* shared, const void* global, unsigned valid) {
     unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
     // ignore-src (PTX ISA 7.5): a copy that is not valid reads nothing at all -- its source address
     // may be anything -- and writes 16 zero bytes
     asm volatile("{\n .reg .pred ignore;\n setp.eq.u32 ignore, %2, 0;\n"
-                 " cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}\n" ::"r"(address), "l"(global), "r"((unsigned)valid)
+                 " cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}\n" ::"r"(address), "l"(global), "r"(valid)
                  : "memory");
 }
 __device__ __forceinline__ void convgen_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

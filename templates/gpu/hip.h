@@ -35,6 +35,12 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 // A kernel's launch bounds: at most `threads` per block. (HIP's second __launch_bounds__ argument
 // counts waves per execution unit, not blocks per CU: left to the compiler.)
 #define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+// A value kept in a register as computed (cuda.h's, where nvcc rematerialised the copies' shared
+// offsets at every k-step); nothing here: hipcc's main loops have not needed it.
+__device__ __forceinline__ void convgen_keep(int& v) {
+    (void)v;
+}
+template <class P> __device__ __forceinline__ void convgen_keep(P*& p) { (void)p; }
 
 // --- staged copies global -> shared, 16 bytes at a time: registers, then LDS ---------------------
 // The same names as cuda.h's cp.async wrappers. gfx90a/gfx940 have no asynchronous copy to LDS that
@@ -57,7 +63,7 @@ template <int N> struct convgen_copy_stage {
 };
 template <int N>
 __device__ __forceinline__ void convgen_copy16(convgen_copy_stage<N>& stage, int i, void* shared, const void* global,
-                                               bool valid) {
+                                               unsigned valid) {   // (valid: non-zero)
 #if defined(CONVGEN_SIM)   // 16-byte accesses fault off 16-byte boundaries (the simulator's checks)
     if (valid) ::convgen_sim::require_aligned(global, 16, "global_load_dwordx4 (convgen_copy16's source)");
     ::convgen_sim::require_aligned(shared, 16, "ds_write_b128 (convgen_copy16's destination)");

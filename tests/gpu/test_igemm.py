@@ -375,6 +375,9 @@ def test_the_vector_cases_take_the_16_byte_copies():
         assert tiles["vec_nchw"]["WGRAD"].vector_a and not tiles["vec_nchw"]["WGRAD"].vector_b
         assert tiles["px_1x1"]["WGRAD"].vector_a and tiles["px_1x1"]["WGRAD"].vector_b
         assert not tiles["px_1x1"]["WGRAD"].mn_major
+        # the forward's NCHW input along its pixels (ldmatrix: CUDA), into tiles of reduction rows
+        assert tiles["px_1x1"]["FWD"].a_mn == cuda and tiles["px_1x1"]["FWD"].vector_a == cuda
+        assert not tiles["px_1x1"]["FWD"].tap_major and not tiles["vec_nchw"]["FWD"].a_mn
         assert tiles["mn_64"]["WGRAD"].mn_major == cuda and (tiles["mn_64"]["WGRAD"].m, tiles["mn_64"]["WGRAD"].n) == (64, 128)
         assert tiles["vec_groups"]["FWD"].vector_a and tiles["vec_groups"]["DGRAD"].vector_a
         assert tiles["vec_xcl"]["FWD"].vector_a and not tiles["vec_xcl"]["FWD"].vector_b
@@ -391,12 +394,14 @@ def test_the_iterator_cases_take_the_iterators():
               ("it_s2", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
               ("it_7x7", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
               ("mn_64", "cl"): ("FWD_A", "FWD_B"), ("mn_64", "nchw"): ("FWD_B",)}
+    on_ldmatrix = {("px_1x1", "nchw"): ("FWD_A",)}   # the forward's input along its pixels: CUDA's
     for vendor in sim_build.WARP:
         for name, dtype, layout in PARAMS:
             problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)
             iterators = dict(igemm_context(problem, parse_target(vendor), "p", staged=_staged(layout)).iterators)
             taken = tuple(k for k, v in iterators.items() if v)
-            assert taken == expect.get((name, layout), ()), (vendor, name, layout, taken)
+            wanted = expect.get((name, layout), ()) or (on_ldmatrix.get((name, layout), ()) if vendor == "cuda" else ())
+            assert taken == wanted, (vendor, name, layout, taken)
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -479,9 +484,12 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
             # ptxas drops the matrix instructions and loads of fragments no output column needs.)
             loop = main_loop(body)
             assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
-            # (.MT88: transposed, from tiles of reduction rows: the channels-last weight gradient's)
+            # (.MT88: transposed, from tiles of reduction rows: the channels-last weight gradient's, the
+            # NCHW 1x1 forward's A; .M88 the others)
             transposed = gemm == "WGRAD" and tiles[gemm].mn_major
             assert any(x.startswith("LDSM.16.MT88.4 " if transposed else "LDSM.16.M88.4 ") for x in loop), (prefix, symbol)
+            if tiles[gemm].a_mn:
+                assert any(x.startswith("LDSM.16.MT88.4 ") for x in loop), (prefix, symbol)
             assert not [x for x in loop if re.match(r"(@!?U?P\d\s+)?LDS\b", x)], (prefix, symbol)
 
 

@@ -51,6 +51,8 @@ CASES = {
     "cl_s2": (2, 16, 16, (7, 7), 2, Layout.CHANNELS_LAST, ("W",), ("FWD", "DGRAD", "WGRAD")),   # 4 stride phases
     # NCHW grad_output along 64 pixels: the weight gradient's A by copies
     "nchw": (2, 8, 16, (8, 8), 1, Layout.CONTIGUOUS, (), ("WGRAD",)),
+    # NCHW 1x1: the forward's input along its 64 pixels into tiles of reduction rows (a_mn)
+    "nchw_1x1": (2, 16, 24, (8, 8), 1, Layout.CONTIGUOUS, (), ("FWD",)),
 }
 SWIZZLE = r"const unsigned chunk = \(unsigned\)k / VECTOR \^ \(unsigned\)row / SWIZZLE_ROWS % SWIZZLE_CHUNKS;"
 SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| j >> 1;"
@@ -58,7 +60,9 @@ SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| j >> 1;"
 
 def _problem(name: str, dtype: str):
     n, c, k, size, stride, layout, _, _ = CASES[name]
-    return conv_problem(n, c, k, size, 3, stride, 1, dtype=DTYPES[dtype][0], layout=layout, bias=True).validate()
+    kernel, padding = (1, 0) if name.endswith("_1x1") else (3, 1)
+    return conv_problem(n, c, k, size, kernel, stride, padding, dtype=DTYPES[dtype][0], layout=layout,
+                        bias=True).validate()
 
 
 def _prefix(name: str, dtype: str) -> str:
@@ -124,6 +128,7 @@ def test_every_gemm_launch_reads_and_writes_shared_memory_without_bank_conflicts
         # the case is about what it says: copies where rows are contiguous in memory, and the
         # channels-last weight gradient's along filters and channels
         assert tiles[gemm].mn_major == (gemm == "WGRAD" and layout_cl), (gemm, tiles[gemm])
+        assert tiles[gemm].a_mn == (gemm == "FWD" and name == "nchw_1x1"), (gemm, tiles[gemm])
         assert tiles[gemm].vector_a == (gemm != "WGRAD" or name == "nchw" or layout_cl), (gemm, tiles[gemm])
         assert tiles[gemm].vector_b == (gemm != "WGRAD" or layout_cl), (gemm, tiles[gemm])
         assert launches[gemm], gemm
@@ -134,8 +139,9 @@ def test_every_gemm_launch_reads_and_writes_shared_memory_without_bank_conflicts
 
 def test_without_the_swizzle_the_fragment_loads_conflict(libs):
     """tile_at without its XOR: the copies and stores still are conflict-free (a phase of 8 copies
-    covers two whole 64-byte rows), the ldmatrix rows are not."""
-    for name, dtype in (("cl_s1", "bf16"), ("nchw", "f16")):
+    covers two whole 64-byte rows), the ldmatrix rows are not; tile_mn without its permutation
+    likewise (nchw_1x1's forward, whose A is one)."""
+    for name, dtype in (("cl_s1", "bf16"), ("nchw", "f16"), ("nchw_1x1", "bf16")):
         launches = _launches(libs[True], name, dtype)
         for gemm in CASES[name][7]:
             for launch in launches[gemm]:
