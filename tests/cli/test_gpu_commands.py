@@ -182,7 +182,7 @@ def test_explain_gives_gpu_reasons(target, op):
 
 
 @pytest.mark.parametrize("op, words", [
-    ("fwd", ["tensor cores", "4 warps of 32", "tile 128x128x32, 6 stages (96 KiB shared)", "warp tile 64x64",
+    ("fwd", ["tensor cores", "4 warps of 32", "tile 128x128x64, 3 stages (96 KiB shared)", "warp tile 64x64",
              "B by 16-byte cp.async copies", "data visible to the warps only after the copies' wait and a barrier"]),
     ("bwd_data", ["stride phases", "4 stride phases (4 with taps"]),
     ("bwd_weight", ["split-K", "split the batch x", "partials in a workspace summed in split order"]),

@@ -96,8 +96,9 @@ MUTATIONS = [
              ((r"first\.r\[1\] = r\[1\];\n    second\.r\[0\] = r\[2\];",
                "first.r[1] = r[2];\n    second.r[0] = r[1];"),), "wrong result"),
     Mutation("ldmatrix rows read unswizzled", Op.BWD_DATA, ("cuda",),
-             ((r"a_lane\[s\] = tile_at\(warp_m \+ lane % 16, s \* MMA_K \+ lane / 16 \* 8\);",
-               "a_lane[s] = (warp_m + lane % 16) * LDS + s * MMA_K + lane / 16 * 8;"),), "wrong result"),
+             ((r"a_lane\[s\] = \(int\)sizeof\(Bits\) \* tile_at\(warp_m \+ lane % 16, s \* MMA_K \+ lane / 16 \* 8\);",
+               "a_lane[s] = (int)sizeof(Bits) * ((warp_m + lane % 16) * LDS + s * MMA_K + lane / 16 * 8);"),),
+             "wrong result"),
     # the other families' barriers, and the bias gradient's block reduction (conv_common.cu.j2)
     Mutation("depthwise window barrier deleted", Op.FWD, ("cuda", "hip"),
              ((r"\n *__syncthreads\(\);   // the window \(and the taps\) are complete", ""),), "race", "depthwise"),
