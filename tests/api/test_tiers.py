@@ -23,15 +23,13 @@ from convgen.stats import reset
 
 from support.cases import BY_ID, DTYPES, Case, check_case, operands, runs
 from support.reference import assert_close, randn, reduction_terms
+from support.tables import forget_tables
 
 
 def _fresh(monkeypatch, policy: str) -> None:
     """Policy `policy`, no remembered calls or entries, no layer seen, fresh counters."""
     monkeypatch.setenv("CONVGEN_JIT", policy)
-    assert tiers.wait(120), "a background build of an earlier test did not finish"
-    dispatch.clear()
-    ops.forget_calls()
-    tiers.forget_layers()
+    assert forget_tables(120), "a background build of an earlier test did not finish"
     reset()
 
 
@@ -40,10 +38,7 @@ def clean_tables():
     """After each test: no generic entry or remembered call left for the tests that follow in this
     process (they run under eager and expect specialised kernels), no build still under way."""
     yield
-    tiers.wait(120)
-    dispatch.clear()
-    ops.forget_calls()
-    tiers.forget_layers()
+    forget_tables(120)
 
 
 @pytest.fixture(scope="module")

@@ -406,13 +406,11 @@ def test_the_generic_tier_on_the_device(policy, monkeypatch):
     """CONVGEN_JIT=generic: every pass on the generic kernels (no build once set up); background: a
     first call on them, the specialised kernel built in the background after the second and serving
     the third. Each call's results against ATen in float64."""
-    from convgen.api import ops
-    from convgen.dispatch import dispatch, tiers
+    from convgen.dispatch import tiers
+    from support.tables import forget_tables
 
     monkeypatch.setenv("CONVGEN_JIT", policy)
-    tiers.wait(600)
-    dispatch.clear()
-    ops.forget_calls()
+    forget_tables(600)
     x, w = torch.randn(2, 8, 9, 9, device="cuda"), torch.randn(4, 8, 3, 3, device="cuda")
     gy = torch.randn(2, 4, 5, 5, device="cuda")
     args = ([4], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
@@ -428,5 +426,4 @@ def test_the_generic_tier_on_the_device(policy, monkeypatch):
             assert tiers.wait(600)
     if policy == "background":
         assert convgen.stats()["swaps"] >= 1
-    dispatch.clear()
-    ops.forget_calls()
+    forget_tables(600)

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import convgen
-from convgen.api import ops
 from convgen.codegen.target import parse_target
 from convgen.dispatch import dispatch, tiers
 from convgen.stats import reset
 
 from support.cases import CASES, DTYPES, LOW_PRECISION_CASES, check_case, operands, variants_of
+from support.tables import forget_tables
 
 
 
@@ -36,10 +36,7 @@ def _runs() -> list:
 def _fresh(monkeypatch, vendor: str, policy: str) -> None:
     monkeypatch.setenv("CONVGEN_SIM", vendor)
     monkeypatch.setenv("CONVGEN_JIT", policy)
-    assert tiers.wait(300), "a background build of an earlier test did not finish"
-    dispatch.clear()
-    ops.forget_calls()
-    tiers.forget_layers()
+    assert forget_tables(300), "a background build of an earlier test did not finish"
     reset()
 
 
@@ -47,10 +44,7 @@ def _fresh(monkeypatch, vendor: str, policy: str) -> None:
 def clean_tables():
     """After each test: no generic entry or remembered call left for the tests that follow."""
     yield
-    tiers.wait(300)
-    dispatch.clear()
-    ops.forget_calls()
-    tiers.forget_layers()
+    forget_tables(300)
 
 
 @pytest.fixture(scope="module")
