@@ -158,8 +158,8 @@ class GenericKernel:
         # own bind, the size array as one more pointer (host memory: the entry reads it before launching)
         self._gpu = library.source.target.kind is not TargetKind.CPU
         self._fn = None if self._gpu else library._fn
-        self._sizes = (ctypes.c_int64 * len(sizes))(*sizes)
-        self._sizes_tensor = torch.tensor(sizes, dtype=torch.int64) if self._gpu else None
+        self._sizes = None if self._gpu else (ctypes.c_int64 * len(sizes))(*sizes)   # the CPU entry's
+        self._sizes_tensor = torch.tensor(sizes, dtype=torch.int64) if self._gpu else None   # a GPU library's
         self._roles = tuple(roles.get(kind) for kind in ("X", "W", "Y", "B"))   # the entry's operands by kind
         self.calls = 0
         self._hot_after, self._on_hot = hot_after, on_hot
