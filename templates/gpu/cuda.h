@@ -16,8 +16,11 @@ typedef cudaStream_t convgen_stream_t;
 // A launch: the kernel's status (0 when it was queued), never <<<>>> in kernel templates.
 #define CONVGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
     (kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__), static_cast<int>(cudaGetLastError()))
+#ifndef CONVGEN_SHARED_ALIGN
+#define CONVGEN_SHARED_ALIGN 16   // the dynamic shared memory's alignment (a kernel file may ask more first)
+#endif
 #define CONVGEN_DYNAMIC_SHARED(T, name) \
-    extern __shared__ __align__(16) unsigned char convgen_dynamic_shared_[]; \
+    extern __shared__ __align__(CONVGEN_SHARED_ALIGN) unsigned char convgen_dynamic_shared_[]; \
     T* name = reinterpret_cast<T*>(convgen_dynamic_shared_)
 // A static shared array: `CONVGEN_SHARED(float, tile, [32][33]);` (the simulator places it where its
 // checks see it).
@@ -254,6 +257,108 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
                  : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
 }
 #endif
+
+// --- warpgroup MMA (sm_90a): wgmma.mma_async.sync.aligned.m64nNk16, A and B from shared memory ----------
+// A block's 128 threads (a warpgroup, 4 warps) multiply a 64 x 16 A by a 16 x N B (N = 64 or 128 here)
+// into N / 2 f32 accumulators a thread: d[i] at row 16 (warp) + lane / 4 + 8 ((i / 2) % 2), column
+// 8 (i / 4) + 2 (lane % 4) + i % 2 (convgen_wgmma_acc_row/_col). Each operand is described by a
+// 64-bit shared-memory matrix descriptor (convgen_wgmma_desc: start address, LBO, SBO, swizzle); TRANS
+// 0 reads it K-major (rows of the reduction contiguous), 1 MN-major (PTX ISA, "Asynchronous Warpgroup
+// Level Matrix Multiply-Accumulate"). The MMAs are asynchronous: convgen_wgmma_fence before the first
+// of a batch (the accumulators were touched by other instructions), convgen_wgmma_commit closes a
+// group, convgen_wgmma_wait<N>() returns when at most the newest N groups are in flight -- only then
+// may the accumulators be read or the shared stage they read be overwritten. Shared memory written by
+// the threads (st.shared, cp.async) is made visible to the tensor cores' reads (the async proxy) by
+// convgen_fence_async_shared, after the writes land and before the barrier that publishes them.
+typedef unsigned long long convgen_wgmma_desc_t;
+#if defined(CONVGEN_SIM)
+#include "sim/wgmma.h"
+// The shared window's address of a shared pointer: its offset in the block's shared memory.
+__device__ __forceinline__ unsigned convgen_shared_address(const void* p) {
+    return static_cast<unsigned>(static_cast<const unsigned char*>(p) - ::convgen_sim::dynamic_shared());
+}
+template <class T, int N, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void convgen_wgmma(float (&d)[N / 2], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
+    static_assert(N == 64 || N == 128, "wgmma wrappers for N = 64 and 128");
+    ::convgen_sim::wgmma_issue<typename convgen_sim_bits<T>::type>(d, N, a, b, TRANS_A, TRANS_B);
+}
+__device__ __forceinline__ void convgen_wgmma_fence() {}
+__device__ __forceinline__ void convgen_wgmma_commit() { ::convgen_sim::wgmma_commit(); }
+template <int N> __device__ __forceinline__ void convgen_wgmma_wait() { ::convgen_sim::wgmma_wait(N); }
+template <int N> __device__ __forceinline__ void convgen_wgmma_keep(float (&)[N]) {}
+__device__ __forceinline__ void convgen_fence_async_shared() {}
+#else
+__device__ __forceinline__ unsigned convgen_shared_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+#define CONVGEN_WGMMA_D8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define CONVGEN_WGMMA_D32(d) CONVGEN_WGMMA_D8(d, 0), CONVGEN_WGMMA_D8(d, 8), CONVGEN_WGMMA_D8(d, 16), CONVGEN_WGMMA_D8(d, 24)
+#define CONVGEN_WGMMA_D64(d) CONVGEN_WGMMA_D32(d), CONVGEN_WGMMA_D8(d, 32), CONVGEN_WGMMA_D8(d, 40), \
+    CONVGEN_WGMMA_D8(d, 48), CONVGEN_WGMMA_D8(d, 56)
+// d += A B (scale-d 1: the accumulators start at zero), scale-a and scale-b 1, TA / TB: MN-major A / B.
+template <int TA, int TB> struct convgen_wgmma_n64_bf16 {
+    static __device__ __forceinline__ void run(float (&d)[32], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, %34, %35;\n"
+                     : CONVGEN_WGMMA_D32(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
+    }
+};
+template <int TA, int TB> struct convgen_wgmma_n64_f16 {
+    static __device__ __forceinline__ void run(float (&d)[32], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, %34, %35;\n"
+                     : CONVGEN_WGMMA_D32(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
+    }
+};
+template <int TA, int TB> struct convgen_wgmma_n128_bf16 {
+    static __device__ __forceinline__ void run(float (&d)[64], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, %66, %67;\n"
+                     : CONVGEN_WGMMA_D64(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
+    }
+};
+template <int TA, int TB> struct convgen_wgmma_n128_f16 {
+    static __device__ __forceinline__ void run(float (&d)[64], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, %66, %67;\n"
+                     : CONVGEN_WGMMA_D64(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
+    }
+};
+template <class T> struct convgen_is_bf16 { static constexpr bool value = false; };
+template <> struct convgen_is_bf16<convgen_bf16> { static constexpr bool value = true; };
+template <class T, int N, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void convgen_wgmma(float (&d)[N / 2], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
+    static_assert(N == 64 || N == 128, "wgmma wrappers for N = 64 and 128");
+    constexpr bool bf16 = convgen_is_bf16<T>::value;
+    if constexpr (N == 64) {
+        if constexpr (bf16) convgen_wgmma_n64_bf16<TRANS_A, TRANS_B>::run(d, a, b);
+        else convgen_wgmma_n64_f16<TRANS_A, TRANS_B>::run(d, a, b);
+    } else {
+        if constexpr (bf16) convgen_wgmma_n128_bf16<TRANS_A, TRANS_B>::run(d, a, b);
+        else convgen_wgmma_n128_f16<TRANS_A, TRANS_B>::run(d, a, b);
+    }
+}
+__device__ __forceinline__ void convgen_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void convgen_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void convgen_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// The accumulators pinned after a wait: nvcc may not move their reads above it (an empty asm that may
+// change them, ordered after the wait's volatile asm).
+template <int N> __device__ __forceinline__ void convgen_wgmma_keep(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void convgen_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif
+__device__ __forceinline__ int convgen_wgmma_acc_row(int thread, int i) { return 16 * (thread / 32) + thread % 32 / 4 + 8 * (i / 2 % 2); }
+__device__ __forceinline__ int convgen_wgmma_acc_col(int thread, int i) { return 8 * (i / 4) + 2 * (thread % 4) + i % 2; }
+// A shared-memory matrix descriptor: `tile` the operand's first byte, WIDTH the swizzle's bytes (128, 64
+// or 32: an atom of 8 rows of WIDTH bytes, on a WIDTH * 8-byte boundary), lbo and sbo in bytes.
+template <int WIDTH>
+__device__ __forceinline__ convgen_wgmma_desc_t convgen_wgmma_desc(const void* tile, unsigned lbo, unsigned sbo) {
+    static_assert(WIDTH == 128 || WIDTH == 64 || WIDTH == 32, "the 128-, 64- and 32-byte swizzles");
+    constexpr unsigned long long mode = WIDTH == 128 ? 1 : WIDTH == 64 ? 2 : 3;
+    return (convgen_wgmma_desc_t)(convgen_shared_address(tile) >> 4 & 0x3fff) | (convgen_wgmma_desc_t)(lbo >> 4 & 0x3fff) << 16 |
+           (convgen_wgmma_desc_t)(sbo >> 4 & 0x3fff) << 32 | mode << 62;
+}
 #endif
 
 // --- f32 as tf32: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 -----------------------------

@@ -136,6 +136,8 @@ CONVGEN_SIM_RT void collective_done(Worker& w, unsigned warp, bool matrix);
 CONVGEN_SIM_RT unsigned char* static_shared(size_t bytes, size_t align, const char* site);
 CONVGEN_SIM_RT void require_aligned(const void* p, unsigned bytes, const char* what);
 CONVGEN_SIM_RT void shared_load(const void* p, unsigned bytes, const char* what, const void* pc);
+CONVGEN_SIM_RT void tensor_read(const void* p, unsigned bytes, const char* what, const void* pc);
+CONVGEN_SIM_RT void tensor_instruction();
 CONVGEN_SIM_RT void copy_issue(void* shared, const void* global, unsigned bytes, unsigned source_bytes, const void* pc);
 CONVGEN_SIM_RT void copy_landed(void* shared, unsigned bytes, const void* pc);
 CONVGEN_SIM_RT void workspace_added(void* p, unsigned long long bytes);
@@ -410,7 +412,9 @@ CONVGEN_SIM_RT void race(const char* kind, const std::string& where, const Acces
 
 // One shared-memory access by the running thread; `copy` for an asynchronous copy's issue (a write
 // checked now, live until it lands).
-CONVGEN_SIM_RT void shared_access(Worker& w, Fiber& f, size_t offset, size_t bytes, bool store, const void* pc, bool copy) {
+// `profile`: counted as one of the thread's requests (not for the tensor cores' own reads, sim/wgmma.h).
+CONVGEN_SIM_RT void shared_access(Worker& w, Fiber& f, size_t offset, size_t bytes, bool store, const void* pc, bool copy,
+                                  bool profile = true) {
     BlockChecks& c = *w.checks;
     if (offset + bytes > c.used)
         check_failed(std::string(copy ? "asynchronous copy" : store ? "shared store" : "shared load") + " of " +
@@ -459,7 +463,7 @@ CONVGEN_SIM_RT void shared_access(Worker& w, Fiber& f, size_t offset, size_t byt
             }
         }
     }
-    if (w.launch->settings.profile) record_request(w, f, true, reinterpret_cast<uintptr_t>(c.shared) + offset, bytes, pc);
+    if (profile && w.launch->settings.profile) record_request(w, f, true, reinterpret_cast<uintptr_t>(c.shared) + offset, bytes, pc);
 }
 
 CONVGEN_SIM_RT void misaligned(const char* what, uintptr_t a, unsigned bytes, const void* pc) {
@@ -504,6 +508,24 @@ CONVGEN_SIM_RT void shared_load(const void* p, unsigned bytes, const char* what,
     shared_access(w, *w.current, offset, bytes, false, pc, false);
 #endif
 }
+
+// A read of shared memory the tensor cores make for a thread's warpgroup MMA (sim/wgmma.h), done when
+// the thread's wait covers it: in shared memory, checked (racecheck, initcheck) as the thread's load
+// at `pc`, not counted among its requests (the profile's bank figures are the threads' own accesses).
+CONVGEN_SIM_RT void tensor_read(const void* p, unsigned bytes, const char* what, const void* pc) {
+    Worker& w = worker();
+    uintptr_t a = reinterpret_cast<uintptr_t>(p), offset = a - reinterpret_cast<uintptr_t>(w.checks->shared);
+    if (offset >= w.checks->used || offset + bytes > w.checks->used)
+        check_failed(std::string(what) + " issued at " + pc_text(pc) + ": shared memory bytes [" + std::to_string(offset) +
+                     ", " + std::to_string(offset + bytes) + ") are past the block's " + std::to_string(w.checks->used));
+#if defined(CONVGEN_SIM_CHECKS)
+    shared_access(w, *w.current, offset, bytes, false, pc, false, false);
+#endif
+}
+
+// A warpgroup MMA counted in the profile: once a warp (the lane 0 of each warp calls it), as a warp's
+// mma.sync is.
+CONVGEN_SIM_RT void tensor_instruction() { ++worker().checks->counters.tensor_instructions; }
 
 CONVGEN_SIM_RT void copy_issue(void* shared, const void* global, unsigned bytes, unsigned source_bytes, const void* pc) {
     Worker& w = worker();

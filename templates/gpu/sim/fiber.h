@@ -20,8 +20,21 @@ struct AsyncCopy {
     const void* pc;                      // the instruction that issued it (checks.h)
 };
 
+// A warpgroup MMA issued and not yet done (sim/wgmma.h): it runs at the wait that covers its group.
+struct AsyncMma {
+    float* d;                            // the thread's accumulators (n / 2 of them)
+    int n;                               // the instruction's N (m64nNk16)
+    unsigned long long a, b;             // the shared-memory matrix descriptors
+    bool trans_a, trans_b;               // MN-major A / B
+    float (*to_f32)(unsigned short);     // the 16-bit element type's value
+    unsigned long long group;            // the commit group it belongs to
+    const void* pc;                      // the instruction that issued it
+};
+
 struct Fiber {
     std::vector<AsyncCopy> copies;      // this thread's copies in flight (cp.async)
+    std::vector<AsyncMma> mmas;         // this thread's warpgroup MMAs in flight (wgmma.mma_async)
+    unsigned long long mma_groups = 0;  // their commit groups closed so far
     unsigned inside = 0;                // > 0 while in the simulator's own functions: checks.h skips their accesses
     unsigned long long copy_groups = 0; // commit groups closed so far
     void* sp = nullptr;                 // saved stack pointer while switched out

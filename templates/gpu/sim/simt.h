@@ -333,6 +333,8 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
         f.linear = i;
         f.copies.clear();
         f.copy_groups = 0;
+        f.mmas.clear();
+        f.mma_groups = 0;
         f.tid = {i % l.block.x, i / l.block.x % l.block.y, i / (l.block.x * l.block.y)};
         start_fiber(f);
     }
