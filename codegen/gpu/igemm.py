@@ -25,7 +25,11 @@ through a ring of shared-memory stages (cp.async on CUDA, register-staged on HIP
 warps (waves) a quarter of it from the target's matrix instruction (`mma.sync` m16n8k16 on CUDA,
 `v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h). On CUDA the 16-bit fragments
 come from `ldmatrix.x4` (one per A fragment, one per pair of B fragments) out of unpadded shared rows
-whose 16-byte chunks are XOR-swizzled (the template's tile_at); the other paths pad their rows. Tiles, stages, the reduction
+whose 16-byte chunks are XOR-swizzled (the template's tile_at); the other paths pad their rows. On
+sm_90a the 16-bit GEMMs multiply on warpgroup MMA instead (`wgmma.mma_async` m64nNk16, HGMMA): the
+block's four warps are one warpgroup and the tensor cores read both operands from the same stages
+through shared-memory descriptors (the stages' swizzle is wgmma's 128/64/32-byte one; tiles of
+reduction rows take its MN-major layout); the simulator emulates the instruction (sim/wgmma.h). Tiles, stages, the reduction
 order and which operands move by 16-byte copies are igemm_tiles.py's decisions, per GEMM, from the
 arch's tile configuration (codegen/arch/gpu.py).
 
@@ -71,7 +75,7 @@ from ..render import render
 from ..target import Target, TargetKind
 from .context import ENTRIES, TensorContext, check_entries, check_prefix, file_fields, tensor_fields
 from .family import Family
-from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of,
+from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, on_wgmma, vector_of,
                           wgrad_copies_along_channels)
 from .normal import Normal, Phase
 from .staging import staging
@@ -112,6 +116,7 @@ class IgemmContext(TensorContext):
     kernels: tuple[str, ...]   # the __global__ functions those entries launch (only these are rendered)
     split_pixels: int = SPLIT_PIXELS   # the weight gradient's least batch x pixels a split
     iterators: tuple[tuple[str, bool], ...] = ()   # ("FWD_A" ... "DGRAD_B", copies by iterator: copy_iterators)
+    wgmma: bool = False    # sm_90a: warpgroup MMA from the shared stages (igemm_tiles.on_wgmma), not ldmatrix + mma.sync
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -287,7 +292,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         staged_entries=_staged_entries(problem, converts, entries),
         raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],
         block_k=tiles.fwd.depth, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
-        phases=normal.phases(), entries=tuple(entries),
+        phases=normal.phases(), entries=tuple(entries), wgmma=on_wgmma(target, problem.dtype.itemsize),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 
@@ -375,8 +380,11 @@ def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
     rows, columns = (gemm.m // 2 // (gpu.warp_size // 8), gemm.n // 2 // 8) if fma else (0, 0)
     held = (f"; each thread keeps {rows * columns} results in registers ({rows} rows x {columns} columns of its warp's "
             f"quarter), multiplied by fused multiply-adds" if fma else "")
-    tile = ("" if gemm is None else f"tile {gemm.describe(plan.target.kind is TargetKind.CUDA)}; warp tile "
-            f"{gemm.m // 2}x{gemm.n // 2}{held}; {pipeline}")
+    wgmma = on_wgmma(plan.target, plan.problem.dtype.itemsize)
+    share_of = (f"warpgroup MMAs of 64x{gemm.n}x16, {gemm.m // 64} a 16-deep slice" if wgmma else
+                f"warp tile {gemm.m // 2}x{gemm.n // 2}") if gemm is not None else ""
+    tile = ("" if gemm is None else f"tile {gemm.describe(plan.target.kind is TargetKind.CUDA, wgmma)}; "
+            f"{share_of}{held}; {pipeline}")
     extra = {KOp.DGRAD: phases if not transposed else None, KOp.FWD: phases if transposed else None,
              KOp.WGRAD: split}.get(plan.kop)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias

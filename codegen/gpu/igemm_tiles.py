@@ -84,6 +84,14 @@ def on_ldmatrix(target: Target, itemsize: int) -> bool:
     return itemsize == 2 and target.gpu.ldmatrix
 
 
+def on_wgmma(target: Target, itemsize: int) -> bool:
+    """Whether the kernel multiplies on sm_90a's warpgroup MMA (`wgmma.mma_async` m64nNk16, both operands
+    read by the tensor cores from the shared stages through descriptors) instead of ldmatrix and
+    `mma.sync`: 16-bit operands on an arch with wgmma. The stages are the ldmatrix path's (their
+    K-major swizzle is wgmma's); tiles of reduction rows take wgmma's MN-major layout."""
+    return on_ldmatrix(target, itemsize) and target.gpu.wgmma
+
+
 def _row(depth: int, itemsize: int, swizzled: bool) -> int:
     """A shared row's elements: the step's depth, plus one 16-byte vector of padding unless swizzled."""
     return depth if swizzled else depth + vector_of(itemsize)
@@ -131,16 +139,16 @@ class GemmTile:
     def shared_bytes(self) -> int:
         return self.stages * (self.m + self.n) * self.lds * self.itemsize
 
-    def describe(self, async_copy: bool) -> str:
+    def describe(self, async_copy: bool, wgmma: bool = False) -> str:
         how = "cp.async" if async_copy else "register-staged"
         operands = [name for name, on in (("A", self.vector_a), ("B", self.vector_b)) if on]
         copies = (f"{' and '.join(operands)} by 16-byte {how} copies" if operands
                   else "operands gathered element by element")
+        read = "read MN-major by wgmma" if wgmma else "fragments by ldmatrix.trans"
         if self.mn_major:
-            copies += (" along filters and channels (reduction rows in shared memory, fragments by "
-                       "ldmatrix.trans)")
+            copies += f" along filters and channels (reduction rows in shared memory, {read})"
         elif self.a_mn:
-            copies += ", A along its pixels (reduction rows in shared memory, fragments by ldmatrix.trans)"
+            copies += f", A along its pixels (reduction rows in shared memory, {read})"
         return (f"{self.m}x{self.n}x{self.depth}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
                 f"{copies}{', reduction tap-major' if self.tap_major else ''}")
 
@@ -317,6 +325,11 @@ def _multiply(target: Target, shape: BlockTiles, itemsize: int, fma: bool, f64_m
         return (f"on the matrix cores (v_mfma_f64_16x16x4f64, one 16 x 16 x 4 block each), f64 accumulation; tiles "
                 f"{side} a side: a wave's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
                 f"accumulators ({2 * quarter * quarter // lanes} registers) a lane")
+    if on_wgmma(target, itemsize):
+        return ("on sm_90a's warpgroup MMA (wgmma.mma_async m64nNk16, HGMMA): the block's 4 warps are one warpgroup, "
+                "each instruction a 64-row half of the tile by all of B, both operands read by the tensor cores from "
+                "the shared stages through descriptors (the stages' XOR swizzle is wgmma's 128/64/32-byte one; "
+                "tiles of reduction rows in its MN-major layout), a wait per k-step before the stage is refilled")
     if on_ldmatrix(target, itemsize):
         return ("on the matrix instructions, each fragment one ldmatrix.x4 from unpadded shared rows whose 16-byte "
                 "chunks are XOR-swizzled (no bank conflicts)")

@@ -448,8 +448,13 @@ def test_the_batch_size_is_a_run_time_argument(libs):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+# sm_80 and sm_90 build the same mma.sync code (sm_90, the default CUDA target, differs in its stages:
+# every configuration of it builds, with HMMA checked, in tests/gpu/test_cases_build.py); sm_90a its own
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_path, arch):
+    """sm_80 (as sm_90): mma.sync (HMMA.16816) on fragments by ldmatrix.x4 (LDSM); sm_90a: warpgroup MMA
+    (HGMMA.64xNx16) reading both operands from the shared stages, no fragment loads at all."""
+    wgmma = arch == "sm_90a"
     src = tmp_path / f"igemm_{arch}.cu"
     src.write_text(_source("cuda", arch))
     cubin = tmp_path / "igemm.cubin"
@@ -467,7 +472,8 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
     gemm_kernels = [f for f in functions if re.match(r"_ZN\w+(3fwd|8bwd_data|18bwd_weight_partial)E", f)]
     assert len(gemm_kernels) == 3 * len(PARAMS)
     for body in gemm_kernels:
-        assert re.search(r"HMMA\.16816\.F32(\.BF16)?", body), body.split(":", 1)[0]
+        assert re.search(r"HGMMA\.64x(64|128)x16\.F32(\.BF16)? " if wgmma else r"HMMA\.16816\.F32(\.BF16)?", body), \
+            body.split(":", 1)[0]
     # the GEMMs whose plan moves an operand by 16-byte copies do so with cp.async (LDGSTS), the
     # others never (their operands are gathered element by element)
     target = parse_target(f"cuda-{arch}")
@@ -483,6 +489,11 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
             # before issue 47; LDS.64, LDS.128 would match too). (How many LDSM per HMMA is not fixed:
             # ptxas drops the matrix instructions and loads of fragments no output column needs.)
             loop = main_loop(body)
+            if wgmma:
+                assert any(x.startswith("HGMMA.64x") for x in loop), (prefix, symbol)
+                assert not [x for x in loop if x.startswith(("HMMA", "LDSM"))], (prefix, symbol)
+                assert not [x for x in loop if re.match(r"(@!?U?P\d\s+)?LDS\b", x)], (prefix, symbol)
+                continue
             assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
             # (.MT88: transposed, from tiles of reduction rows: the channels-last weight gradient's, the
             # NCHW 1x1 forward's A; .M88 the others)

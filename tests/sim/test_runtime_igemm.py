@@ -1,6 +1,6 @@
 """bf16/f16 problems reach the implicit-GEMM kernel (codegen/gpu/igemm.py) through the normal
-runtime in the SIMT simulator (CONVGEN_SIM=cuda, warp 32, mma.sync m16n8k16; =hip, waves of 64,
-MFMA 16x16x16), for the forward pass and every output_mask of the backward pass, against ATen in
+runtime in the SIMT simulator (CONVGEN_SIM=cuda, warp 32, mma.sync m16n8k16; =cuda-sm_90a, warpgroup
+MMA m64nNk16; =hip, waves of 64, MFMA 16x16x16), for the forward pass and every output_mask of the backward pass, against ATen in
 float64 with tests/support/reference.py's tolerances. Each test asserts that the `algorithm` pass chose
 igemm for every problem of the call and counts the launches its plan entries make (a launch per
 data-gradient stride phase, two per split-K weight gradient), so a fallback to the direct kernel
@@ -41,6 +41,8 @@ OWN = {c.id: c for c in (
                transposed=True),
     # channel counts in whole 16-byte copies, NCHW (staged channels-last in the allocator test)
     cases.Case("igemm-staged", (2, 16, 9, 7), 24, (3, 3), stride=(2, 1), padding=1),
+    # 1x1, unit stride, no padding, 24 pixels an image: the NCHW forward copies its input along pixels
+    cases.Case("igemm-1x1-pixels", (2, 16, 4, 6), 24, (1, 1)),
 )}
 BY_ID = {**cases.BY_ID, **OWN}
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -54,13 +56,19 @@ MATRIX = [
     ("cuda", "igemm-3d-groups2", "bf16", "channels_last_weight", "reverse"),
     ("hip", "17-transposed-groups4", "bf16", "channels_last", "shuffle"),
     ("cuda", "igemm-transposed-s3-op2", "f16", "noncontig_input", "forward"),
+    # sm_90a: warpgroup MMA from the shared stages (K-major tiles; the channels-last weight gradient's
+    # tiles of reduction rows MN-major; the NCHW 1x1 forward's A along pixels MN-major), element gathers
+    ("cuda-sm_90a", "igemm-staged", "bf16", "channels_last", "shuffle"),
+    ("cuda-sm_90a", "igemm-1x1-pixels", "f16", "contiguous", "reverse"),
+    ("cuda-sm_90a", "igemm-s3d2-ragged", "bf16", "noncontig_grad", "shuffle"),
+    ("cuda-sm_90a", "igemm-3d-groups2", "f16", "channels_last", "forward"),
 ]
 
 
 @pytest.fixture(scope="module")
 def prebuilt():
     """Every kernel of the matrix, built in one ninja run per vendor."""
-    for vendor in ("cuda", "hip"):
+    for vendor in sorted({row[0] for row in MATRIX}):
         prebuild(problems_of_runs((BY_ID[case_id], DTYPES[dtype], variant)
                                   for v, case_id, dtype, variant, _ in MATRIX if v == vendor), sim=vendor)
     return convgen.stats()["builds"]
