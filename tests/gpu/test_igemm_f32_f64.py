@@ -159,7 +159,9 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, dtyp
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+# sm_90 (the default CUDA target) here; every configuration of these kernels also builds for sm_80, with
+# the same instruction checks (FFMA, DMMA, HMMA.1688.F32.TF32), in tests/gpu/test_cases_build.py
+@pytest.mark.parametrize("arch", ["sm_90"])
 def test_the_kernels_build_with_nvcc_without_spills_f32_on_ffma_f64_on_dmma(tmp_path, arch):
     src = tmp_path / f"fma_{arch}.cu"
     src.write_text(_source("cuda", arch))

@@ -1,13 +1,15 @@
 """Every default kernel of the bench suites (`convgen bench`'s default, "all": standard then weak;
 runtime/bench/suites.py), as the GPU targets plan them for every pass (forward with bias, data, weight and
-bias gradients), built by the vendor compilers for sm_80, sm_90 (nvcc) and gfx90a (hipcc) with
+bias gradients), built by the vendor compilers for sm_80, sm_90a (nvcc) and gfx90a (hipcc) with
 spills as errors, in one parallel ninja run.
 
 Two configurations per shape: f32 contiguous (bench's default: the direct and depthwise kernels)
 and bf16 channels-last (the tensor-core path: implicit GEMM with cp.async, depthwise, stem).
 Identical sources are built once. Tensors are never allocated: problems come from their shapes.
 
-Every such kernel for sm_90, one per kernel configuration for sm_80 and gfx90a (REPRESENTED):
+Every such kernel for sm_90a (the 16-bit GEMMs on warpgroup MMA; the others as sm_90's, whose every
+configuration builds in tests/gpu/test_cases_build.py), one per kernel configuration for sm_80 and
+gfx90a (REPRESENTED):
 the whole set took about 30 minutes of CPU on a 2-core AMD EPYC (family 23), too much of CI's
 budget there. 360 kernel files for all three (after removing identical sources). Measured on this project's shared 2-core machine
 (four sessions compiling at once): 25.5 min wall, 8.5 min of compiler CPU time (453 s user + 58 s
@@ -35,8 +37,8 @@ from convgen.codegen.target import parse_target
 
 from test_cases_build import configuration
 
-ARCHS = {"cuda-sm_80": "nvcc", "cuda-sm_90": "nvcc", "hip-gfx90a": "hipcc"}
-# every kernel for sm_90; for these, the first kernel of each configuration (the same algorithm,
+ARCHS = {"cuda-sm_80": "nvcc", "cuda-sm_90a": "nvcc", "hip-gfx90a": "hipcc"}
+# every kernel for sm_90a; for these, the first kernel of each configuration (the same algorithm,
 # pass, dtype, layouts, rank, transposition and tiling; test_cases_build.configuration), which
 # differ in compile-time sizes only: 48 and 51 files of 120 each
 REPRESENTED = ("cuda-sm_80", "hip-gfx90a")
@@ -76,7 +78,7 @@ def _ninja_rules(nvcc: str | None, hipcc: str | None) -> str:
     return "\n".join(rules)
 
 
-def test_every_default_suite_kernel_builds_for_sm_80_sm_90_and_gfx90a_without_spills(tmp_path):
+def test_every_default_suite_kernel_builds_for_sm_80_sm_90a_and_gfx90a_without_spills(tmp_path):
     if os.environ.get("CONVGEN_SKIP_SUITE_BUILD"):
         pytest.skip("CONVGEN_SKIP_SUITE_BUILD is set")
     ninja = shutil.which("ninja")
