@@ -297,30 +297,21 @@ __device__ __forceinline__ unsigned convgen_shared_address(const void* p) {
 #define CONVGEN_WGMMA_D64(d) CONVGEN_WGMMA_D32(d), CONVGEN_WGMMA_D8(d, 32), CONVGEN_WGMMA_D8(d, 40), \
     CONVGEN_WGMMA_D8(d, 48), CONVGEN_WGMMA_D8(d, 56)
 // d += A B (scale-d 1: the accumulators start at zero), scale-a and scale-b 1, TA / TB: MN-major A / B.
-template <int TA, int TB> struct convgen_wgmma_n64_bf16 {
-    static __device__ __forceinline__ void run(float (&d)[32], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, %34, %35;\n"
-                     : CONVGEN_WGMMA_D32(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
-    }
-};
-template <int TA, int TB> struct convgen_wgmma_n64_f16 {
-    static __device__ __forceinline__ void run(float (&d)[32], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, %34, %35;\n"
-                     : CONVGEN_WGMMA_D32(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
-    }
-};
-template <int TA, int TB> struct convgen_wgmma_n128_bf16 {
-    static __device__ __forceinline__ void run(float (&d)[64], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, %66, %67;\n"
-                     : CONVGEN_WGMMA_D64(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
-    }
-};
-template <int TA, int TB> struct convgen_wgmma_n128_f16 {
-    static __device__ __forceinline__ void run(float (&d)[64], convgen_wgmma_desc_t a, convgen_wgmma_desc_t b) {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, %66, %67;\n"
-                     : CONVGEN_WGMMA_D64(d) : "l"(a), "l"(b), "n"(TA), "n"(TB));
-    }
-};
+// One struct per shape and type: `regs` the accumulators' operand list, `a`, `b` the descriptors' operands.
+#define CONVGEN_WGMMA_SHAPE(n, type, regs, a, b, ta, tb, operands)                                              \
+    template <int TA, int TB> struct convgen_wgmma_n##n##_##type {                                             \
+        static __device__ __forceinline__ void run(float (&d)[n / 2], convgen_wgmma_desc_t da, convgen_wgmma_desc_t db) { \
+            asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." #type "." #type " {" regs "}, " a ", " b  \
+                         ", 1, 1, 1, " ta ", " tb ";\n"                                                         \
+                         : operands(d) : "l"(da), "l"(db), "n"(TA), "n"(TB));                                   \
+        }                                                                                                       \
+    };
+#define CONVGEN_WGMMA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define CONVGEN_WGMMA_REGS64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+CONVGEN_WGMMA_SHAPE(64, bf16, CONVGEN_WGMMA_REGS32, "%32", "%33", "%34", "%35", CONVGEN_WGMMA_D32)
+CONVGEN_WGMMA_SHAPE(64, f16, CONVGEN_WGMMA_REGS32, "%32", "%33", "%34", "%35", CONVGEN_WGMMA_D32)
+CONVGEN_WGMMA_SHAPE(128, bf16, CONVGEN_WGMMA_REGS64, "%64", "%65", "%66", "%67", CONVGEN_WGMMA_D64)
+CONVGEN_WGMMA_SHAPE(128, f16, CONVGEN_WGMMA_REGS64, "%64", "%65", "%66", "%67", CONVGEN_WGMMA_D64)
 template <class T> struct convgen_is_bf16 { static constexpr bool value = false; };
 template <> struct convgen_is_bf16<convgen_bf16> { static constexpr bool value = true; };
 template <class T, int N, int TRANS_A, int TRANS_B>
