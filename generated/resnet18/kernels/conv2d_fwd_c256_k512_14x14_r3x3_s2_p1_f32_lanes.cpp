@@ -428,6 +428,23 @@ static inline void vstore_t_step2(T* out, vec v) {
   vstore(vals, v);
   store_strided(out, 2, vals, V);
 }
+// a[i] = at(image, pixel) for the np pixels from q0 on (pixels numbered across images of pp pixels),
+// at evaluated at the first pixel of each row of rw (an image's pixels are whole rows) and stepped by
+// `step` along the row from there: a division or two per row, not per pixel. Not inlined: its vector
+// steps' constants, kept in vector registers across a work item, had the lanes kernels' main loops
+// spill accumulators.
+template <class F>
+__attribute__((noinline)) static void row_positions(int64_t* __restrict a, int64_t q0, int64_t np, int64_t pp,
+                                                   int64_t rw, int64_t step, F at) {
+  int64_t b = q0 / pp, p = q0 % pp;
+  for (int64_t i = 0; i < np;) {
+    const int64_t run = rw - p % rw < np - i ? rw - p % rw : np - i, start = at(b, p);
+    for (int64_t k = 0; k < run; ++k) a[i + k] = start + k * step;
+    i += run;
+    p += run;
+    if (p == pp) p = 0, ++b;
+  }
+}
 
 constexpr int64_t NV = 4, PB = 3;                  // register tile: NV vectors of channels x PB pixels
 constexpr int64_t NVV = NV * V;                                           // output channels per tile
@@ -566,6 +583,10 @@ static inline int64_t write_at(int64_t, int64_t b, int64_t g, int64_t p) {
   const int64_t ow = p % YW, oh = (p / YW) % YH, od = p / (YW * YH);
   return b * Y_SN + g * COUT_G * Y_SC + od * Y_SD + oh * Y_SH + ow * Y_SW;
 }
+// Pixels per row, and the steps between a row's neighbours where they read and are written.
+static inline int64_t row_pixels(int64_t) { return YW; }
+static constexpr int64_t read_step(int64_t) { return SW * RB_SW; }
+static constexpr int64_t write_step(int64_t) { return Y_SW; }
 // Where tap t reads, from the window's start; and every tap as (tap, offset) pairs.
 static constexpr int64_t tap_off(int64_t kd, int64_t kh, int64_t kw) {
   return kd * DD * RB_SD + kh * DH * RB_SH + kw * DW * RB_SW;
@@ -677,7 +698,8 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
     vec* tot = (vec*)scratch(TILES * NV * PB * V);               // the run's sums so far, [tile][NV][PB]
-    int64_t* ro = (int64_t*)acquire(sizeof(int64_t) * (QB + 2 * TAPS));   // pixel windows, then (tap, offset) pairs
+    // pixel windows, (tap, offset) pairs, where pixels are written (channels innermost)
+    int64_t* ro = (int64_t*)acquire(sizeof(int64_t) * (2 * QB + 2 * TAPS));
     ACC* wblk = LAZY_WEIGHTS ? scratch(RC * TAPS * NVV) : nullptr;   // this thread's packed block (LAZY_WEIGHTS)
     int64_t packed = -1;                                            // which one it holds
     const bool ready = tot && ro && (!LAZY_WEIGHTS || wblk);
@@ -697,6 +719,7 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
       const int64_t qend = qbeg + QB < pixels ? qbeg + QB : pixels;
       const int64_t tiles = (qend - qbeg + PB - 1) / PB;
       int64_t* toff = ro + QB;
+      int64_t* wo = ro + QB + 2 * TAPS;
       const int64_t ntaps = part_taps(part, toff);
       int64_t lt[2 * TPP + 2];   // this part's (tap, offset) pairs, as locals (TPP of them when uniform)
       for (int64_t u = 0; u < 2 * TPP && u < 2 * ntaps; ++u) lt[u] = toff[u];
@@ -704,12 +727,14 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
       int64_t rbase = 0;
       {
         const int64_t part_ = part;
-        for (int64_t i = 0; i < QB; ++i) {
-            const int64_t q = qbeg + i < qend ? qbeg + i : qend - 1;   // a tail repeats the last pixel
-            ro[i] = read_at(part_, q / part_pixels(part_), g, q % part_pixels(part_)) - rbase;
-          }
+        row_positions(ro, qbeg, qend - qbeg, part_pixels(part_), row_pixels(part_), read_step(part_),
+                          [=](int64_t b, int64_t p) { return read_at(part_, b, g, p) - rbase; });
+            if constexpr (OUT_SC == 1)
+              row_positions(wo, qbeg, qend - qbeg, part_pixels(part_), row_pixels(part_), write_step(part_),
+                            [=](int64_t b, int64_t p) { return write_at(part_, b, g, p); });
       }
 
+      for (int64_t i = qend - qbeg; i < QB; ++i) ro[i] = ro[qend - qbeg - 1];   // a tail repeats the last pixel
       const ACC* wk;
       if constexpr (LAZY_WEIGHTS) {
         if (g * OBLK + oblk != packed) {
@@ -722,13 +747,7 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
       }
       // Channels innermost: pixel i's valid channels, a vector at a time, once its sums are final.
       auto store_pixel = [&](int64_t i) {
-        const int64_t q = qbeg + i;
-        T* dst;
-        {
-          const int64_t part_ = part;
-          dst = out + write_at(part_, q / part_pixels(part_), g, q % part_pixels(part_));
-        }
-
+        T* dst = out + wo[i];
         const vec* tt = tot + slot(i);
         for (int64_t v = 0; v < NV; ++v) {
           const int64_t o0 = oblk * NVV + v * V;
@@ -745,9 +764,18 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
       };
       // The reduction in chunks of CC channels, whose weights stay in L1 while every tile of the
       // run takes its partial sum; each partial sum is added to the tile's total in order.
-      for (int64_t t = 0; t < tiles; ++t)
-        for (int64_t v = 0; v < NV; ++v)
-          for (int64_t j = 0; j < PB; ++j) tot[(t * NV + v) * PB + j] = vload(bp + (g * OBLK + oblk) * NVV + v * V);
+      // A part that fewer taps reach than the kernel has (a phase of a strided data gradient) takes
+      // proportionally more channels per chunk: the same weight bytes in L1 and products per partial
+      // sum, and fewer partial sums to add into the totals.
+      const int64_t widen = PARTS == 1 ? 1 : TAPS / (ntaps > 0 ? ntaps : 1);
+      const int64_t cstep = CC * widen < RC ? CC * widen : RC;
+      // the totals start at the bias; in one chunk, each tile's sums are its totals (the bias added then)
+      const ACC* bias_at = bp + (g * OBLK + oblk) * NVV;
+      const bool one_chunk = cstep >= RC;
+      if (!one_chunk)
+        for (int64_t t = 0; t < tiles; ++t)
+          for (int64_t v = 0; v < NV; ++v)
+            for (int64_t j = 0; j < PB; ++j) tot[(t * NV + v) * PB + j] = vload(bias_at + v * V);
       // Per tile, the kd and kh taps that some pixel of it reads inside the input (SKIP_TAPS): the
       // others read only zero padding, and a tile at the first or last rows (or planes) skips them.
       int64_t live[4 * TILES];
@@ -755,7 +783,9 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
         for (int64_t t = 0; t < tiles; ++t) {
           int64_t* lv = live + 4 * t;
           lv[0] = KD, lv[1] = 0, lv[2] = KH, lv[3] = 0;
-          for (int64_t i = tile_first(t); i < tile_first(t) + tile_size(t) && qbeg + i < qend; ++i) {
+          // (the pixels of a row take the same taps: the first of each row of the tile's)
+          for (int64_t i = tile_first(t), next = i; i < tile_first(t) + tile_size(t) && qbeg + i < qend; i = next) {
+            next = i + row_pixels(part) - (qbeg + i) % part_pixels(part) % row_pixels(part);
             int64_t r[4];
             pixel_taps((qbeg + i) % part_pixels(part), r);
             if (r[0] == r[1] || r[2] == r[3]) continue;   // it reads only padding
@@ -765,11 +795,6 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
             lv[3] = r[3] > lv[3] ? r[3] : lv[3];
           }
         }
-      // A part that fewer taps reach than the kernel has (a phase of a strided data gradient) takes
-      // proportionally more channels per chunk: the same weight bytes in L1 and products per partial
-      // sum, and fewer partial sums to add into the totals.
-      const int64_t widen = PARTS == 1 ? 1 : TAPS / (ntaps > 0 ? ntaps : 1);
-      const int64_t cstep = CC * widen < RC ? CC * widen : RC;
       for (int64_t c0 = 0; c0 < RC; c0 += cstep) {
         const int64_t c1 = c0 + cstep < RC ? c0 + cstep : RC;
         for (int64_t t = 0; t < tiles; ++t) {
@@ -994,18 +1019,37 @@ extern "C" int cg_conv2d_fwd_c256_k512_14x14_r3x3_s2_p1_f32_lanes(const T* __res
             }
           }
           vec* tt = tot + t * NV * PB;
-          tt[0] += acc0_0;
-          tt[1] += acc0_1;
-          tt[2] += acc0_2;
-          tt[3] += acc1_0;
-          tt[4] += acc1_1;
-          tt[5] += acc1_2;
-          tt[6] += acc2_0;
-          tt[7] += acc2_1;
-          tt[8] += acc2_2;
-          tt[9] += acc3_0;
-          tt[10] += acc3_1;
-          tt[11] += acc3_2;
+          if (one_chunk) {
+            const vec b0 = vload(bias_at + 0 * V);
+            tt[0] = b0 + acc0_0;
+            tt[1] = b0 + acc0_1;
+            tt[2] = b0 + acc0_2;
+            const vec b1 = vload(bias_at + 1 * V);
+            tt[3] = b1 + acc1_0;
+            tt[4] = b1 + acc1_1;
+            tt[5] = b1 + acc1_2;
+            const vec b2 = vload(bias_at + 2 * V);
+            tt[6] = b2 + acc2_0;
+            tt[7] = b2 + acc2_1;
+            tt[8] = b2 + acc2_2;
+            const vec b3 = vload(bias_at + 3 * V);
+            tt[9] = b3 + acc3_0;
+            tt[10] = b3 + acc3_1;
+            tt[11] = b3 + acc3_2;
+          } else {
+            tt[0] += acc0_0;
+            tt[1] += acc0_1;
+            tt[2] += acc0_2;
+            tt[3] += acc1_0;
+            tt[4] += acc1_1;
+            tt[5] += acc1_2;
+            tt[6] += acc2_0;
+            tt[7] += acc2_1;
+            tt[8] += acc2_2;
+            tt[9] += acc3_0;
+            tt[10] += acc3_1;
+            tt[11] += acc3_2;
+          }
           // With channels innermost, the last chunk's tiles are stored as they finish, between the
           // next tiles' FMAs, rather than all at the end of the item (a burst of stores that the
           // FMAs cannot hide).
