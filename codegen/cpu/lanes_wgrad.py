@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..ir import Layout
+from ..ir import DType, Layout
 from ..plan import Geometry, KOp, Plan, Tiling
 from .family import Family
 from .lanes import NAME, WHY, context, lanes_tile
@@ -33,6 +33,11 @@ WGRAD_ROWS_EVEX = 576
 PARTS_L2_SHARE = 0.75
 # Tap-aligned tiles (Tiling.tap_rows) where they hold at least this many accumulators.
 TAP_ROWS_MIN_ACC = 16
+# f32 on AVX-512: a weight gradient whose zmm tile fills at most this share of its lanes takes ymm
+# vectors where they fill all of theirs (narrow_lanes: 24 output channels a group).
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad.narrow_lanes)
+NARROW_MAX_FILL = 0.75
+NARROW_FILL_LANES = 8
 # Chunks are staged per thread for 1-D images of at least this many pixels (see _staged).
 STAGE_MIN_PIXELS = 2048
 
@@ -61,6 +66,14 @@ def narrow_lanes(plan: Plan) -> int:
     lanes = vector_lanes(plan)
     while plan.target.isa == "avx512" and 2 * plan.geometry.cout_g <= lanes and lanes > 4:
         lanes //= 2
+    # f32 groups of 24 output channels: two zmm vectors leave a quarter of their lanes idle and
+    # grad_output, 24 channels a pixel, is packed 32 wide per call; three ymm vectors fill theirs and
+    # read it in place (MobileNetV2's 144 -> 24 projection: 1.63 -> 1.40 ms). 40 channels tied,
+    # 56 and 72 ran faster on zmm.
+    cout = plan.geometry.cout_g
+    if (plan.target.isa == "avx512" and lanes == 16 and plan.problem.dtype is DType.F32
+            and cout % NARROW_FILL_LANES == 0 and cout % lanes and cout / (math.ceil(cout / lanes) * lanes) <= NARROW_MAX_FILL):
+        lanes = NARROW_FILL_LANES
     return lanes
 
 
