@@ -39,6 +39,14 @@ LANES_SPARE_REGISTERS = 5
 # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", LANES_WIDEST)
 LANES_WIDEST = 6
 CHUNK_WHOLE_L1_FROM = 48 * 1024   # lanes chunks take the whole L1 from this size (AVX-512: any size)
+# 1x1 kernels reading channels last on AVX-512: chunks of up to two L1s of weights and input run. A
+# last chunk of a few channels (ShuffleNet's 80 a group as 76 + 4) or several chunks each adding
+# their partial sums into the totals cost more than the chunk's lines overflowing into the L2
+# (Xeon class, kernel alone, 2 threads: ShuffleNet's grouped 1x1 forward 1.33 -> 1.19 ms, ResNet-18's
+# 1x1 stride-2 shortcut 0.50 -> 0.44, ResNet-50's 512 -> 128 data gradient 3.41 -> 2.80; 3x3
+# kernels and NCHW measured no gain).
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", CHUNK_L1S_1X1_CL)
+CHUNK_L1S_1X1_CL = 2
 
 # --- lanes over blocked (over_blocked), by the two families' tile scores
 # lanes is chosen over blocked when blocked's register tile scores below this fraction of lanes'.
@@ -287,6 +295,12 @@ def _border(g: Geometry, fwd: bool) -> bool:
                zip(g.x_size, g.y_size, g.kernel, g.stride, g.pad_lo, g.dilation))
 
 
+def _wide_chunks(plan: Plan) -> bool:
+    """Whether the chunks may take CHUNK_L1S_1X1_CL L1s: 1x1 kernels reading channels last on AVX-512."""
+    return (plan.target.isa == "avx512" and math.prod(plan.geometry.kernel) == 1
+            and plan.layout_of("X" if plan.kop is KOp.FWD else "Y") is Layout.CHANNELS_LAST)
+
+
 def _chunk(plan: Plan, nv: int, lanes: int, qb: int, pairs: bool) -> int:
     """Reduced channels (pairs) per chunk: the chunk's weights and the part of its input that a run of
     QB pixels reads take at most half the L1 (an L1 of CHUNK_WHOLE_L1_FROM or more, and the AVX-512
@@ -300,6 +314,8 @@ def _chunk(plan: Plan, nv: int, lanes: int, qb: int, pairs: bool) -> int:
     run_bytes = _window(g, plan.kop is KOp.FWD, qb) * acc_bytes
     steps = math.ceil(reduced / 2) if pairs else reduced
     chunk_bytes = t.l1_bytes if t.l1_bytes >= CHUNK_WHOLE_L1_FROM or t.isa == "avx512" else t.l1_bytes // 2
+    if _wide_chunks(plan):
+        chunk_bytes *= CHUNK_L1S_1X1_CL
     return max(1, min(steps, chunk_bytes // (taps * nv * lanes * acc_bytes + run_bytes),
                       max(1, (128 if pairs else 256) // taps)))
 
@@ -365,7 +381,8 @@ def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_byt
         f"tap stepping only the pixels that read inside {'the input' if fwd else 'grad_output'} (no products of "
         f"its zero padding); " if split else "",
         f"{tiling.cols} pixels per work item, reduced in chunks of {tiling.rb} "
-        f"{'channel pairs' if tiling.pairs else 'channels'} whose weights stay in L1, "
+        f"{'channel pairs' if tiling.pairs else 'channels'} "
+        f"{'whose weights and input run take up to two L1s (1x1, channels last: fewer partial sums to add)' if _wide_chunks(plan) else 'whose weights stay in L1'}, "
         f"{'channel block' if channel_major else 'pixel run'} outermost (the weights, {weight_bytes} B per group, "
         f"{'do not fit' if channel_major else 'fit'} the L2); {'input' if fwd else 'grad_output'} {read}; ",
         # channel planes: V neighbouring pixels stored at once per vector of channels, transposed in
