@@ -17,12 +17,11 @@ import torch
 
 from convgen.codegen.ir import DType, Layout, Op
 from convgen.codegen.pipeline import lower
-from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
 from support.builds import load_keyed
 from support.code_shapes import x86_shape
 from support.problems import conv_problem
-from support.reference import rel_err, tolerance
+from support.reference import check_weight_gradient
 
 AVX512 = x86_shape("avx512")
 _problem = functools.partial(conv_problem, op=Op.BWD_WEIGHT)
@@ -57,23 +56,7 @@ def test_24_channel_weight_gradient_on_ymm_matches_aten(kernels, name, kw, lay, 
     assert plan.tiling.vector_lanes == 8 and plan.tiling.nv == 3, plan.tiling
     if lay == "cl":
         assert "Y" in plan.tiling.in_place, plan.tiling   # the ymm blocks are whole: grad_output read in place
-    problem = plan.problem
-    tdt = TORCH_DTYPES[problem.dtype]
-    fmt = memory_format(problem.input_layout, len(problem.input_shape))
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}-{lay}-{bias}".encode()))
-    x = torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt).contiguous(memory_format=fmt)
-    gy = torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt).contiguous(memory_format=fmt)
-    gw = torch.full(problem.weight_shape, float("nan"), dtype=tdt).contiguous(memory_format=fmt)
-    gb = torch.full((problem.k,), float("nan"), dtype=tdt)
-    kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb if bias else None}, problem.n, 2)
-    w = torch.empty(problem.weight_shape, dtype=torch.float64)
-    _, ref_w, ref_b = torch.ops.aten.convolution_backward(
-        gy.double(), x.double(), w, [problem.k], list(problem.stride), [lo for lo, _ in problem.padding],
-        list(problem.dilation), False, list(problem.output_padding), problem.groups, [False, True, bias])
-    terms = problem.n * torch.Size(problem.output_shape[2:]).numel()
-    assert rel_err(gw, ref_w) <= tolerance(tdt, terms), f"grad_weight rel err {rel_err(gw, ref_w):.2e}"
-    if bias:
-        assert rel_err(gb, ref_b) <= tolerance(tdt, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+    check_weight_gradient(kernel, plan.problem, torch.Generator().manual_seed(zlib.crc32(f"{name}-{lay}-{bias}".encode())))
 
 
 @pytest.mark.parametrize("k, dtype, lanes", [
