@@ -372,6 +372,8 @@ def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_byt
               f"take {row_window >> 20} MB or more, else copied once, zero-padded" if row_window else
               "copied once, zero-padded")
     read = ("read in place, its padding never read" if border else "read in place") if in_place else copied
+    held = ("whose weights and input run take up to two L1s (1x1, channels last: fewer partial sums to add)"
+            if _wide_chunks(plan) else "whose weights stay in L1")
     parts = [
         f"register tile {nv} vectors of {lanes} {what} channels x {pb} pixels "
         f"({nv * pb} of {registers} registers accumulate; {score:.2f} useful); ",
@@ -381,8 +383,7 @@ def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_byt
         f"tap stepping only the pixels that read inside {'the input' if fwd else 'grad_output'} (no products of "
         f"its zero padding); " if split else "",
         f"{tiling.cols} pixels per work item, reduced in chunks of {tiling.rb} "
-        f"{'channel pairs' if tiling.pairs else 'channels'} "
-        f"{'whose weights and input run take up to two L1s (1x1, channels last: fewer partial sums to add)' if _wide_chunks(plan) else 'whose weights stay in L1'}, "
+        f"{'channel pairs' if tiling.pairs else 'channels'} {held}, "
         f"{'channel block' if channel_major else 'pixel run'} outermost (the weights, {weight_bytes} B per group, "
         f"{'do not fit' if channel_major else 'fit'} the L2); {'input' if fwd else 'grad_output'} {read}; ",
         # channel planes: V neighbouring pixels stored at once per vector of channels, transposed in

@@ -9,10 +9,7 @@ poisoned with NaN first.
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
-import torch
 
 from convgen.codegen.ir import DType, Layout, Op
 from convgen.codegen.pipeline import lower
@@ -20,7 +17,7 @@ from convgen.codegen.pipeline import lower
 from support.builds import load_keyed
 from support.code_shapes import x86_shape
 from support.problems import conv_problem
-from support.reference import check_forward_or_data_gradient
+from support.reference import check_forward_or_data_gradient, generator_for
 
 AVX512 = x86_shape("avx512", l1_bytes=48 * 1024, l2_bytes=2 * 1024 * 1024)
 
@@ -67,4 +64,4 @@ def kernels():
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_1x1_channels_last_chunks_match_aten(kernels, name, dtype):
     plan, kernel = kernels[(name, dtype)]
-    check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype.value}".encode())))
+    check_forward_or_data_gradient(kernel, plan.problem, generator_for(f"{name}-{dtype.value}"))
