@@ -25,7 +25,9 @@ through a ring of shared-memory stages (cp.async on CUDA, register-staged on HIP
 warps (waves) a quarter of it from the target's matrix instruction (`mma.sync` m16n8k16 on CUDA,
 `v_mfma_f32_16x16x16` on HIP, through the wrappers in cuda.h/hip.h). On CUDA the 16-bit fragments
 come from `ldmatrix.x4` (one per A fragment, one per pair of B fragments) out of unpadded shared rows
-whose 16-byte chunks are XOR-swizzled (the template's tile_at); the other paths pad their rows. On
+whose 16-byte chunks are XOR-swizzled (the template's tile_at); on HIP each lane reads its fragment
+as 16 bytes (ds_read_b128: a pack of two MFMAs for 16-bit operands, four f32 ones, two f64, hip.h),
+from the same swizzled rows for 16-bit operands; the other paths pad their rows. On
 sm_90a the 16-bit GEMMs multiply on warpgroup MMA instead (`wgmma.mma_async` m64nNk16, HGMMA): the
 block's four warps are one warpgroup and the tensor cores read both operands from the same stages
 through shared-memory descriptors (the stages' swizzle is wgmma's 128/64/32-byte one; tiles of
@@ -75,8 +77,8 @@ from ..render import render
 from ..target import Target, TargetKind
 from .context import ENTRIES, TensorContext, check_entries, check_prefix, file_fields, tensor_fields
 from .family import Family
-from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, on_wgmma, vector_of,
-                          wgrad_copies_along_channels)
+from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, on_ldmatrix, on_wgmma,
+                          vector_of, wgrad_copies_along_channels)
 from .normal import Normal, Phase
 from .staging import staging
 
@@ -100,6 +102,7 @@ class IgemmContext(TensorContext):
     vector: int            # elements of one 16-byte copy
     lds: int               # a shared row's elements: BLOCK_K (swizzled), else BLOCK_K + one vector of padding
     ldmatrix: bool         # 16-bit fragments by ldmatrix.x4 from XOR-swizzled rows (igemm_tiles.on_ldmatrix)
+    swizzled: bool         # unpadded rows, XOR-swizzled 16-byte chunks (igemm_tiles.swizzled_rows): ldmatrix's, HIP's 16-bit
     tf32: bool             # f32 operands rounded to tf32 on the tf32 matrix instruction
     transposed: bool       # the entries map a transposed problem's roles onto the normal convolution
     staged: tuple[str, ...]     # operands ("X", "W", "Y") the forward / data gradient read from a copy in the
@@ -286,7 +289,8 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0], split_pixels=SPLIT_PIXELS,
         why=reasons(problem, target, staged),
         bits=SCALARS[problem.dtype] if fma or f64_matrix else BITS[problem.dtype], fma=fma, f64_matrix=f64_matrix,
-        vector=vector_of(problem.dtype.itemsize), lds=tiles.fwd.lds, ldmatrix=tiles.fwd.swizzled, tf32=problem.tf32,
+        vector=vector_of(problem.dtype.itemsize), lds=tiles.fwd.lds, swizzled=tiles.fwd.swizzled,
+        ldmatrix=tiles.fwd.swizzled and on_ldmatrix(target, problem.dtype.itemsize), tf32=problem.tf32,
         transposed=problem.transposed,
         staged=staged, read_strides=read_strides, converts=tuple(converts.items()), iterators=tuple(iterators.items()),
         staged_entries=_staged_entries(problem, converts, entries),

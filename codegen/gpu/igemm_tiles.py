@@ -92,6 +92,15 @@ def on_wgmma(target: Target, itemsize: int) -> bool:
     return on_ldmatrix(target, itemsize) and target.gpu.wgmma
 
 
+def swizzled_rows(target: Target, itemsize: int) -> bool:
+    """Whether the shared tiles' rows are unpadded with XOR-swizzled 16-byte chunks: 16-bit operands on
+    ldmatrix (CUDA), and on HIP, whose fragments are one 16-byte read a lane (hip.h): there a padded
+    32-deep row (80 bytes) puts the two rows a phase of 8 copies writes on overlapping banks, the
+    swizzle neither those nor the 8 rows a phase of fragment reads takes. (4- and 8-byte operands
+    keep padded rows, 144 bytes: conflict-free for both.)"""
+    return itemsize == 2 and (target.gpu.ldmatrix or target.kind is TargetKind.HIP)
+
+
 def _row(depth: int, itemsize: int, swizzled: bool) -> int:
     """A shared row's elements: the step's depth, plus one 16-byte vector of padding unless swizzled."""
     return depth if swizzled else depth + vector_of(itemsize)
@@ -124,7 +133,8 @@ class GemmTile:
     vector_b: bool
     itemsize: int       # bytes of one operand element in shared memory (2: bf16/f16 bits, 4: f32, 8: f64)
     depth: int          # the reduction step (BLOCK_K)
-    swizzled: bool      # unpadded rows, 16-byte chunks XOR-swizzled, fragments by ldmatrix (on_ldmatrix)
+    swizzled: bool      # unpadded rows, 16-byte chunks XOR-swizzled (swizzled_rows): fragments by ldmatrix on
+                        # CUDA, 16-byte reads on HIP
     mn_major: bool = False   # both operands copied along their rows / columns (filters, channels), not along the
                              # reduction: shared tiles of reduction rows, fragments by ldmatrix.trans
     a_mn: bool = False       # A alone so (the forward's NCHW input along its pixels: 1x1 at unit stride)
@@ -169,7 +179,7 @@ def _side(sides: tuple[int, ...], length: int) -> int:
 def _fitted(target: Target, shape: BlockTiles, m: int, n: int, itemsize: int) -> tuple[int, int]:
     """(m, n), the longer side taken down to the smallest until two stages fit a block's shared
     memory: HIP's 64 KiB of LDS holds two 128x128 stages of 2-byte operands, not of 4-byte ones."""
-    row = _row(shape.depth, itemsize, on_ldmatrix(target, itemsize)) * itemsize
+    row = _row(shape.depth, itemsize, swizzled_rows(target, itemsize)) * itemsize
     while 2 * (m + n) * row > target.gpu.shared_bytes_per_block and max(m, n) > shape.sides[0]:
         m, n = (shape.sides[0], n) if m >= n else (m, shape.sides[0])
     return m, n
@@ -188,7 +198,7 @@ def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction:
           tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False, a_mn: bool = False) -> GemmTile:
     m, n = _fitted(target, shape, _side(shape.sides, rows), _side(shape.sides, columns), itemsize)
     steps = max(1, -(-reduction // shape.depth))
-    swizzled = on_ldmatrix(target, itemsize)
+    swizzled = swizzled_rows(target, itemsize)
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
     return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth,
                     swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE,
@@ -321,10 +331,13 @@ def _multiply(target: Target, shape: BlockTiles, itemsize: int, fma: bool, f64_m
         return (f"on the f64 tensor cores (mma.sync m8n8k4 .f64, two per 16 x 8 x 4 step), f64 accumulation; tiles "
                 f"{side} a side: a warp's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
                 f"accumulators ({2 * quarter * quarter // lanes} registers) a thread")
+    packs = ("each lane's fragment one 16-byte ds_read_b128 holding its operands of a pack of MFMAs along the "
+             "reduction, from shared rows " + ("swizzled" if itemsize == 2 else "padded by 16 bytes")
+             + " (no bank conflicts)")
     if f64_matrix:
         return (f"on the matrix cores (v_mfma_f64_16x16x4f64, one 16 x 16 x 4 block each), f64 accumulation; tiles "
                 f"{side} a side: a wave's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
-                f"accumulators ({2 * quarter * quarter // lanes} registers) a lane")
+                f"accumulators ({2 * quarter * quarter // lanes} registers) a lane; {packs}")
     if on_wgmma(target, itemsize):
         return ("on sm_90a's warpgroup MMA (wgmma.mma_async m64nNk16, HGMMA): the block's 4 warps are one warpgroup, "
                 "each instruction a 64-row half of the tile by all of B, both operands read by the tensor cores from "
@@ -333,6 +346,8 @@ def _multiply(target: Target, shape: BlockTiles, itemsize: int, fma: bool, f64_m
     if on_ldmatrix(target, itemsize):
         return ("on the matrix instructions, each fragment one ldmatrix.x4 from unpadded shared rows whose 16-byte "
                 "chunks are XOR-swizzled (no bank conflicts)")
+    if target.kind is TargetKind.HIP:
+        return f"on the matrix cores, {packs}"
     return "on the matrix instructions"
 
 

@@ -32,9 +32,15 @@ inline int convgen_malloc_async(void** p, unsigned long long bytes, convgen_stre
 inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_cast<int>(hipFreeAsync(p, stream)); }
 #endif
 
-// A kernel's launch bounds: at most `threads` per block. (HIP's second __launch_bounds__ argument
-// counts waves per execution unit, not blocks per CU: left to the compiler.)
-#define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+// A kernel's launch bounds: at most `threads` per block, and `blocks` of them resident on a CU as
+// waves per execution unit (HIP's second __launch_bounds__ argument counts those: a CU's 4 SIMDs
+// share the blocks' waves), at least 2. That caps a lane at gfx90a's 256 VGPRs, where the compiler
+// gives the matrix instructions' accumulators ordinary registers; with the whole 512-register file
+// open (1 wave per SIMD) hipcc kept them in AGPRs and copied every accumulator out and back at each
+// k-step (128 v_accvgpr moves per 32 MFMAs in the 16-bit main loops).
+#define CONVGEN_WAVES_PER_EU(threads, blocks) \
+    (((threads) / 64 * (blocks) + 3) / 4 < 2 ? 2 : ((threads) / 64 * (blocks) + 3) / 4)
+#define CONVGEN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, CONVGEN_WAVES_PER_EU(threads, blocks))
 // A value kept in a register as computed (cuda.h's, where nvcc rematerialised the copies' shared
 // offsets at every k-step); nothing here: hipcc's main loops have not needed it.
 __device__ __forceinline__ void convgen_keep(int& v) {
@@ -87,14 +93,45 @@ template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) { re
 // --- the matrix instructions' shared names: v_mfma_{f32,f64}_16x16x{16,4} (gfx90a, gfx940) --------
 // The same names as cuda.h's (kernels read alike). Every shape has a 16 x 16 accumulator, 4
 // elements per lane: D[4(l / 16) + j][l % 16], j < 4, in lane l for the f32 accumulators,
-// D[4j + l / 16][l % 16] for f64's; the depth is convgen_mma_k<T>::value (16 for bf16/f16, 4 for
-// f32 and f64).
+// D[4j + l / 16][l % 16] for f64's.
+// A fragment is a pack of P instructions' operands that each lane loads with one 16-byte read
+// (ds_read_b128) from its row (A) or column (B) of the shared tile: 8 consecutive k of 16-bit
+// operands (P = 2), 4 of f32 (P = 4), 2 of f64 (P = 2), at k = (16 / bytes) * (l / 16) + q. The pack's
+// instruction p takes element p (16-bit: elements 4p..4p+3) of every lane, so its k-slot
+// s (s = l / 16, or 4(l / 16) + j) stands for k = (16 / bytes) * (l / 16) + p (+ j): A and B place
+// every k of the pack's 16 * P / (bytes / 2) once and alike, so the P instructions sum every product
+// of the step's k, in another order. The depth convgen_mma_k<T>::value is the pack's: 32 for bf16/f16,
+// 16 for f32, 8 for f64. One read per fragment instead of 2-4 narrower ones (and their addresses). The
+// 8 lanes of each 16-byte phase read 8 rows at one chunk: 16-bit tiles swizzle their rows' chunks
+// (the kernel's tile_at; convgen_mma_load16 takes the lane's own address), 4- and 8-byte tiles pad
+// their rows by 16 bytes (convgen_mma_load_a/_b add the lane's offset): 8 different 16-byte groups of
+// banks either way (igemm_tiles.swizzled_rows).
 #define CONVGEN_MMA_M 16
 #define CONVGEN_MMA_N 16
-#define CONVGEN_MMA_K 16
+#define CONVGEN_MMA_K 32
 template <class T> struct convgen_mma_k { static constexpr int value = CONVGEN_MMA_K; };
-template <class T> struct convgen_mma_a { unsigned short h[4]; };   // bf16/f16; f32 below
-template <class T> struct convgen_mma_b { unsigned short h[4]; };
+template <class T> struct convgen_mma_a { convgen_u128 v; };   // every dtype's pack: its 16 bytes as read
+template <class T> struct convgen_mma_b { convgen_u128 v; };
+// This lane's 16 bytes of a fragment pack at `at` (16-byte aligned: the rows' length and the lanes'
+// offsets are whole 16 bytes), one ds_read_b128.
+#if defined(CONVGEN_SIM)   // one 16-byte shared read, checked and profiled as such (g++ would split a plain copy)
+__attribute__((noinline)) CONVGEN_SIM_UNCHECKED inline convgen_u128 convgen_fragment_load16(const void* at) {
+    ::convgen_sim::Inside inside;
+    ::convgen_sim::shared_load(at, 16, "ds_read_b128 (a matrix fragment)", __builtin_return_address(0));
+    convgen_u128 v;
+    std::memcpy(&v, at, 16);
+    return v;
+}
+#else
+__device__ __forceinline__ convgen_u128 convgen_fragment_load16(const void* at) {
+    return *(const CONVGEN_LDS_U128*)at;
+}
+typedef unsigned convgen_v2u __attribute__((ext_vector_type(2)));
+// 8 bytes of a pack: words 2p and 2p + 1
+__device__ __forceinline__ convgen_v2u convgen_pack_half(const convgen_u128& v, int p) {
+    return p == 0 ? convgen_v2u{v[0], v[1]} : convgen_v2u{v[2], v[3]};
+}
+#endif
 template <class A> struct convgen_mma_accum { A c[4]; };
 typedef convgen_mma_accum<float> convgen_mma_acc;
 // Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result, for accumulators of type A.
@@ -128,17 +165,17 @@ template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>
 #endif
 
 
-// A (16 x 16) from tile[row * ld + k]
+// A fragment pack whose lane's 16 bytes are at `at` (rows whose chunks are swizzled: the kernel finds them)
+template <class F> __device__ __forceinline__ void convgen_mma_load16(F& f, const void* at) { f.v = convgen_fragment_load16(at); }
+// A (16 x 32) from tile[row * ld + k]
 template <class T>
 __device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<T>& a, const unsigned short* tile, int ld, int lane) {
-    const unsigned short* row = tile + (lane % 16) * ld + 4 * (lane / 16);
-    for (int j = 0; j < 4; ++j) a.h[j] = row[j];
+    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 8 * (lane / 16));
 }
-// B (16 x 16) from tile[col * ld + k]
+// B (32 x 16) from tile[col * ld + k]
 template <class T>
 __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const unsigned short* tile, int ld, int lane) {
-    const unsigned short* column = tile + (lane % 16) * ld + 4 * (lane / 16);
-    for (int j = 0; j < 4; ++j) b.h[j] = column[j];
+    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 8 * (lane / 16));
 }
 
 #if defined(CONVGEN_SIM)
@@ -147,8 +184,10 @@ template <> struct convgen_sim_bits<convgen_bf16> { typedef ::convgen_sim::Bf16B
 template <> struct convgen_sim_bits<convgen_f16> { typedef ::convgen_sim::F16Bits type; };
 template <class T>
 inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<T>& a, const convgen_mma_b<T>& b) {
-    ::convgen_sim::matrix_instruction(site, &::convgen_sim::emulate_mfma_16x16x16<typename convgen_sim_bits<T>::type>,
-                                      a.h, b.h, d.c);
+    for (int p = 0; p < 2; ++p)
+        ::convgen_sim::matrix_instruction(site, &::convgen_sim::emulate_mfma_16x16x16<typename convgen_sim_bits<T>::type>,
+                                          reinterpret_cast<const unsigned short*>(a.v.w) + 4 * p,
+                                          reinterpret_cast<const unsigned short*>(b.v.w) + 4 * p, d.c);
 }
 #else
 typedef short convgen_v4i16 __attribute__((ext_vector_type(4)));
@@ -157,21 +196,20 @@ typedef float convgen_v4f32 __attribute__((ext_vector_type(4)));
 // d += a b on the matrix cores, f32 accumulation (cbsz, abid, blgp 0: no broadcast, no swizzle).
 __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_bf16>& a,
                                                  const convgen_mma_b<convgen_bf16>& b) {
-    convgen_v4i16 va = {(short)a.h[0], (short)a.h[1], (short)a.h[2], (short)a.h[3]};
-    convgen_v4i16 vb = {(short)b.h[0], (short)b.h[1], (short)b.h[2], (short)b.h[3]};
     convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
-    vd = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(va, vb, vd, 0, 0, 0);
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+        vd = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(convgen_v4i16, convgen_pack_half(a.v, p)),
+                                                       __builtin_bit_cast(convgen_v4i16, convgen_pack_half(b.v, p)), vd, 0, 0, 0);
     for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
 }
 __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<convgen_f16>& a,
                                                  const convgen_mma_b<convgen_f16>& b) {
-    convgen_v4f16 va, vb;
-    for (int j = 0; j < 4; ++j) {
-        va[j] = __builtin_bit_cast(_Float16, a.h[j]);
-        vb[j] = __builtin_bit_cast(_Float16, b.h[j]);
-    }
     convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
-    vd = __builtin_amdgcn_mfma_f32_16x16x16f16(va, vb, vd, 0, 0, 0);
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+        vd = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(convgen_v4f16, convgen_pack_half(a.v, p)),
+                                                   __builtin_bit_cast(convgen_v4f16, convgen_pack_half(b.v, p)), vd, 0, 0, 0);
     for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
 }
 #endif
@@ -179,29 +217,31 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
 
 // --- f32: v_mfma_f32_16x16x4f32 (gfx90a; gfx940 spells it v_mfma_f32_16x16x4_f32) ---------------
 // True f32 operands (no tf32 on AMD), raw bits in shared memory: AMD's layout for the one 16x16x4
-// block: lane l holds A[l % 16][l / 16] and B[l / 16][l % 16] (one element each), D as above.
+// block: lane l holds A[l % 16][l / 16] and B[l / 16][l % 16] (one element each), D as above; a pack of
+// four (16 deep): lane l's A row, B column at k = 4(l / 16) .. 4(l / 16) + 3, instruction p taking the p-th.
 __device__ __forceinline__ float convgen_to_f32(float v) { return v; }
 template <class T> __device__ __forceinline__ T convgen_from_f32(float v);
 template <> __device__ __forceinline__ float convgen_from_f32<float>(float v) { return v; }
-template <> struct convgen_mma_k<float> { static constexpr int value = 4; };
-template <> struct convgen_mma_a<float> { unsigned r[1]; };
-template <> struct convgen_mma_b<float> { unsigned r[1]; };
+template <> struct convgen_mma_k<float> { static constexpr int value = 16; };
 __device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<float>& a, const unsigned* tile, int ld, int lane) {
-    a.r[0] = tile[(lane % 16) * ld + lane / 16];
+    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 4 * (lane / 16));
 }
 __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<float>& b, const unsigned* tile, int ld, int lane) {
-    b.r[0] = tile[(lane % 16) * ld + lane / 16];
+    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 4 * (lane / 16));
 }
 #if defined(CONVGEN_SIM)
 inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<float>& a,
                             const convgen_mma_b<float>& b) {
-    ::convgen_sim::matrix_instruction_f32(site, &::convgen_sim::emulate_mfma_16x16x4_f32, a.r, b.r, d.c);
+    for (int p = 0; p < 4; ++p)
+        ::convgen_sim::matrix_instruction_f32(site, &::convgen_sim::emulate_mfma_16x16x4_f32, a.v.w + p, b.v.w + p, d.c);
 }
 #else
 __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convgen_mma_a<float>& a,
                                                  const convgen_mma_b<float>& b) {
     convgen_v4f32 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
-    vd = __builtin_amdgcn_mfma_f32_16x16x4f32(__uint_as_float(a.r[0]), __uint_as_float(b.r[0]), vd, 0, 0, 0);
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+        vd = __builtin_amdgcn_mfma_f32_16x16x4f32(__uint_as_float(a.v[p]), __uint_as_float(b.v[p]), vd, 0, 0, 0);
     for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
 }
 #endif
@@ -210,27 +250,31 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
 // Doubles in shared memory, f64 accumulation. Lane l holds A[l % 16][l / 16] and B[l / 16][l % 16]
 // (one double each), as the f32 16x16x4 shape does, but its four accumulators are D[4j + l / 16][l % 16]:
 // each group of 16 lanes takes every fourth row (AMD's "AMD matrix cores" lab notes, the
-// v_mfma_f64_16x16x4f64 example; convgen_mma_acc_row<double> above).
-template <> struct convgen_mma_k<double> { static constexpr int value = 4; };
-template <> struct convgen_mma_a<double> { double r[1]; };
-template <> struct convgen_mma_b<double> { double r[1]; };
+// v_mfma_f64_16x16x4f64 example; convgen_mma_acc_row<double> above). A pack of two (8 deep): lane l's
+// A row, B column at k = 2(l / 16), 2(l / 16) + 1, instruction p taking the p-th.
+template <> struct convgen_mma_k<double> { static constexpr int value = 8; };
 __device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<double>& a, const double* tile, int ld, int lane) {
-    a.r[0] = tile[(lane % 16) * ld + lane / 16];
+    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 2 * (lane / 16));
 }
 __device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<double>& b, const double* tile, int ld, int lane) {
-    b.r[0] = tile[(lane % 16) * ld + lane / 16];
+    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 2 * (lane / 16));
 }
 #if defined(CONVGEN_SIM)
 inline void convgen_sim_mma(const char* site, convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
                             const convgen_mma_b<double>& b) {
-    ::convgen_sim::matrix_instruction64(site, &::convgen_sim::emulate_mfma_16x16x4_f64, a.r, b.r, d.c);
+    for (int p = 0; p < 2; ++p)
+        ::convgen_sim::matrix_instruction64(site, &::convgen_sim::emulate_mfma_16x16x4_f64,
+                                            reinterpret_cast<const double*>(a.v.w) + p, reinterpret_cast<const double*>(b.v.w) + p, d.c);
 }
 #else
 typedef double convgen_v4f64 __attribute__((ext_vector_type(4)));
 __device__ __forceinline__ void convgen_mma_sync(convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
                                                  const convgen_mma_b<double>& b) {
     convgen_v4f64 vd = {d.c[0], d.c[1], d.c[2], d.c[3]};
-    vd = __builtin_amdgcn_mfma_f64_16x16x4f64(a.r[0], b.r[0], vd, 0, 0, 0);
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+        vd = __builtin_amdgcn_mfma_f64_16x16x4f64(__builtin_bit_cast(double, convgen_pack_half(a.v, p)),
+                                                  __builtin_bit_cast(double, convgen_pack_half(b.v, p)), vd, 0, 0, 0);
     for (int j = 0; j < 4; ++j) d.c[j] = vd[j];
 }
 #endif

@@ -32,17 +32,19 @@ GEMM = r"""
 #include "VENDOR.h"
 template <class T>
 __global__ void gemm(const unsigned short* a, const unsigned short* bt, float* c, int M, int N, int K, int skip_lane) {
-    __shared__ unsigned short a_tile[CONVGEN_MMA_M * 16], b_tile[CONVGEN_MMA_N * 16];
+    constexpr int D = convgen_mma_k<T>::value;   // the fragments' depth (HIP: a pack of two MFMAs, 32)
+    CONVGEN_SHARED(unsigned short, a_tile, [CONVGEN_MMA_M * D]);   // (in the block's shared memory: HIP's
+    CONVGEN_SHARED(unsigned short, b_tile, [CONVGEN_MMA_N * D]);   // 16-byte fragment reads check it is)
     int lane = threadIdx.x, m0 = blockIdx.x * CONVGEN_MMA_M, n0 = blockIdx.y * CONVGEN_MMA_N;
     convgen_mma_acc acc = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    for (int k0 = 0; k0 < K; k0 += 16) {
-        for (int e = lane; e < CONVGEN_MMA_M * 16; e += CONVGEN_WARP) a_tile[e] = a[(m0 + e / 16) * K + k0 + e % 16];
-        for (int e = lane; e < CONVGEN_MMA_N * 16; e += CONVGEN_WARP) b_tile[e] = bt[(n0 + e / 16) * K + k0 + e % 16];
+    for (int k0 = 0; k0 < K; k0 += D) {
+        for (int e = lane; e < CONVGEN_MMA_M * D; e += CONVGEN_WARP) a_tile[e] = a[(m0 + e / D) * K + k0 + e % D];
+        for (int e = lane; e < CONVGEN_MMA_N * D; e += CONVGEN_WARP) b_tile[e] = bt[(n0 + e / D) * K + k0 + e % D];
         __syncthreads();
         convgen_mma_a<T> fa;
         convgen_mma_b<T> fb;
-        convgen_mma_load_a(fa, a_tile, 16, lane);
-        convgen_mma_load_b(fb, b_tile, 16, lane);
+        convgen_mma_load_a(fa, a_tile, D, lane);
+        convgen_mma_load_b(fb, b_tile, D, lane);
         if (lane != skip_lane) convgen_mma_sync(acc, fa, fb);
         __syncthreads();
     }
@@ -78,8 +80,8 @@ def test_matrix_instruction_layouts_place_every_element(gemm_libs, vendor, dtype
     """Small integers: every product and sum is exact, so C must equal A B exactly."""
     g = generator_for(f"mma-int-{vendor}-{dtype}")
     torch_dtype = DTYPES[dtype]
-    a = torch.randint(-8, 9, (32, 48), generator=g).to(torch_dtype)
-    b = torch.randint(-8, 9, (48, 48), generator=g).to(torch_dtype)
+    a = torch.randint(-8, 9, (32, 64), generator=g).to(torch_dtype)   # K: whole fragments on both vendors
+    b = torch.randint(-8, 9, (64, 48), generator=g).to(torch_dtype)
     for order in ORDERS:
         c = _gemm(gemm_libs[vendor], vendor, dtype, a, b, order)
         assert torch.equal(c, a.float() @ b.float()), order
@@ -97,7 +99,7 @@ def test_matrix_instructions_accumulate_in_f32(gemm_libs, vendor, dtype):
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
 def test_a_matrix_instruction_needs_the_whole_warp(gemm_libs, vendor):
-    a = torch.ones(16, 16, dtype=torch.bfloat16)
-    b = torch.ones(16, 16, dtype=torch.bfloat16)
+    a = torch.ones(16, 64, dtype=torch.bfloat16)
+    b = torch.ones(64, 16, dtype=torch.bfloat16)
     with pytest.raises(SimulatorError, match="matrix instruction"):
         _gemm(gemm_libs[vendor], vendor, "bf16", a, b, skip_lane=5)

@@ -17,6 +17,11 @@ swizzled: its copies are issue 47's third deliverable.)
 The same kernels with the swizzles taken out of tile_at and tile_mn (the layouts stay consistent,
 only unpadded and unswizzled) conflict in every GEMM launch: the ldmatrix phases' 8 rows, 64 (or
 128, 256) bytes apart, fall on 4 bank groups or fewer. So the test sees the fragment loads.
+
+On HIP (gfx90a) every dtype's fragment is one 16-byte read a lane (hip.h's packs of MFMAs): the
+16-bit tiles swizzle their rows as above, the f32 and f64 ones pad theirs by 16 bytes; the
+channels-last cases' every launch is ideal there too, and conflicts without the swizzle or the
+padding.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ pytestmark = pytest.mark.skipif(sim_build.fp16_include_dir() is None,
 
 TARGET = parse_target("cuda-sm_90")
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
+# HIP (gfx90a): every dtype's fragments are 16-byte reads (hip.h's packs), 16-bit rows swizzled, 4- and
+# 8-byte rows padded by 16 bytes; the channels-last cases' GEMMs (the weight gradient gathers on HIP)
+HIP = parse_target("hip-gfx90a")
+HIP_DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64)}
+HIP_CASES = ("cl_s1", "cl_s2")
 GEMMS = {"FWD": "fwd", "DGRAD": "bwd_data", "WGRAD": "bwd_weight_partial"}
 # name: (batch, C, K, size, stride, layout, staged, the GEMMs checked)
 CASES = {
@@ -61,7 +71,7 @@ SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| j >> 1;"
 def _problem(name: str, dtype: str):
     n, c, k, size, stride, layout, _, _ = CASES[name]
     kernel, padding = (1, 0) if name.endswith("_1x1") else (3, 1)
-    return conv_problem(n, c, k, size, kernel, stride, padding, dtype=DTYPES[dtype][0], layout=layout,
+    return conv_problem(n, c, k, size, kernel, stride, padding, dtype={**HIP_DTYPES, **DTYPES}[dtype][0], layout=layout,
                         bias=True).validate()
 
 
@@ -88,7 +98,7 @@ def libs(tmp_path_factory):
 
 def _launches(lib, name: str, dtype: str) -> dict[str, list[dict]]:
     """Every pass of the case, profiled: the launches of each GEMM kernel."""
-    problem, torch_dtype = _problem(name, dtype), DTYPES[dtype][1]
+    problem, torch_dtype = _problem(name, dtype), {**HIP_DTYPES, **DTYPES}[dtype][1]
     g = generator_for(f"banks-{name}-{dtype}")
     p, n = sim.pointer, ctypes.c_longlong(problem.n)
     x = in_layout(randn(problem.input_shape, torch_dtype, g), problem.input_layout)
@@ -146,3 +156,52 @@ def test_without_the_swizzle_the_fragment_loads_conflict(libs):
         for gemm in CASES[name][7]:
             for launch in launches[gemm]:
                 assert launch["shared_wavefronts"] > launch["shared_ideal"], (name, dtype, gemm, launch)
+
+
+# ----------------------------------------------------------------------- HIP (gfx90a)
+
+def _hip_source(mutation: str = "") -> str:
+    text = "".join(render_igemm(_problem(name, dtype), HIP, _prefix(name, dtype), staged=CASES[name][6])
+                   for name in HIP_CASES for dtype in HIP_DTYPES)
+    if mutation == "unswizzled":   # the 16-bit rows without their swizzle (unpadded: 64 bytes)
+        text, count = re.subn(SWIZZLE, "const unsigned chunk = (unsigned)k / VECTOR;", text)
+        assert count == len(HIP_CASES), "tile_at's swizzle is no longer where this test takes it out"
+    elif mutation == "unpadded":   # the 4- and 8-byte rows without their 16 bytes of padding
+        text, count = re.subn(r"constexpr int LDS = \d+;(?=   // BLOCK_K \+ 16 bytes of padding)",
+                              "constexpr int LDS = BLOCK_K;", text)
+        assert count == 2 * len(HIP_CASES), "the padded rows' LDS is no longer where this test takes it out"
+    return text
+
+
+@pytest.fixture(scope="module")
+def hip_libs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shared_banks_hip")
+    return {m: sim.build(_hip_source(m), d, f"banks_hip{m}", "hip") for m in ("", "unswizzled", "unpadded")}
+
+
+@pytest.mark.parametrize("dtype", list(HIP_DTYPES))
+@pytest.mark.parametrize("name", HIP_CASES)
+def test_hip_gemm_launches_read_fragments_and_write_copies_without_bank_conflicts(hip_libs, name, dtype):
+    """HIP's fragment loads (a ds_read_b128 a lane: 8 lanes a phase read 8 rows at one chunk) and
+    staged copies (ds_write_b128: a phase writes 2 rows of 4 chunks, or one of 8): ideal in every
+    launch of the forward, the data gradient (each stride phase) and the weight gradient."""
+    context = igemm_context(_problem(name, dtype), HIP, "p", staged=CASES[name][6])
+    assert not context.ldmatrix and context.swizzled == (dtype == "bf16")
+    assert context.lds == context.block_k + (0 if dtype == "bf16" else 16 // {"f32": 4, "f64": 8}[dtype])
+    launches = _launches(hip_libs[""], name, dtype)
+    for gemm in ("FWD", "DGRAD", "WGRAD"):
+        assert launches[gemm], gemm
+        for launch in launches[gemm]:
+            assert launch["tensor_instructions"] > 0 and launch["shared_requests"] > 0, launch
+            assert launch["shared_wavefronts"] == launch["shared_ideal"], (gemm, launch)
+
+
+def test_hip_without_the_swizzle_or_the_padding_the_fragment_reads_conflict(hip_libs):
+    """64-byte bf16 rows unswizzled put a phase's 8 rows on 2 groups of banks; f32 and f64 rows of
+    128 bytes unpadded, on one."""
+    for mutation, dtypes in (("unswizzled", ("bf16",)), ("unpadded", ("f32", "f64"))):
+        for dtype in dtypes:
+            launches = _launches(hip_libs[mutation], "cl_s1", dtype)
+            for gemm in ("FWD", "DGRAD"):
+                for launch in launches[gemm]:
+                    assert launch["shared_wavefronts"] > launch["shared_ideal"], (mutation, dtype, gemm, launch)
