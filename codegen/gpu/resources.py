@@ -171,9 +171,15 @@ def loop_bound(arch: GpuArch, units: str, mix) -> tuple[str, float] | None:
 def loop_line(arch: GpuArch, units: str, mix, gathers: bool = False) -> str:
     """explain's line for one kernel's main loop, read in its machine code; `gathers`: the kernel's
     GEMM moves an operand element by element (loops nested in the main loop, run every k-step)."""
-    text = (f"main loop (machine code, a k-step a warp): {mix.total} instructions: {mix.tensor} tensor "
-            f"({mix.multiply_adds} multiply-adds), {mix.ldsm} LDSM, {mix.ldgsts} LDGSTS, {mix.other - mix.ldsm - mix.ldgsts} "
-            f"other; {mix.per_2048:.1f} non-tensor per 2048 multiply-adds")
+    if arch.vendor == "hip":   # hipcc's assembly: MFMAs, ds_read_b128 fragments, global_load_dwordx4 copies
+        text = (f"main loop (machine code, a k-step a wave): {mix.total} instructions: {mix.tensor} MFMA "
+                f"({mix.multiply_adds} multiply-adds), {mix.ldsm} ds_read_b128, {mix.ldgsts} global_load_dwordx4, "
+                f"{mix.other - mix.ldsm - mix.ldgsts} other; MFMA : other 1 : {mix.other / mix.tensor:.2f} "
+                f"({mix.per_2048:.1f} other per 2048 multiply-adds)")
+    else:
+        text = (f"main loop (machine code, a k-step a warp): {mix.total} instructions: {mix.tensor} tensor "
+                f"({mix.multiply_adds} multiply-adds), {mix.ldsm} LDSM, {mix.ldgsts} LDGSTS, "
+                f"{mix.other - mix.ldsm - mix.ldgsts} other; {mix.per_2048:.1f} non-tensor per 2048 multiply-adds")
     if mix.nested:
         text += (f", and {mix.nested} instructions in loops nested in it: "
                  + ("an operand's element gathers, run every k-step and not counted here" if gathers else

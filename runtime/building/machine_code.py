@@ -1,4 +1,4 @@
-"""The GPU kernels' main loops read in their machine code: what `convgen explain --target cuda-...`
+"""The GPU kernels' main loops read in their machine code: what `convgen explain --target cuda-...|hip-...`
 prints beside the compiler's resource report (DESIGN.md "GPU main loops").
 
 nvdisasm (the CUDA toolkit's, or the `nvidia-cuda-nvdisasm` pip package's) turns the cubin nvcc
@@ -7,6 +7,12 @@ tensor-core instructions. Its instructions are counted statically, once per k-st
 instructions (HMMA, HGMMA, DMMA) and the multiply-adds they do a warp, the fragment loads (LDSM),
 the asynchronous copies (LDGSTS) and everything else; codegen/gpu/resources.py weighs them against
 the arch's issue rate and tensor peak.
+
+HIP: hipcc's device assembly (`-S --cuda-device-only`, AMDGPU mnemonics) is read the same way
+(`read_hip`): the matrix instructions are the MFMAs (v_mfma_*, M x N x K multiply-adds a wave), the
+fragment loads ds_read_b128, the 16-byte copies global_load_dwordx4 (hip.h stages them through
+registers: the loop holding them is the aligned operands' one); branches are s_branch and
+s_cbranch_*.
 """
 
 from __future__ import annotations
@@ -81,7 +87,61 @@ def _opcode(instruction: str) -> str:
 
 
 def is_tensor(instruction: str) -> bool:
-    return _opcode(instruction).split(".")[0] in ("HMMA", "HGMMA", "DMMA", "IMMA")
+    op = _opcode(instruction)
+    return op.split(".")[0] in ("HMMA", "HGMMA", "DMMA", "IMMA") or op.startswith("v_mfma")
+
+
+def _is_fragment_load(op: str) -> bool:
+    return op.startswith("LDSM") or op == "ds_read_b128"
+
+
+def _is_copy(op: str) -> bool:
+    return op.startswith("LDGSTS") or op == "global_load_dwordx4"
+
+
+# --- AMDGPU assembly (hipcc -S) ---------------------------------------------------------------------
+
+def amd_functions(asm: str) -> dict[str, str]:
+    """hipcc's device assembly split into its functions: mangled name -> the function's text."""
+    out, name, lines = {}, None, []
+    for line in asm.splitlines():
+        if m := re.match(r"(_Z[\w$.]+):", line):
+            name, lines = m.group(1), []
+        elif name and line.startswith(".Lfunc_end"):
+            out[name] = "\n".join(lines)
+            name = None
+        elif name:
+            lines.append(line)
+    return out
+
+
+def amd_instructions(function: str) -> tuple[list[str], dict[str, int]]:
+    """A function's instructions (mnemonic and operands, comments dropped) and its labels' positions."""
+    labels, out = {}, []
+    for line in function.splitlines():
+        text = line.split(";", 1)[0].strip()
+        if m := re.match(r"(\.LBB\w+):", text):
+            labels[m.group(1)] = len(out)
+        elif text and not text.startswith(".") and not text.endswith(":"):
+            out.append(text)
+    return out, labels
+
+
+def _amd_successors(code: list[str], labels: dict[str, int]) -> list[list[int]]:
+    """Each instruction's successors: s_branch's target, an s_cbranch_*'s target and the next one,
+    none after s_endpgm or a return (s_setpc_b64)."""
+    out = []
+    for i, x in enumerate(code):
+        op = _opcode(x)
+        target = re.search(r"(\.LBB\w+)", x) if op.startswith(("s_branch", "s_cbranch")) else None
+        if target and target.group(1) in labels:
+            nexts = [labels[target.group(1)]] + ([] if op == "s_branch" else [i + 1])
+        elif op in ("s_endpgm", "s_setpc_b64"):
+            nexts = []
+        else:
+            nexts = [i + 1]
+        out.append([j for j in nexts if j < len(code)])
+    return out
 
 
 def _successors(code: list[str], labels: dict[str, int]) -> list[list[int]]:
@@ -108,40 +168,65 @@ def _successors(code: list[str], labels: dict[str, int]) -> list[list[int]]:
     return out
 
 
-def _natural_loops(code: list[str], labels: dict[str, int]) -> list[set[int]]:
+def _retreating(succ: list[list[int]]) -> list[tuple[int, int]]:
+    """The edges (tail, head) of a depth-first walk from instruction 0 whose head is on the walk's
+    stack (an ancestor of the tail): a reducible graph's back edges."""
+    state = [0] * len(succ)   # 0 unseen, 1 on the stack, 2 done
+    out, stack = [], [(0, 0)] if succ else []
+    if succ:
+        state[0] = 1
+    while stack:
+        node, k = stack[-1]
+        if k < len(succ[node]):
+            stack[-1] = (node, k + 1)
+            nxt = succ[node][k]
+            if state[nxt] == 1:
+                out.append((node, nxt))
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((nxt, 0))
+        else:
+            state[node] = 2
+            stack.pop()
+    return out
+
+
+def _natural_loops(code: list[str], labels: dict[str, int], successors=_successors) -> list[set[int]]:
     """The natural loops of the function's control flow (a back edge's header and every
     instruction that reaches the edge without passing the header), one per header; an edge back to
     an instruction that does not dominate it is no loop."""
-    succ = _successors(code, labels)
+    succ = successors(code, labels)
     preds: list[list[int]] = [[] for _ in code]
     for i, nexts in enumerate(succ):
         for j in nexts:
             preds[j].append(i)
+    # back-edge candidates: jumps backwards in SASS (nvdisasm lays a loop out from its header);
+    # hipcc rotates loops (a header may sit after blocks of its body), so there the retreating edges
+    # of a depth-first walk from the entry
+    edges = (_retreating(succ) if successors is not _successors else
+             [(tail, head) for tail, nexts in enumerate(succ) for head in nexts if head <= tail])
     loops: dict[int, set[int]] = {}
-    for tail, nexts in enumerate(succ):
-        for head in nexts:
-            if head > tail:
-                continue
-            body, stack = {head}, [tail]
-            while stack:
-                n = stack.pop()
-                if n not in body:
-                    body.add(n)
-                    stack.extend(preds[n])
-            # the entry reaches the tail around the head: a jump back from out-of-line code (a
-            # shuffle's divergent path rejoining), not a loop the head dominates
-            if head == 0 or 0 not in body:
-                loops[head] = loops.get(head, set()) | body
+    for tail, head in edges:
+        body, stack = {head}, [tail]
+        while stack:
+            n = stack.pop()
+            if n not in body:
+                body.add(n)
+                stack.extend(preds[n])
+        # the entry reaches the tail around the head: a jump back from out-of-line code (a
+        # shuffle's divergent path rejoining), not a loop the head dominates
+        if head == 0 or 0 not in body:
+            loops[head] = loops.get(head, set()) | body
     return list(loops.values())
 
 
-def _main_and_nested(code: list[str], labels: dict[str, int]) -> tuple[list[int], list[int]]:
+def _main_and_nested(code: list[str], labels: dict[str, int], successors=_successors) -> tuple[list[int], list[int]]:
     """The main loop's instruction positions outside the loops nested in it, and those inside."""
-    loops = _natural_loops(code, labels)
+    loops = _natural_loops(code, labels, successors)
     tensor = [b for b in loops if any(is_tensor(code[i]) for i in b)]
     # a kernel with 16-byte copies has a second main loop, gathering elements, for unaligned
     # pointers (templates/gpu/igemm.cu.j2 block_gemm): the copies' loop is the one that runs
-    copying = [b for b in tensor if any(_opcode(code[i]).startswith("LDGSTS") for i in b)]
+    copying = [b for b in tensor if any(_is_copy(_opcode(code[i])) for i in b)]
     if not tensor:
         return list(range(len(code))), []
     main = max(copying or tensor, key=len)
@@ -163,12 +248,16 @@ def main_loop(function: str) -> list[str]:
     return [code[i] for i in sorted(outer + inner)]
 
 
-def main_loop_parts(function: str) -> tuple[list[str], list[str]]:
+def main_loop_parts(function: str, amd: bool = False) -> tuple[list[str], list[str]]:
     """The main loop's instructions outside the loops nested in it, and those inside them (element
     gathers: of an operand moved element by element, every k-step; of unaligned operands, only in
-    the gathering loop)."""
-    code, labels = instructions(function)
-    outer, inner = _main_and_nested(code, labels)
+    the gathering loop). `amd`: the function is hipcc's assembly, not nvdisasm's SASS."""
+    if amd:
+        code, labels = amd_instructions(function)
+        outer, inner = _main_and_nested(code, labels, _amd_successors)
+    else:
+        code, labels = instructions(function)
+        outer, inner = _main_and_nested(code, labels)
     return [code[i] for i in outer], [code[i] for i in inner]
 
 
@@ -176,7 +265,11 @@ def multiply_adds(instruction: str) -> int:
     """Multiply-adds a warp does in one tensor instruction (0 for others): its shape spelled
     `16816` (HMMA.16816: m16 n8 k16) or `8x8x4` (DMMA.8x8x4); HGMMA.64xNx16 is a warpgroup's, a
     quarter of it a warp's."""
-    parts = _opcode(instruction).split(".")
+    op = _opcode(instruction)
+    if op.startswith("v_mfma"):   # v_mfma_f32_16x16x16bf16_1k, v_mfma_f64_16x16x4f64: M x N x K, a wave's
+        m = re.search(r"_(\d+)x(\d+)x(\d+)", op)
+        return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else 0
+    parts = op.split(".")
     if parts[0] not in ("HMMA", "HGMMA", "DMMA", "IMMA") or len(parts) < 2:
         return 0
     m = re.fullmatch(r"(\d+)x(\d+)x(\d+)", parts[1])
@@ -190,10 +283,10 @@ class LoopMix:
     one k-step issues them), and how many sit in nested loops (not counted: see main_loop_parts)."""
 
     total: int
-    tensor: int          # HMMA / HGMMA / DMMA
-    multiply_adds: int   # what those do, a warp
-    ldsm: int            # ldmatrix fragment loads
-    ldgsts: int          # cp.async copies
+    tensor: int          # HMMA / HGMMA / DMMA (HIP: v_mfma)
+    multiply_adds: int   # what those do, a warp (a wave)
+    ldsm: int            # ldmatrix fragment loads (HIP: ds_read_b128)
+    ldgsts: int          # cp.async copies (HIP: global_load_dwordx4, the copies' global half)
     nested: int          # instructions in loops nested in it
 
     @property
@@ -206,15 +299,16 @@ class LoopMix:
         return self.other * 2048 / self.multiply_adds if self.multiply_adds else float("inf")
 
 
-def loop_mix(function: str) -> LoopMix | None:
-    """The mix of a function's main loop; None where it issues no tensor instruction."""
-    loop, nested = main_loop_parts(function)
+def loop_mix(function: str, amd: bool = False) -> LoopMix | None:
+    """The mix of a function's main loop; None where it issues no tensor instruction. `amd`: hipcc's
+    assembly."""
+    loop, nested = main_loop_parts(function, amd)
     tensor = [x for x in loop if is_tensor(x)]
     if not tensor:
         return None
     return LoopMix(len(loop), len(tensor), sum(multiply_adds(x) for x in tensor),
-                   sum(1 for x in loop if _opcode(x).startswith("LDSM")),
-                   sum(1 for x in loop if _opcode(x).startswith("LDGSTS")), len(nested))
+                   sum(1 for x in loop if _is_fragment_load(_opcode(x))),
+                   sum(1 for x in loop if _is_copy(_opcode(x))), len(nested))
 
 
 def read_cubin(cubin: Path) -> dict[str, LoopMix]:
@@ -227,3 +321,21 @@ def read_cubin(cubin: Path) -> dict[str, LoopMix]:
     mixes = {name: loop_mix(body) for name, body in functions(sass).items()}
     return {name: mix for name, mix in mixes.items() if mix is not None}
 
+
+
+def hip_assembly_command(hipcc: str, arch: str, src: str, out: str) -> list[str]:
+    """hipcc's device assembly of a kernel file for `arch`, as the artifact's build optimises it."""
+    return [hipcc, "-x", "hip", f"--offload-arch={arch}", "-O3", "-S", "--cuda-device-only", src, "-o", out]
+
+
+def read_hip(source_text: str, arch: str, hipcc: str, workdir: Path) -> dict[str, LoopMix]:
+    """Each kernel of a HIP source that uses the matrix cores: its mangled name -> its main loop's mix,
+    read from hipcc's assembly for `arch` (written under `workdir`). Raises OSError or
+    subprocess.CalledProcessError where hipcc fails."""
+    src, out = workdir / "kernel.hip", workdir / "kernel.s"
+    src.write_text(source_text, encoding="utf-8")
+    env = dict(os.environ, HIP_PLATFORM="amd")
+    subprocess.run(hip_assembly_command(hipcc, arch, str(src), str(out)), capture_output=True, text=True, check=True,
+                   timeout=600, env=env, stdin=subprocess.DEVNULL)
+    mixes = {name: loop_mix(body, amd=True) for name, body in amd_functions(out.read_text(encoding="utf-8")).items()}
+    return {name: mix for name, mix in mixes.items() if mix is not None}

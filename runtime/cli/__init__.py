@@ -26,6 +26,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -222,13 +224,15 @@ def _gpu_resources(plan, source) -> list[str]:
     except BuildError as e:
         return explain_lines(plan, None, str(e).splitlines()[0])
     loops, why = {}, ""
-    if plan.target.kind is not TargetKind.CUDA:
-        why = "the machine code of hip targets is not read yet"
-    else:
-        try:
-            loops = {short_name(name): mix for name, mix in machine_code.read_cubin(artifact.path).items()}
-        except (OSError, subprocess.SubprocessError) as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    try:
+        if plan.target.kind is TargetKind.CUDA:
+            found = machine_code.read_cubin(artifact.path)
+        else:   # hipcc's device assembly of the same source (a second compile, -S)
+            with tempfile.TemporaryDirectory(prefix="convgen-asm-") as d:
+                found = machine_code.read_hip(source.text, plan.target.isa, gpu_build.compiler(TargetKind.HIP), Path(d))
+        loops = {short_name(name): mix for name, mix in found.items()}
+    except (OSError, subprocess.SubprocessError, BuildError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
     return explain_lines(plan, artifact.report, loops=loops, loops_unavailable=why)
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from convgen.devices import sim
 from convgen.building import sim_build
-from convgen.building.machine_code import main_loop
+from convgen.building.machine_code import main_loop, main_loop_parts
 from convgen.codegen.errors import ConvSpecError
 from convgen.codegen.gpu.igemm import igemm_context, render_igemm, wgrad_split
 from convgen.codegen.gpu.normal import axis_phases
@@ -538,6 +538,14 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
                 # (a copy whose address the compiler proves uniform may load with s_load_dwordx4 instead)
                 assert vector or not re.search(r"\bglobal_load_dwordx4\b", body), (arch, prefix, symbol)
                 assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
+                # the main loop (machine_code's reading of hipcc's assembly): every fragment one 16-byte
+                # read (hip.h's packs), the accumulators in ordinary registers (no AGPR copies a k-step:
+                # CONVGEN_LAUNCH_BOUNDS' waves per SIMD), no narrower shared reads
+                loop, _ = main_loop_parts(body, amd=True)
+                ops = [x.split()[0] for x in loop]
+                assert "ds_read_b128" in ops and any(op.startswith("v_mfma") for op in ops), (arch, prefix, symbol)
+                assert not [op for op in ops if op.startswith(("v_accvgpr", "ds_read2", "ds_read_u16", "ds_read_b32",
+                                                               "ds_read_b64"))], (arch, prefix, symbol, ops)
 
 
 # ----------------------------------------------------------------------- sanitizers

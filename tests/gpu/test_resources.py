@@ -148,7 +148,58 @@ def test_the_main_loop_is_the_longest_tensor_loop_without_its_nested_loops():
     assert machine_code.loop_mix(bodies["_ZN3cgk4copyEv"]) is None
 
 
+# hipcc's device assembly, shaped as its main loops are: the loop rotated (its header, .LBB0_3, after
+# a block of its body, which the header's conditional branch jumps back to), an element loop nested in
+# it, and an exit block after.
+AMDGCN = """	.text
+_ZN3cgk3fwdEv:                          ; @_ZN3cgk3fwdEv
+; %bb.0:
+	s_load_dwordx4 s[0:3], s[4:5], 0x0
+	s_branch .LBB0_3
+.LBB0_1:                                ;   in Loop: Header=BB0_3 Depth=1
+	ds_read_b128 v[4:7], v1
+	v_mfma_f32_16x16x16bf16_1k v[8:11], v[4:5], v[6:7], v[8:11]
+	v_mfma_f32_16x16x16bf16_1k v[8:11], v[4:5], v[6:7], v[8:11]
+	v_add_u32_e32 v1, 64, v1
+.LBB0_2:                                ;   Parent Loop BB0_3 Depth=1
+	ds_write_b16 v2, v3
+	s_add_i32 s6, s6, -1
+	s_cbranch_scc1 .LBB0_2
+.LBB0_3:                                ; =>This Loop Header: Depth=1
+	global_load_dwordx4 v[12:15], v[16:17], off
+	s_waitcnt vmcnt(0)
+	s_barrier
+	s_cmp_lg_u32 s7, 0
+	s_cbranch_scc1 .LBB0_1
+; %bb.4:
+	global_store_dword v[16:17], v8, off
+	s_endpgm
+.Lfunc_end0:
+	.size	_ZN3cgk3fwdEv, .Lfunc_end0-_ZN3cgk3fwdEv
+_ZN3cgk4copyEv:
+	global_load_dword v1, v[2:3], off
+	s_endpgm
+.Lfunc_end1:
+"""
+
+
+def test_hipcc_assembly_main_loop_found_in_a_rotated_loop():
+    bodies = machine_code.amd_functions(AMDGCN)
+    assert set(bodies) == {"_ZN3cgk3fwdEv", "_ZN3cgk4copyEv"}
+    outer, inner = machine_code.main_loop_parts(bodies["_ZN3cgk3fwdEv"], amd=True)
+    assert [x.split()[0] for x in inner] == ["ds_write_b16", "s_add_i32", "s_cbranch_scc1"]
+    assert "s_endpgm" not in [x.split()[0] for x in outer] and "s_load_dwordx4" not in [x.split()[0] for x in outer]
+    mix = machine_code.loop_mix(bodies["_ZN3cgk3fwdEv"], amd=True)
+    assert (mix.total, mix.tensor, mix.multiply_adds, mix.ldsm, mix.ldgsts, mix.nested) == (9, 2, 8192, 1, 1, 3)
+    assert machine_code.loop_mix(bodies["_ZN3cgk4copyEv"], amd=True) is None
+    line = loop_line(GPU_ARCHS["gfx90a"], "matrix16", mix)
+    assert "2 MFMA (8192 multiply-adds), 1 ds_read_b128, 1 global_load_dwordx4, 5 other; MFMA : other 1 : 3.50" in line
+
+
 @pytest.mark.parametrize("instruction, macs", [
+    ("v_mfma_f32_16x16x16bf16_1k v[8:11], v[4:5], v[6:7], v[8:11]", 16 * 16 * 16),
+    ("v_mfma_f32_16x16x16_bf16 v[8:11], v[4:5], v[6:7], v[8:11]", 16 * 16 * 16),
+    ("v_mfma_f32_16x16x4f32 a[0:3], v1, v2, a[0:3]", 16 * 16 * 4), ("v_mfma_f64_16x16x4f64 v[0:7], v[8:9], v[10:11], v[0:7]", 16 * 16 * 4),
     ("HMMA.16816.F32.BF16 R12, R8, R10, R12", 16 * 8 * 16), ("@P0 HMMA.1688.F32.TF32 R4, R8, R10, R4", 16 * 8 * 8),
     ("DMMA.8x8x4 R4, R8, R10, R4", 8 * 8 * 4), ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", 64 * 128 * 16 // 4),
     ("IADD3 R1, R2, R3, RZ", 0), ("LDSM.16.M88.4 R8, [R5]", 0),
@@ -190,8 +241,16 @@ def test_explain_prints_each_matrix_kernels_main_loop_from_its_machine_code():
         assert "% of the matrix peak" in line.group(1) or "tensor-bound" in line.group(1)
 
 
-def test_explain_says_why_a_hip_targets_loops_are_not_read():
+def test_explain_prints_a_hip_kernels_main_loop_from_hipccs_assembly():
     if not knobs.hipcc() or not shutil.which(knobs.hipcc()):
         pytest.skip("hipcc is not installed: no report to read beside")
-    text = _explain(*FLAGS, "--op", "fwd", "--target", "hip-gfx90a")
-    assert "main loops: not read (the machine code of hip targets is not read yet)" in text
+    for op, kernel in (("fwd", "fwd"), ("bwd_data", "bwd_data"), ("bwd_weight", "bwd_weight_partial")):
+        text = _explain(*FLAGS, "--op", op, "--target", "hip-gfx90a")
+        line = re.search(rf"\n  {kernel}: .*\n    (main loop \(machine code, a k-step a wave.*)", text)
+        assert line, text
+        m = re.search(r"(\d+) instructions: (\d+) MFMA \((\d+) multiply-adds\), (\d+) ds_read_b128, (\d+) "
+                      r"global_load_dwordx4, (\d+) other; MFMA : other 1 : ([\d.]+)", line.group(1))
+        total, mfma, macs, reads, copies, other, ratio = (*map(int, m.groups()[:6]), float(m.group(7)))
+        assert mfma > 0 and macs == mfma * 4096 and reads > 0 and total == mfma + reads + copies + other
+        assert abs(ratio - (total - mfma) / mfma) < 0.006
+        assert "main loops: not read" not in text
