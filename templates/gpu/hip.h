@@ -95,13 +95,14 @@ template <class T> __device__ __forceinline__ T convgen_shfl(T v, int lane) { re
 // elements per lane: D[4(l / 16) + j][l % 16], j < 4, in lane l for the f32 accumulators,
 // D[4j + l / 16][l % 16] for f64's.
 // A fragment is a pack of P instructions' operands that each lane loads with one 16-byte read
-// (ds_read_b128) from its row (A) or column (B) of the shared tile: 8 consecutive k of 16-bit
-// operands (P = 2), 4 of f32 (P = 4), 2 of f64 (P = 2), at k = (16 / bytes) * (l / 16) + q. The pack's
-// instruction p takes element p (16-bit: elements 4p..4p+3) of every lane, so its k-slot
-// s (s = l / 16, or 4(l / 16) + j) stands for k = (16 / bytes) * (l / 16) + p (+ j): A and B place
-// every k of the pack's 16 * P / (bytes / 2) once and alike, so the P instructions sum every product
-// of the step's k, in another order. The depth convgen_mma_k<T>::value is the pack's: 32 for bf16/f16,
-// 16 for f32, 8 for f64. One read per fragment instead of 2-4 narrower ones (and their addresses). The
+// (ds_read_b128) from its row (A) or column (B) of the shared tile: E = 16 / bytes consecutive k,
+// k = E * (l / 16) + q (q < E): 8 of 16-bit operands (P = 2), 4 of f32 (P = 4), 2 of f64 (P = 2).
+// The pack's instruction p takes the lane's elements 4p..4p+3 (16-bit) or element p (f32, f64), so
+// A and B hand every k of the pack (4 lane groups x E = 64 / bytes of them) to exactly one
+// instruction and one k-slot, alike: the P instructions sum every product of the pack's k, in
+// another order than one instruction per 16 (4) k would. The depth convgen_mma_k<T>::value is the
+// pack's: 32 for bf16/f16, 16 for f32, 8 for f64. One read per fragment instead of 2-4 narrower ones
+// (and their addresses). The
 // 8 lanes of each 16-byte phase read 8 rows at one chunk: 16-bit tiles swizzle their rows' chunks
 // (the kernel's tile_at; convgen_mma_load16 takes the lane's own address), 4- and 8-byte tiles pad
 // their rows by 16 bytes (convgen_mma_load_a/_b add the lane's offset): 8 different 16-byte groups of
