@@ -191,11 +191,11 @@ def _retreating(succ: list[list[int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _natural_loops(code: list[str], labels: dict[str, int], successors=_successors) -> list[set[int]]:
+def _natural_loops(code: list[str], labels: dict[str, int], amd: bool = False) -> list[set[int]]:
     """The natural loops of the function's control flow (a back edge's header and every
     instruction that reaches the edge without passing the header), one per header; an edge back to
-    an instruction that does not dominate it is no loop."""
-    succ = successors(code, labels)
+    an instruction that does not dominate it is no loop. `amd`: hipcc's assembly."""
+    succ = (_amd_successors if amd else _successors)(code, labels)
     preds: list[list[int]] = [[] for _ in code]
     for i, nexts in enumerate(succ):
         for j in nexts:
@@ -203,7 +203,7 @@ def _natural_loops(code: list[str], labels: dict[str, int], successors=_successo
     # back-edge candidates: jumps backwards in SASS (nvdisasm lays a loop out from its header);
     # hipcc rotates loops (a header may sit after blocks of its body), so there the retreating edges
     # of a depth-first walk from the entry
-    edges = (_retreating(succ) if successors is not _successors else
+    edges = (_retreating(succ) if amd else
              [(tail, head) for tail, nexts in enumerate(succ) for head in nexts if head <= tail])
     loops: dict[int, set[int]] = {}
     for tail, head in edges:
@@ -220,9 +220,9 @@ def _natural_loops(code: list[str], labels: dict[str, int], successors=_successo
     return list(loops.values())
 
 
-def _main_and_nested(code: list[str], labels: dict[str, int], successors=_successors) -> tuple[list[int], list[int]]:
+def _main_and_nested(code: list[str], labels: dict[str, int], amd: bool = False) -> tuple[list[int], list[int]]:
     """The main loop's instruction positions outside the loops nested in it, and those inside."""
-    loops = _natural_loops(code, labels, successors)
+    loops = _natural_loops(code, labels, amd)
     tensor = [b for b in loops if any(is_tensor(code[i]) for i in b)]
     # a kernel with 16-byte copies has a second main loop, gathering elements, for unaligned
     # pointers (templates/gpu/igemm.cu.j2 block_gemm): the copies' loop is the one that runs
@@ -252,12 +252,8 @@ def main_loop_parts(function: str, amd: bool = False) -> tuple[list[str], list[s
     """The main loop's instructions outside the loops nested in it, and those inside them (element
     gathers: of an operand moved element by element, every k-step; of unaligned operands, only in
     the gathering loop). `amd`: the function is hipcc's assembly, not nvdisasm's SASS."""
-    if amd:
-        code, labels = amd_instructions(function)
-        outer, inner = _main_and_nested(code, labels, _amd_successors)
-    else:
-        code, labels = instructions(function)
-        outer, inner = _main_and_nested(code, labels)
+    code, labels = (amd_instructions if amd else instructions)(function)
+    outer, inner = _main_and_nested(code, labels, amd)
     return [code[i] for i in outer], [code[i] for i in inner]
 
 
@@ -320,7 +316,6 @@ def read_cubin(cubin: Path) -> dict[str, LoopMix]:
     sass = subprocess.run([tool, str(cubin)], capture_output=True, text=True, check=True, timeout=300).stdout
     mixes = {name: loop_mix(body) for name, body in functions(sass).items()}
     return {name: mix for name, mix in mixes.items() if mix is not None}
-
 
 
 def hip_assembly_command(hipcc: str, arch: str, src: str, out: str) -> list[str]:

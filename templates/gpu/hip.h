@@ -133,6 +133,16 @@ __device__ __forceinline__ convgen_v2u convgen_pack_half(const convgen_u128& v, 
     return p == 0 ? convgen_v2u{v[0], v[1]} : convgen_v2u{v[2], v[3]};
 }
 #endif
+// A fragment pack whose lane's 16 bytes are at `at` (rows whose chunks are swizzled: the kernel finds them)
+template <class F> __device__ __forceinline__ void convgen_mma_load16(F& f, const void* at) { f.v = convgen_fragment_load16(at); }
+// A (B) fragment pack from a tile of padded rows, tile[row * ld + k] (tile[col * ld + k]) of elements E:
+// the lane's row (column) lane % 16, its 16 / sizeof(E) elements from k = 16 / sizeof(E) * (lane / 16)
+template <class F, class E> __device__ __forceinline__ void convgen_mma_load_a(F& a, const E* tile, int ld, int lane) {
+    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 16 / (int)sizeof(E) * (lane / 16));
+}
+template <class F, class E> __device__ __forceinline__ void convgen_mma_load_b(F& b, const E* tile, int ld, int lane) {
+    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 16 / (int)sizeof(E) * (lane / 16));
+}
 template <class A> struct convgen_mma_accum { A c[4]; };
 typedef convgen_mma_accum<float> convgen_mma_acc;
 // Where accumulator element e (0..3) of `lane` sits in the 16 x 16 result, for accumulators of type A.
@@ -166,18 +176,6 @@ template <> __device__ __forceinline__ convgen_f16 convgen_from_f32<convgen_f16>
 #endif
 
 
-// A fragment pack whose lane's 16 bytes are at `at` (rows whose chunks are swizzled: the kernel finds them)
-template <class F> __device__ __forceinline__ void convgen_mma_load16(F& f, const void* at) { f.v = convgen_fragment_load16(at); }
-// A (16 x 32) from tile[row * ld + k]
-template <class T>
-__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<T>& a, const unsigned short* tile, int ld, int lane) {
-    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 8 * (lane / 16));
-}
-// B (32 x 16) from tile[col * ld + k]
-template <class T>
-__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<T>& b, const unsigned short* tile, int ld, int lane) {
-    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 8 * (lane / 16));
-}
 
 #if defined(CONVGEN_SIM)
 template <class T> struct convgen_sim_bits;
@@ -224,12 +222,6 @@ __device__ __forceinline__ float convgen_to_f32(float v) { return v; }
 template <class T> __device__ __forceinline__ T convgen_from_f32(float v);
 template <> __device__ __forceinline__ float convgen_from_f32<float>(float v) { return v; }
 template <> struct convgen_mma_k<float> { static constexpr int value = 16; };
-__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<float>& a, const unsigned* tile, int ld, int lane) {
-    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 4 * (lane / 16));
-}
-__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<float>& b, const unsigned* tile, int ld, int lane) {
-    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 4 * (lane / 16));
-}
 #if defined(CONVGEN_SIM)
 inline void convgen_sim_mma(const char* site, convgen_mma_acc& d, const convgen_mma_a<float>& a,
                             const convgen_mma_b<float>& b) {
@@ -254,12 +246,6 @@ __device__ __forceinline__ void convgen_mma_sync(convgen_mma_acc& d, const convg
 // v_mfma_f64_16x16x4f64 example; convgen_mma_acc_row<double> above). A pack of two (8 deep): lane l's
 // A row, B column at k = 2(l / 16), 2(l / 16) + 1, instruction p taking the p-th.
 template <> struct convgen_mma_k<double> { static constexpr int value = 8; };
-__device__ __forceinline__ void convgen_mma_load_a(convgen_mma_a<double>& a, const double* tile, int ld, int lane) {
-    a.v = convgen_fragment_load16(tile + (lane % 16) * ld + 2 * (lane / 16));
-}
-__device__ __forceinline__ void convgen_mma_load_b(convgen_mma_b<double>& b, const double* tile, int ld, int lane) {
-    b.v = convgen_fragment_load16(tile + (lane % 16) * ld + 2 * (lane / 16));
-}
 #if defined(CONVGEN_SIM)
 inline void convgen_sim_mma(const char* site, convgen_mma_accum<double>& d, const convgen_mma_a<double>& a,
                             const convgen_mma_b<double>& b) {

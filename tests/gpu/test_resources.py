@@ -225,32 +225,36 @@ def test_a_loop_is_issue_bound_when_it_issues_more_than_the_tensor_cores_consume
     assert "below" in loop_line(h100, "matrix16", dataclasses.replace(mix, nested=5), gathers=True)
 
 
+def _explained_loops(target: str, numbers: str):
+    """Per pass: explain's text for FLAGS on `target`, its GEMM kernel's main-loop line, and the six
+    counts and one figure `numbers` (a pattern of that line) takes from it."""
+    for op, kernel in (("fwd", "fwd"), ("bwd_data", "bwd_data"), ("bwd_weight", "bwd_weight_partial")):
+        text = _explain(*FLAGS, "--op", op, "--target", target)
+        line = re.search(rf"\n  {kernel}: .*\n    (main loop \(machine code.*)", text)
+        assert line, text
+        m = re.search(numbers, line.group(1))
+        assert m, line.group(1)
+        yield text, line.group(1), (*map(int, m.groups()[:6]), float(m.group(7)))
+
+
 def test_explain_prints_each_matrix_kernels_main_loop_from_its_machine_code():
     nvcc = knobs.nvcc()
     if not nvcc or not shutil.which(nvcc) or machine_code.nvdisasm() is None:
         pytest.skip("nvcc or nvdisasm is not installed: the machine code is not read")
-    for op, kernel in (("fwd", "fwd"), ("bwd_data", "bwd_data"), ("bwd_weight", "bwd_weight_partial")):
-        text = _explain(*FLAGS, "--op", op, "--target", "cuda-sm_90")
-        line = re.search(rf"\n  {kernel}: .*\n    (main loop \(machine code.*)", text)
-        assert line, text
-        m = re.search(r"(\d+) instructions: (\d+) tensor \((\d+) multiply-adds\), (\d+) LDSM, (\d+) LDGSTS, "
-                      r"(\d+) other; ([\d.]+) non-tensor per 2048", line.group(1))
-        total, tensor, macs, ldsm, ldgsts, other, per = (*map(int, m.groups()[:6]), float(m.group(7)))
+    numbers = (r"(\d+) instructions: (\d+) tensor \((\d+) multiply-adds\), (\d+) LDSM, (\d+) LDGSTS, "
+               r"(\d+) other; ([\d.]+) non-tensor per 2048")
+    for _, line, (total, tensor, macs, ldsm, ldgsts, other, per) in _explained_loops("cuda-sm_90", numbers):
         assert tensor > 0 and macs == tensor * 2048 and ldsm > 0 and total == tensor + ldsm + ldgsts + other
         assert abs(per - (total - tensor) * 2048 / macs) < 0.06
-        assert "% of the matrix peak" in line.group(1) or "tensor-bound" in line.group(1)
+        assert "% of the matrix peak" in line or "tensor-bound" in line
 
 
 def test_explain_prints_a_hip_kernels_main_loop_from_hipccs_assembly():
     if not knobs.hipcc() or not shutil.which(knobs.hipcc()):
         pytest.skip("hipcc is not installed: no report to read beside")
-    for op, kernel in (("fwd", "fwd"), ("bwd_data", "bwd_data"), ("bwd_weight", "bwd_weight_partial")):
-        text = _explain(*FLAGS, "--op", op, "--target", "hip-gfx90a")
-        line = re.search(rf"\n  {kernel}: .*\n    (main loop \(machine code, a k-step a wave.*)", text)
-        assert line, text
-        m = re.search(r"(\d+) instructions: (\d+) MFMA \((\d+) multiply-adds\), (\d+) ds_read_b128, (\d+) "
-                      r"global_load_dwordx4, (\d+) other; MFMA : other 1 : ([\d.]+)", line.group(1))
-        total, mfma, macs, reads, copies, other, ratio = (*map(int, m.groups()[:6]), float(m.group(7)))
+    numbers = (r"a k-step a wave\): (\d+) instructions: (\d+) MFMA \((\d+) multiply-adds\), (\d+) ds_read_b128, "
+               r"(\d+) global_load_dwordx4, (\d+) other; MFMA : other 1 : ([\d.]+)")
+    for text, _, (total, mfma, macs, reads, copies, other, ratio) in _explained_loops("hip-gfx90a", numbers):
         assert mfma > 0 and macs == mfma * 4096 and reads > 0 and total == mfma + reads + copies + other
         assert abs(ratio - (total - mfma) / mfma) < 0.006
         assert "main loops: not read" not in text
