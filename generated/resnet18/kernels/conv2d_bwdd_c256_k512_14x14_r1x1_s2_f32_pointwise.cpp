@@ -443,6 +443,7 @@ constexpr bool BY_GY = SD != 1 || SH != 1 || SW != 1;
 constexpr int64_t O = CIN_G, R = COUT_G, PIX = BY_GY ? YD * YH * YW : XD * XH * XW;   // out channels, reduced channels, columns per image
 constexpr int64_t B_SC = Y_SC, OUT_SC = X_SC;
 static inline int64_t roff(int64_t r) { return r * Y_SC; }
+constexpr bool R_RUN = Y_SC == 1;   // whether reduced values r and r + 1 lie next to each other
 // Where column p of image b reads grad_output (-1: outside), and where it is written (-1: nowhere).
 static inline int64_t read_at(int64_t b, int64_t g, int64_t p) {
   if constexpr (BY_GY) {
@@ -639,10 +640,21 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
           ACC* panel = bp + s * KC * NR;
           const int64_t* from = at + s * NR;
           const int64_t valid = nq - s * NR < NR ? nq - s * NR : NR;
-          if constexpr (B_SC == 1) {   // channels contiguous: one pixel's channels at a time
-            for (int64_t j = 0; j < NR; ++j) {
-              const T* col = j < valid && from[j] >= 0 ? src + from[j] : nullptr;
-              for (int64_t r = 0; r < kc; ++r) panel[r * NR + j] = col ? to_acc(col[roff(r0 + r)]) : (ACC)0;
+          if constexpr (B_SC == 1) {   // channels contiguous: V pixels' channels at a time, transposed
+            for (int64_t j0 = 0; j0 < NR; j0 += V) {
+              const T* col[V];
+              for (int64_t k = 0; k < V; ++k)
+                col[k] = j0 + k < valid && from[j0 + k] >= 0 ? src + from[j0 + k] : nullptr;
+              int64_t r = 0;
+              if constexpr (R_RUN)   // reduced values consecutive: V of them a vector
+                for (; r + V <= kc; r += V) {
+                  vec a[V];
+                  for (int64_t k = 0; k < V; ++k) a[k] = col[k] ? vload_t(col[k] + r0 + r) : vbroadcast(0);
+                  vtranspose(a);
+                  for (int64_t m = 0; m < V; ++m) vstore(panel + (r + m) * NR + j0, a[m]);
+                }
+              for (; r < kc; ++r)
+                for (int64_t k = 0; k < V; ++k) panel[r * NR + j0 + k] = col[k] ? to_acc(col[k][roff(r0 + r)]) : (ACC)0;
             }
           } else if (evenly(from, valid, STEP)) {   // NR pixels of a row of the source (a stride apart)
             for (int64_t r = 0; r < kc; ++r) {
@@ -670,10 +682,25 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
                      tot + pnl * MR * NC + s * NR);
       }
       // the valid channels of the valid pixels
-      if constexpr (OUT_SC == 1) {
-        for (int64_t i = 0; i < nq; ++i)
-          if (at[NC + i] >= 0)
-            for (int64_t o = 0; o < no; ++o) dst[at[NC + i] + o0 + o] = from_acc(tot[o * NC + i]);
+      if constexpr (OUT_SC == 1) {   // V pixels' V channels at a time, transposed
+        const narrowing nk;
+        for (int64_t i0 = 0; i0 < nq; i0 += V) {
+          const int64_t ni = nq - i0 < V ? nq - i0 : V;
+          for (int64_t o = 0; o < no; o += V) {
+            const int64_t cnt = no - o < V ? no - o : V;
+            vec a[V];
+            for (int64_t m = 0; m < V; ++m) a[m] = m < cnt ? vload(tot + (o + m) * NC + i0) : vbroadcast(0);
+            vtranspose(a);
+            for (int64_t k = 0; k < ni; ++k) {
+              if (at[NC + i0 + k] < 0) continue;
+              T* d = dst + at[NC + i0 + k] + o0 + o;
+              if (cnt == V)
+                vstore_t(d, a[k], nk);
+              else
+                vstore_t_part(d, a[k], cnt, nk);
+            }
+          }
+        }
       } else if constexpr (BY_GY) {   // pixels a stride apart: a channel at a time
         for (int64_t o = 0; o < no; ++o)
           for (int64_t i = 0; i < nq; ++i)

@@ -466,24 +466,52 @@ static inline int64_t pixel_at(int64_t q) {
 
 // grad_output packed once per call: [g][panel][step][MR] in ACC (with pairs, each step's two
 // pixels in one word, the second zero past the last pixel), zero rows past O; with a bias
-// gradient, each channel's sum in double over batch and pixels, in that order.
+// gradient, each channel's sum in double over batch and pixels, in that order. Each thread packs
+// its own run of panels, PACK_STEPS steps at a time for all of them (the block's grad_output rows,
+// PACK_STEPS x its channels, stay in the L2 while its panels take their part of every row; panel
+// by panel over all steps, a 512-channel layer's rows were fetched again for every panel, a line
+// per 56 bytes used), with the pixels' offsets found once per block.
+constexpr int64_t PACK_STEPS = 128;
+// Step u's MR values of one panel (the first `valid` channels, zeros after them) from src:
+// channels contiguous (Y_SC == 1), by vectors; otherwise value by value.
+static inline void pack_step(ACC* __restrict dst, const T* __restrict src, int64_t valid) {
+  if constexpr (Y_SC == 1) {
+    for (int64_t i = 0; i < MR; i += V) {
+      const int64_t cnt = MR - i < V ? MR - i : V, have = valid - i < 0 ? 0 : (valid - i < cnt ? valid - i : cnt);
+      const vec v = have == V ? vload_t(src + i) : (have > 0 ? vload_t_part(src + i, have) : vbroadcast(0));
+      if (cnt == V)
+        vstore(dst + i, v);
+      else
+        vstore_part(dst + i, v, cnt);
+    }
+  } else {
+    for (int64_t i = 0; i < MR; ++i) dst[i] = i < valid ? to_acc(src[i * Y_SC]) : (ACC)0;
+  }
+}
 static void pack_a(const T* __restrict gy, ACC* __restrict ap, double* __restrict bs, int64_t n, int nthreads) {
   const int64_t np = n * PLANE, steps = (np + PIX - 1) / PIX;
-  #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t gp = 0; gp < G * OP; ++gp) {
-    const int64_t g = gp / OP, o0 = (gp % OP) * MR;
-    ACC* dst = ap + gp * steps * MR;
-    double sum[MR] = {};
-    for (int64_t u = 0; u < steps; ++u) {
-      const T* src = gy + (g * COUT_G + o0) * Y_SC + pixel_at(u * PIX);
-      for (int64_t i = 0; i < MR; ++i) {
-        const ACC v = o0 + i < O ? to_acc(src[i * Y_SC]) : (ACC)0;
-        dst[u * MR + i] = v;
-        sum[i] += (double)v;
+  if (bs)
+    for (int64_t e = 0; e < G * O; ++e) bs[e] = 0;
+  #pragma omp parallel num_threads(nthreads)
+  {
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t gp0 = G * OP * me / nt, gp1 = G * OP * (me + 1) / nt;
+    int64_t at[PACK_STEPS * PIX];   // the block's pixels in grad_output (channel 0; -1: past the last)
+    for (int64_t u0 = 0; u0 < steps && gp0 < gp1; u0 += PACK_STEPS) {
+      const int64_t nu = steps - u0 < PACK_STEPS ? steps - u0 : PACK_STEPS;
+      for (int64_t r = 0; r < nu * PIX; ++r) at[r] = u0 * PIX + r < np ? pixel_at(u0 * PIX + r) : -1;
+      for (int64_t gp = gp0; gp < gp1; ++gp) {
+        const int64_t g = gp / OP, o0 = (gp % OP) * MR, valid = O - o0 < MR ? O - o0 : MR;
+        const T* base = gy + (g * COUT_G + o0) * Y_SC;
+        ACC* dst = ap + (gp * steps + u0) * MR;
+        for (int64_t u = 0; u < nu; ++u) pack_step(dst + u * MR, base + at[u], valid);
+        if (bs) {
+          double* sum = bs + g * O + o0;
+          for (int64_t u = 0; u < nu; ++u)
+            for (int64_t i = 0; i < valid; ++i) sum[i] += (double)dst[u * MR + i];
+        }
       }
     }
-    if (bs)
-      for (int64_t i = 0; i < MR && o0 + i < O; ++i) bs[g * O + o0 + i] = sum[i];
   }
 }
 
