@@ -573,17 +573,11 @@ static inline int64_t pixel_at(int64_t q) {
 // per 56 bytes used), with the pixels' offsets found once per block.
 constexpr int64_t PACK_STEPS = 128;
 // Step u's MR values of one panel (the first `valid` channels, zeros after them) from src:
-// channels contiguous (Y_SC == 1), by vectors; otherwise value by value.
+// channels contiguous (Y_SC == 1), by load_run's vectors; otherwise value by value.
 static inline void pack_step(ACC* __restrict dst, const T* __restrict src, int64_t valid) {
   if constexpr (Y_SC == 1) {
-    for (int64_t i = 0; i < MR; i += V) {
-      const int64_t cnt = MR - i < V ? MR - i : V, have = valid - i < 0 ? 0 : (valid - i < cnt ? valid - i : cnt);
-      const vec v = have == V ? vload_t(src + i) : (have > 0 ? vload_t_part(src + i, have) : vbroadcast(0));
-      if (cnt == V)
-        vstore(dst + i, v);
-      else
-        vstore_part(dst + i, v, cnt);
-    }
+    load_run(dst, src, valid);
+    for (int64_t i = valid; i < MR; ++i) dst[i] = 0;
   } else {
     for (int64_t i = 0; i < MR; ++i) dst[i] = i < valid ? to_acc(src[i * Y_SC]) : (ACC)0;
   }
