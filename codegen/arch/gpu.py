@@ -155,10 +155,12 @@ _MI300A = Peaks(980.6, 490.3, 122.6, 61.3, 5.3, "AMD Instinct MI300A datasheet",
 _CDNA_OCCUPANCY = Occupancy(4 * 8 * 64, 32, 8, 0)
 
 # CUTLASS's sm_80 conv instances and CK's xdl instances centre on 128x128 (and 128x64, 64x64 for
-# small GEMMs) with 4 warps; 256-wide sides would need 8 warps a block. FMA and f64 tiles stay 64 a
+# small GEMMs) with 4 warps; 256-wide sides would need 8 warps a block. A 96 side serves filters and
+# channels of 96 (192, 288): one tile where 64-wide ones would compute a third more, with warp tiles of
+# 48 (igemm_tiles.py says where a kernel cannot take it). FMA and f64 tiles stay 64 a
 # side (a lane's accumulators must fit its registers); f64 steps 16 deep, so that two stages of two
 # 64-row tiles fit HIP's 64 KiB of LDS. CUTLASS's sm_80 instances use 3-6 stages.
-IGEMM_TILES = IgemmTiling(matrix=BlockTiles((64, 128), 32), fma=BlockTiles((64,), 32), f64=BlockTiles((64,), 16),
+IGEMM_TILES = IgemmTiling(matrix=BlockTiles((64, 96, 128), 32), fma=BlockTiles((64,), 32), f64=BlockTiles((64,), 16),
                           max_stages=6)
 
 

@@ -283,7 +283,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
     read_strides = kernel_strides(normal, staged)
-    iterators = copy_iterators(normal, tiles, read_strides, converts, tiles.fwd.depth)
+    iterators = copy_iterators(normal, tiles, read_strides, converts)
     return IgemmContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), scalar=SCALARS[problem.dtype],
         acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0], split_pixels=SPLIT_PIXELS,
@@ -302,27 +302,30 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
 
 # A GEMM operand's 16-byte copies take their sources from offsets set up before the main loop and
 # advanced a step at a time (templates/gpu/igemm.cu.j2, "iterators"), not from the reduction index
-# decoded at every step, where each step stays within one tap (a tap-major reduction of whole steps)
-# and a row's taps fit a 64-bit mask. The template checks the same conditions (static_assert).
+# decoded at every step, where the reduction is read in the operand's memory order (tap-major over
+# channels-last activations, linearly along the weight as read) and a row's taps fit a 64-bit mask. A
+# step may straddle taps (the template's TapWalk): a group's channels (filters) need only be whole
+# 16-byte copies, which the operand's 16-byte copies already ask. The template checks the same
+# conditions (static_assert).
 MAX_ITERATOR_TAPS = 64
 
 
-def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict, block_k: int) -> dict[str, bool]:
+def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict) -> dict[str, bool]:
     """Which operands' copies go by iterator: FWD_A (the input: channels-last, or along its pixels),
     FWD_B (the weight, read linearly in the reduction's order), DGRAD_A (grad_output), DGRAD_B (the
     weight's filters-innermost copy)."""
     g = normal.groups or 1
-    cg, kg = normal.channels // g, normal.filters // g
+    cg = normal.channels // g
     rd, rh, rw = normal.kernel
     taps = rd * rh * rw
     _, ws_c, ws_d, ws_h, ws_w = read_strides[2]
     fwd, dgrad = tiles.fwd, tiles.dgrad
     linear = ((ws_c, ws_w, ws_h, ws_d) == (1, cg, rw * cg, rh * rw * cg) if fwd.tap_major
               else (ws_w, ws_h, ws_d, ws_c) == (1, rw, rh * rw, taps))
-    return {"FWD_A": fwd.a_mn or (fwd.vector_a and fwd.tap_major and cg % block_k == 0 and taps <= MAX_ITERATOR_TAPS),
-            "FWD_B": fwd.vector_b and linear and cg * taps % block_k == 0,
-            "DGRAD_A": dgrad.vector_a and dgrad.tap_major and kg % block_k == 0 and taps <= MAX_ITERATOR_TAPS,
-            "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major and kg % block_k == 0}
+    return {"FWD_A": fwd.a_mn or (fwd.vector_a and fwd.tap_major and taps <= MAX_ITERATOR_TAPS),
+            "FWD_B": fwd.vector_b and linear,
+            "DGRAD_A": dgrad.vector_a and dgrad.tap_major and taps <= MAX_ITERATOR_TAPS,
+            "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major}
 
 
 def render_igemm(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:

@@ -5,12 +5,17 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
 - Multiply: bf16/f16 on matrix instructions; f32 with tf32 on CUDA's tf32 ones, on HIP's
   v_mfma_f32_16x16x4f32; f64 on matrix instructions on both (`on_f64_matrix`); CUDA f32 without tf32
   on FMAs (`on_fma`), each lane keeping a register tile of its warp's quarter.
-- Block tile BLOCK_M x BLOCK_N from the arch's sides for the operands' class (64 or 128 each on
-  every arch today), WARPS warps (waves) of (BLOCK_M/2) x (BLOCK_N/2): a side takes the largest the
-  GEMM has that many of along it (rows per image for the forward and data gradient, whose rows also
-  grow with the run-time batch; filters or (channel, tap) columns otherwise), so a small GEMM does
-  not compute mostly padding; a side taken down to the smallest until two stages fit a block's
-  shared memory.
+- Block tile BLOCK_M x BLOCK_N from the arch's sides for the operands' class (64, 96 or 128 for
+  matrix instructions on every arch today), WARPS warps (waves) of (BLOCK_M/2) x (BLOCK_N/2). Rows of
+  pixels (the forward's and data gradient's, which grow with the run-time batch) take the largest
+  side an image has that many of; filters and (channel, tap) columns the largest side whose tiles
+  pad them by at most a quarter more than the least padded side does (96 filters: one 96 tile, not
+  two 64 ones computing 128), so a GEMM computes little padding and keeps wide warp tiles. A 96 side
+  only where the kernel takes it (_sides: mma.sync or MFMA, not wgmma; not rows of pixels; not tiles of
+  reduction rows; whole 16-byte copies a thread). A side is taken down to the smallest until two
+  stages fit a block's shared memory.
+- Reduction step: the arch's depth (32), or 64 on ldmatrix where the reduction is long enough and
+  no more padded by it (step_depth).
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
   while the tensor cores work on the current one; up to the arch's max_stages while two blocks
   still fit an SM's shared memory, fewer when the reduction has fewer steps: sm_80's 128x128 bf16
@@ -172,8 +177,29 @@ class IgemmTiles:
 
 
 def _side(sides: tuple[int, ...], length: int) -> int:
-    """The largest side the GEMM has `length` of along it, else the smallest."""
+    """The largest side the GEMM has `length` of along it, else the smallest (rows of pixels, whose count
+    grows with the run-time batch)."""
     return max([s for s in sides if length >= s], default=sides[0])
+
+
+def _padded_side(sides: tuple[int, ...], length: int) -> int:
+    """For a side of fixed `length` (filters, (channel, tap) columns): the largest side whose tiles cover
+    it with at most a quarter more than the side covering it with the least (96 filters: one 96 tile,
+    not two of 64 that compute 128; 320: two of 128 and a third, 384, rather than five of 64)."""
+    padded = {s: -(-length // s) * s for s in sides}
+    least = min(padded.values())
+    return max(s for s in sides if 4 * padded[s] <= 5 * least) if length > 0 else sides[0]
+
+
+def _sides(target: Target, shape: BlockTiles, itemsize: int, pixels: bool, mn: bool) -> tuple[int, ...]:
+    """The arch's sides a GEMM side may take in this kernel: not a 96 (any side not a multiple of 64)
+    where wgmma multiplies (its m64 instructions, the template's 64- and 128-column ones), along rows of
+    pixels (the forward's and data gradient's rows: one gathered a thread, THREADS a multiple of the
+    side), into tiles of reduction rows (`mn`: blocks of 64 elements), or where a thread's 16-byte copies
+    of a stage of that side would not be whole (HIP's 256 threads, 16-bit operands 32 deep)."""
+    threads, chunks = WARPS * target.gpu.warp_size, max(1, shape.depth // vector_of(itemsize))
+    odd_ok = not on_wgmma(target, itemsize) and not pixels and not mn
+    return tuple(s for s in shape.sides if s % 64 == 0 or (odd_ok and s * chunks % threads == 0))
 
 
 def _fitted(target: Target, shape: BlockTiles, m: int, n: int, itemsize: int) -> tuple[int, int]:
@@ -195,8 +221,14 @@ def _stages(target: Target, per_stage: int, steps: int) -> int:
 
 
 def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction: int, itemsize: int,
-          tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False, a_mn: bool = False) -> GemmTile:
-    m, n = _fitted(target, shape, _side(shape.sides, rows), _side(shape.sides, columns), itemsize)
+          tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False, a_mn: bool = False,
+          pixels: bool = True) -> GemmTile:
+    """A GEMM's tile: `rows` of pixels (growing with the batch: the largest side they have) unless not
+    `pixels` (filters: the least padded side, _padded_side), `columns` by the least padded side."""
+    row_sides = _sides(target, shape, itemsize, pixels, mn_major or a_mn)
+    column_sides = _sides(target, shape, itemsize, False, mn_major)
+    m = _side(row_sides, rows) if pixels else _padded_side(row_sides, rows)
+    m, n = _fitted(target, shape, m, _padded_side(column_sides, columns), itemsize)
     steps = max(1, -(-reduction // shape.depth))
     swizzled = swizzled_rows(target, itemsize)
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
@@ -219,12 +251,14 @@ def _channels_last(strides: tuple[int, ...]) -> bool:
 
 
 def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, depth: int) -> int:
-    """The reduction step (BLOCK_K) of a kernel file launching `gemm`: DEEP_STEP on ldmatrix where that
-    GEMM's channels (forward) or filters (data gradient) per group are whole steps of it and the
-    reduction two steps at least, and for the weight gradient always (batch x pixels, at run time);
-    else the arch's `depth`. A step twice as deep halves what a k-step's fixed costs (barrier, wait,
-    the stage ring, the iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit
-    tiles are 64 deep as well), for half the stages in the same shared memory."""
+    """The reduction step (BLOCK_K) of a kernel file launching `gemm`: DEEP_STEP on ldmatrix for the weight
+    gradient always (batch x pixels, at run time), and for the forward (data gradient) where its
+    reduction is two such steps at least and either a tap's channels (filters) per group are whole steps
+    of it, or they are whole 16-byte copies (the iterators' steps may straddle taps) and the deeper step
+    pads the reduction's last step by at most an eighth more than the arch's `depth` does; else `depth`.
+    A step twice as deep halves what a k-step's fixed costs (barrier, wait, the stage ring, the
+    iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit tiles are 64 deep as
+    well), for half the stages in the same shared memory."""
     if gemm is None or not on_ldmatrix(target, itemsize):
         return depth
     g = max(normal.groups, 1)
@@ -232,9 +266,14 @@ def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, 
         return DEEP_STEP
     per_tap, taps = ((normal.channels // g, math.prod(normal.kernel)) if gemm == "FWD"
                      else (normal.filters // g, _phase_taps(normal)))
-    # a tap's channels (filters) whole steps, as the iterators' steps within one tap need; two steps at
-    # least (a reduction of one step has no pipeline, no loop)
-    return DEEP_STEP if per_tap % DEEP_STEP == 0 and per_tap * taps >= 2 * DEEP_STEP else depth
+    reduction = per_tap * taps
+    if reduction < 2 * DEEP_STEP:   # (a reduction of one step has no pipeline, no loop)
+        return depth
+    if per_tap % DEEP_STEP == 0:
+        return DEEP_STEP
+    padded = lambda step: -(-reduction // step) * step   # noqa: E731
+    whole_copies = per_tap % vector_of(itemsize) == 0
+    return DEEP_STEP if whole_copies and 8 * padded(DEEP_STEP) <= 9 * padded(depth) else depth
 
 
 def _phase_taps(normal: Normal) -> int:
@@ -311,9 +350,10 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
             and _contiguous(wg_x_strides, (normal.channels,) + tuple(normal.in_size)))
     wg_mn = (on_ldmatrix(target, itemsize) and _channels_last(wg_x_strides) and _channels_last(wg_y_strides)
              and aligned_c and aligned_k)
-    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_b or wg_mn, mn_major=wg_mn)
+    wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_b or wg_mn, mn_major=wg_mn,
+                  pixels=False)
     if wg_mn and not wgrad.mn_major:   # (never with today's sides: the tiles' shared rows need 64 elements)
-        wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, wg_b)
+        wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, False, wg_a, wg_b, pixels=False)
     return IgemmTiles(fwd, dgrad, wgrad, _reasons(target, shape, fwd, dgrad, wgrad, itemsize, fma, f64_matrix))
 
 

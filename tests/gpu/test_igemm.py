@@ -77,13 +77,24 @@ CASES = [
     ("it_groups", (1, 64, 5, 6), 64, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),
     ("it_7x7", (1, 32, 8, 8), 32, (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1), 1),
     ("it_3d", (1, 32, 3, 4, 5), 32, (3, 3, 3), (1, 2, 1), ((1, 1), (1, 1), (0, 2)), (1, 1, 1), 1),
+    # steps straddling taps (channels or filters a group not whole steps: TapWalk), the reduction's last
+    # step past its end: 48 channels 64 deep (a tap and 16 channels a step) and 40 filters (the data
+    # gradient's); 16 channels 32 deep (two taps a step) with 24 filters over stride-2 phases of 4, 2
+    # and 1 taps; 8 channels and filters a group (four taps a step)
+    ("it_c48", (2, 48, 5, 6), 40, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    ("it_c16", (1, 16, 9, 8), 24, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1),
+    ("it_c8", (1, 16, 6, 6), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),
+    # tiles 96 wide: 96 filters and channels (one 96 tile each, not two of 64); 81 taps (too many for the
+    # iterators' masks: the per-step decode over a channels-last input)
+    ("wide96", (1, 96, 4, 5), 96, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    ("dec_9x9", (1, 16, 9, 9), 8, (9, 9), (1, 1), ((4, 4), (4, 4)), (1, 1), 1),
     # the weight gradient's copies: NCHW 1x1 at unit stride along pixels for both operands (64 a
     # plane); channels-last along channels with 64 channels, two taps a 128-column tile, the last
     # tile half past the (channel, tap) columns
     ("px_1x1", (2, 16, 8, 8), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
     ("mn_64", (2, 64, 6, 6), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
 ]
-ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d"}   # not in NCHW: their layouts below
+ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d", "it_c48", "it_c16", "it_c8", "dec_9x9"}   # not in NCHW: their layouts below
 BY_NAME = {c[0]: c for c in CASES}
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
 F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
@@ -93,11 +104,12 @@ F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 # where the layout pass would stage only the ones its problem's own GEMM reads, when they pay)
 CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
                        "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl", "it_pad": "cl", "it_groups": "cl",
-                       "it_3d": "cl", "mn_64": "cl"}
+                       "it_3d": "cl", "mn_64": "cl", "it_c48": "cl", "it_c16": "cl", "it_c8": "cl", "wide96": "cl",
+                       "dec_9x9": "cl"}
 F16_CASES |= {"vec_nchw"}
 NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
 STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16",
-                "it_pad": "bf16", "it_s2": "f16", "it_7x7": "bf16"}
+                "it_pad": "bf16", "it_s2": "f16", "it_7x7": "bf16", "it_c48": "f16", "it_c16": "bf16"}
 PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES
            if (d == "bf16" or c[0] in F16_CASES) and c[0] not in NCHW_ONLY_IN_LAYOUT | ITERATOR_CASES | {"vec_3d", "vec_1x1"}]
           + [(name, "bf16", layout) for name, layout in CHANNELS_LAST_CASES.items()]
@@ -385,22 +397,63 @@ def test_the_vector_cases_take_the_16_byte_copies():
         assert tiles["vec_cl"]["DGRAD"].stages == (6 if cuda else 2)   # 24 x 9 = 216: seven steps, the ring wraps
 
 
+def test_the_straddling_and_wide_cases_take_their_steps_and_tiles():
+    """it_c48 / it_c16 / it_c8 step across taps as they are meant to (a tap and 16 channels, two taps,
+    four taps a step; tails past the reduction's end), wide96 tiles its 96 filters and channels by one
+    96 side where the kernel can (mma.sync; not HIP's 16-bit copies, not wgmma, not rows of pixels),
+    and a side is the least padded one within a quarter, largest first."""
+    from convgen.codegen.gpu.igemm_tiles import _padded_side
+
+    for vendor in sim_build.WARP:
+        target, cuda = parse_target(vendor), vendor == "cuda"
+        ctx = {name: igemm_context(case_problem(BY_NAME[name], DType.BF16, "cl"), target, "p", staged=())
+               for name in ("it_c48", "it_c16", "it_c8", "wide96")}
+        tiles = {name: dict(c.tiles) for name, c in ctx.items()}
+        c48, c16, c8 = tiles["it_c48"], tiles["it_c16"], tiles["it_c8"]
+        assert (c48["FWD"].depth, c48["DGRAD"].depth) == ((64, 64) if cuda else (32, 32))   # 432, 360: 64 pads no more
+        assert (c16["FWD"].depth, c8["FWD"].depth) == (32, 32)   # 144: 64 would pad 192, a fifth more than 160
+        for name in ("it_c48", "it_c16", "it_c8"):
+            assert dict(ctx[name].iterators) == {"FWD_A": True, "FWD_B": True, "DGRAD_A": True, "DGRAD_B": False}, name
+        wide = tiles["wide96"]
+        # (rows: 20 pixels an image, the smallest side)
+        assert (wide["FWD"].m, wide["FWD"].n, wide["DGRAD"].n) == ((64, 96, 96) if cuda else (64, 128, 128))
+        nchw = dict(igemm_context(case_problem(BY_NAME["wide96"], DType.BF16), target, "p", staged=()).tiles)
+        assert (nchw["WGRAD"].m, nchw["WGRAD"].n) == ((96, 128) if cuda else (128, 128))   # 96 filters: rows of a 96 tile
+    sm90a = dict(igemm_context(case_problem(BY_NAME["wide96"], DType.BF16, "cl"), parse_target("cuda-sm_90a"), "p",
+                               staged=()).tiles)
+    assert (sm90a["FWD"].n, sm90a["DGRAD"].n) == (128, 128)   # wgmma: sides of 64 and 128
+    for length, side in [(96, 96), (192, 96), (160, 96), (320, 128), (48, 64), (112, 128), (288, 96), (864, 128),
+                         (64, 64), (8, 64), (1000, 128)]:
+        assert _padded_side((64, 96, 128), length) == side, length
+
+
 def test_the_iterator_cases_take_the_iterators():
-    """The it_* cases run the copies by iterator they are for (codegen/gpu/igemm.py copy_iterators),
-    and the other 16-bit cases the per-step decode, so both stay checked against ATen."""
+    """The it_* cases run the copies by iterator they are for (codegen/gpu/igemm.py copy_iterators):
+    channels-last activations with whole 16-byte copies of a group's channels (filters), steps
+    straddling taps where those are not whole steps; a contiguous NCHW weight read linearly where its
+    (channel, tap) reduction is whole copies. The rest decode each step's reduction index (dec_9x9's
+    81 taps, vec_xcl's weight, the caller's weight in every data gradient), so both stay checked
+    against ATen."""
     expect = {("it_pad", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("it_groups", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
-              ("it_3d", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
-              ("it_pad", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
-              ("it_s2", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
-              ("it_7x7", "nchw_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B"),
-              ("mn_64", "cl"): ("FWD_A", "FWD_B"), ("mn_64", "nchw"): ("FWD_B",)}
-    on_ldmatrix = {("px_1x1", "nchw"): ("FWD_A",)}   # the forward's input along its pixels: CUDA's
+              ("it_3d", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("mn_64", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("vec_cl", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("vec_groups", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("it_c48", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("it_c16", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("it_c8", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("wide96", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("vec_xcl", "x_cl"): ("FWD_A",),   # the weight in NCHW with a tap-major reduction: decoded
+              ("dec_9x9", "cl"): ("FWD_B",)}     # 81 taps: more than a mask holds
     for vendor in sim_build.WARP:
         for name, dtype, layout in PARAMS:
             problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)
             iterators = dict(igemm_context(problem, parse_target(vendor), "p", staged=_staged(layout)).iterators)
             taken = tuple(k for k, v in iterators.items() if v)
-            wanted = expect.get((name, layout), ()) or (on_ldmatrix.get((name, layout), ()) if vendor == "cuda" else ())
+            if layout == "nchw_staged":   # every operand staged: all four (channels and filters whole copies)
+                wanted = ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B")
+            elif layout == "nchw":   # the weight linearly where C/g x taps is whole 8-element copies; CUDA's px_1x1 input
+                _, shape, _, kernel, *_, groups = BY_NAME[name]
+                wanted = (("FWD_A",) if (name, vendor) == ("px_1x1", "cuda") else ()) + (
+                    ("FWD_B",) if shape[1] // groups * math.prod(kernel) % 8 == 0 else ())
+            else:
+                wanted = expect.get((name, layout), ())
             assert taken == wanted, (vendor, name, layout, taken)
 
 

@@ -39,12 +39,13 @@ ORDERS = ("forward", "reverse", "shuffle")
 
 
 def problem(op: Op, family: str = "igemm", layout: Layout = Layout.CONTIGUOUS) -> ConvProblem:
-    """igemm: a bf16 3x3 layer, 32 -> 40 channels at 6x6, batch 2: 72 GEMM rows and a 40-filter
-    weight gradient, so every tile has ragged edges, and reductions (288 and 360 deep) longer than
-    the forward's and data gradient's pipelines (stages x 32), so that every stage is refilled.
+    """igemm: a bf16 3x3 layer, 48 -> 56 channels at 6x6, batch 2: 72 GEMM rows and a 56-filter
+    weight gradient, so every tile has ragged edges, and reductions (432 and 504 deep: 7 and 8 steps
+    of 64) longer than the forward's and data gradient's pipelines (6 stages on sm_90), so that every
+    stage is refilled.
     depthwise: 16 channels 3x3 at 9x9; stem: 3 -> 16 channels 7x7 stride 2 at 16x16."""
     c, k, size, kernel, stride, pad, groups = {
-        "igemm": (32, 40, (6, 6), (3, 3), 1, 1, 1), "depthwise": (16, 16, (9, 9), (3, 3), 1, 1, 16),
+        "igemm": (48, 56, (6, 6), (3, 3), 1, 1, 1), "depthwise": (16, 16, (9, 9), (3, 3), 1, 1, 16),
         "stem": (3, 16, (16, 16), (7, 7), 2, 3, 1)}[family]
     return conv_problem(2, c, k, size, kernel, stride, pad, groups=groups, op=op, dtype=DType.BF16, layout=layout,
                         bias=op is not Op.BWD_DATA)
@@ -74,7 +75,7 @@ MUTATIONS = [
              ((r"convgen_copy_wait<STAGES - 2>\(\)", "convgen_copy_wait<STAGES - 1>()"),), "in flight"),
     Mutation("no empty commit at the end", Op.FWD, ("cuda",),
              ((COMMIT, "if (more) convgen_copy_commit();"),), "in flight"),
-    # 40 filters in a 64-row tile: rows 40..63 of the last image's grad_output run past its end (the
+    # 56 filters in a 64-row tile: rows 56..63 of the last image's grad_output run past its end (the
     # buffer the report names as nearest is wherever the heap put the tensors: grad_output, or once
     # in a full run grad_bias, 350 bytes past its end)
     Mutation("weight gradient's row predicate removed", Op.BWD_WEIGHT, ("cuda", "hip"),
