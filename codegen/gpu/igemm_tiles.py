@@ -8,9 +8,9 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
 - Block tile BLOCK_M x BLOCK_N from the arch's sides for the operands' class (64, 96 or 128 for
   matrix instructions on every arch today), WARPS warps (waves) of (BLOCK_M/2) x (BLOCK_N/2). Rows of
   pixels (the forward's and data gradient's, which grow with the run-time batch) take the largest
-  side an image has that many of; filters and (channel, tap) columns the largest side whose tiles
-  pad them by at most a quarter more than the least padded side does (96 filters: one 96 tile, not
-  two 64 ones computing 128), so a GEMM computes little padding and keeps wide warp tiles. A 96 side
+  side an image has that many of; filters and (channel, tap) columns a side that pads them little
+  while keeping warp tiles wide (_padded_side: 96 filters one 96 tile, not two 64 ones computing
+  128; 48 one 64 tile). A 96 side
   only where the kernel takes it (_sides: mma.sync or MFMA, not wgmma; not rows of pixels; not tiles of
   reduction rows; whole 16-byte copies a thread). A side is taken down to the smallest until two
   stages fit a block's shared memory.
@@ -183,12 +183,19 @@ def _side(sides: tuple[int, ...], length: int) -> int:
 
 
 def _padded_side(sides: tuple[int, ...], length: int) -> int:
-    """For a side of fixed `length` (filters, (channel, tap) columns): the largest side whose tiles cover
-    it with at most a quarter more than the side covering it with the least (96 filters: one 96 tile,
-    not two of 64 that compute 128; 320: two of 128 and a third, 384, rather than five of 64)."""
+    """For a side of fixed `length` (filters, (channel, tap) columns): among the sides above the
+    smallest, the largest that pads `length` at most an eighth more than the least padded of them (96
+    filters: one 96 tile, not a 128 one; 864 columns: seven of 128, not nine of 96); the smallest side
+    only where it pads a quarter less than that (48 filters: one 64 tile). Narrow warp tiles cost
+    more than their share: a 32-wide one issues twice the fragment loads per matrix instruction of a
+    64-wide one, more than shared memory serves at the tensor cores' rate on H100."""
+    if length <= 0:
+        return sides[0]
     padded = {s: -(-length // s) * s for s in sides}
-    least = min(padded.values())
-    return max(s for s in sides if 4 * padded[s] <= 5 * least) if length > 0 else sides[0]
+    large = sides[1:] or sides
+    least = min(padded[s] for s in large)
+    side = max(s for s in large if 8 * padded[s] <= 9 * least)
+    return sides[0] if 4 * padded[sides[0]] < 3 * padded[side] else side
 
 
 def _sides(target: Target, shape: BlockTiles, itemsize: int, pixels: bool, mn: bool) -> tuple[int, ...]:

@@ -401,7 +401,7 @@ def test_the_straddling_and_wide_cases_take_their_steps_and_tiles():
     """it_c48 / it_c16 / it_c8 step across taps as they are meant to (a tap and 16 channels, two taps,
     four taps a step; tails past the reduction's end), wide96 tiles its 96 filters and channels by one
     96 side where the kernel can (mma.sync; not HIP's 16-bit copies, not wgmma, not rows of pixels),
-    and a side is the least padded one within a quarter, largest first."""
+    and a side pads little while keeping warp tiles wide (_padded_side)."""
     from convgen.codegen.gpu.igemm_tiles import _padded_side
 
     for vendor in sim_build.WARP:
@@ -423,8 +423,10 @@ def test_the_straddling_and_wide_cases_take_their_steps_and_tiles():
                                staged=()).tiles)
     assert (sm90a["FWD"].n, sm90a["DGRAD"].n) == (128, 128)   # wgmma: sides of 64 and 128
     for length, side in [(96, 96), (192, 96), (160, 96), (320, 128), (48, 64), (112, 128), (288, 96), (864, 128),
-                         (64, 64), (8, 64), (1000, 128)]:
+                         (480, 128), (64, 64), (80, 96), (8, 64), (1000, 128)]:
         assert _padded_side((64, 96, 128), length) == side, length
+    for length, side in [(96, 128), (192, 128), (160, 128), (48, 64), (64, 64), (320, 128)]:   # wgmma's, HIP's 16-bit
+        assert _padded_side((64, 128), length) == side, length
 
 
 def test_the_iterator_cases_take_the_iterators():
