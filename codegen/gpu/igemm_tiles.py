@@ -204,7 +204,7 @@ def _sides(target: Target, shape: BlockTiles, itemsize: int, pixels: bool, mn: b
     pixels (the forward's and data gradient's rows: one gathered a thread, THREADS a multiple of the
     side), into tiles of reduction rows (`mn`: blocks of 64 elements), or where a thread's 16-byte copies
     of a stage of that side would not be whole (HIP's 256 threads, 16-bit operands 32 deep)."""
-    threads, chunks = WARPS * target.gpu.warp_size, max(1, shape.depth // vector_of(itemsize))
+    threads, chunks = WARPS * target.gpu.warp_size, shape.depth // vector_of(itemsize)
     odd_ok = not on_wgmma(target, itemsize) and not pixels and not mn
     return tuple(s for s in shape.sides if s % 64 == 0 or (odd_ok and s * chunks % threads == 0))
 
@@ -231,7 +231,7 @@ def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction:
           tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False, a_mn: bool = False,
           pixels: bool = True) -> GemmTile:
     """A GEMM's tile: `rows` of pixels (growing with the batch: the largest side they have) unless not
-    `pixels` (filters: the least padded side, _padded_side), `columns` by the least padded side."""
+    `pixels` (filters: _padded_side), `columns` by _padded_side."""
     row_sides = _sides(target, shape, itemsize, pixels, mn_major or a_mn)
     column_sides = _sides(target, shape, itemsize, False, mn_major)
     m = _side(row_sides, rows) if pixels else _padded_side(row_sides, rows)
@@ -260,9 +260,9 @@ def _channels_last(strides: tuple[int, ...]) -> bool:
 def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, depth: int) -> int:
     """The reduction step (BLOCK_K) of a kernel file launching `gemm`: DEEP_STEP on ldmatrix for the weight
     gradient always (batch x pixels, at run time), and for the forward (data gradient) where its
-    reduction is two such steps at least and either a tap's channels (filters) per group are whole steps
-    of it, or they are whole 16-byte copies (the iterators' steps may straddle taps) and the deeper step
-    pads the reduction's last step by at most an eighth more than the arch's `depth` does; else `depth`.
+    reduction is two such steps at least, a tap's channels (filters) per group are whole 16-byte copies
+    (the iterators' steps may straddle taps) and the deeper step pads the reduction at most an eighth
+    more than the arch's `depth` does (a tap's channels whole steps of it pad nothing); else `depth`.
     A step twice as deep halves what a k-step's fixed costs (barrier, wait, the stage ring, the
     iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit tiles are 64 deep as
     well), for half the stages in the same shared memory."""
@@ -274,13 +274,10 @@ def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, 
     per_tap, taps = ((normal.channels // g, math.prod(normal.kernel)) if gemm == "FWD"
                      else (normal.filters // g, _phase_taps(normal)))
     reduction = per_tap * taps
-    if reduction < 2 * DEEP_STEP:   # (a reduction of one step has no pipeline, no loop)
+    if reduction < 2 * DEEP_STEP or per_tap % vector_of(itemsize):   # (one step: no pipeline, no loop)
         return depth
-    if per_tap % DEEP_STEP == 0:
-        return DEEP_STEP
-    padded = lambda step: -(-reduction // step) * step   # noqa: E731
-    whole_copies = per_tap % vector_of(itemsize) == 0
-    return DEEP_STEP if whole_copies and 8 * padded(DEEP_STEP) <= 9 * padded(depth) else depth
+    deep, arch = (-(-reduction // step) * step for step in (DEEP_STEP, depth))   # the reductions padded
+    return DEEP_STEP if 8 * deep <= 9 * arch else depth
 
 
 def _phase_taps(normal: Normal) -> int:
