@@ -120,6 +120,7 @@ class IgemmContext(TensorContext):
     split_pixels: int = SPLIT_PIXELS   # the weight gradient's least batch x pixels a split
     iterators: tuple[tuple[str, bool], ...] = ()   # ("FWD_A" ... "DGRAD_B", copies by iterator: copy_iterators)
     wgmma: bool = False    # sm_90a: warpgroup MMA from the shared stages (igemm_tiles.on_wgmma), not ldmatrix + mma.sync
+    out_along: tuple[tuple[str, int], ...] = ()   # ("FWD" | "DGRAD" | "WGRAD", how its epilogue stores: out_along)
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -297,6 +298,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],
         block_k=tiles.fwd.depth, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), entries=tuple(entries), wgmma=on_wgmma(target, problem.dtype.itemsize),
+        out_along=tuple(out_along(problem, target, tiles).items()),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 
@@ -326,6 +328,57 @@ def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: di
             "FWD_B": fwd.vector_b and linear,
             "DGRAD_A": dgrad.vector_a and dgrad.tap_major and taps <= MAX_ITERATOR_TAPS,
             "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major}
+
+
+def out_along(problem: ConvProblem, target: Target, tiles: IgemmTiles | None = None) -> dict[str, int]:
+    """How each GEMM's epilogue stores its results (templates/gpu/igemm.cu.j2): 1 through shared memory,
+    then 16-byte stores along the GEMM's columns, where its output is contiguous along them (channels-last
+    output and grad_input; the weight gradient's partials, laid out as the weight, in its columns' order);
+    2 likewise along its rows, where they are an image's consecutive pixels (NCHW output, and grad_input
+    of a stride-1 problem: one phase, every position); 0 element by element. Every other stride of the
+    tensor (and a group's channels) whole 16-byte chunks, so that each chunk starts aligned where the
+    tensor does (the kernel checks each chunk's address and stores elements where it is not); and a
+    pass of the least rows (a grain of each band: _pass_fits) staged within the GEMM's shared stages.
+    The FMA path stores element by element (0)."""
+    normal, tiles = Normal.of(problem), tiles or tiles_of(problem, target)
+    if on_fma(problem, target):
+        return {"FWD": 0, "DGRAD": 0, "WGRAD": 0}
+    itemsize, partial_itemsize = problem.dtype.itemsize, 8 if problem.dtype is DType.F64 else 4
+    g = normal.groups or 1
+    cg, kg = normal.channels // g, normal.filters // g
+    rd, rh, rw = normal.kernel
+    taps = rd * rh * rw
+
+    def along(strides, size, group, rows_dense, vector):
+        n, c, d, h, w = strides
+        pixels = size[0] * size[1] * size[2]
+        if c == 1 and group % vector == 0 and all(s % vector == 0 for s in (n, d, h, w)):
+            return 1
+        if rows_dense and (w, h, d) == (1, size[2], size[1] * size[2]) and pixels % vector == 0 and n % vector == 0 \
+                and c % vector == 0:
+            return 2
+        return 0
+
+    strides = tensor_fields(normal)
+    vector = 16 // itemsize
+    k, c, d, h, w = strides["w_strides"]   # the partials': the weight's
+    in_order = ((c, w, h, d) == (1, cg, rw * cg, rh * rw * cg) if tiles.wgrad.tap_major
+                else (w, h, d, c) == (1, rw, rh * rw, taps))
+    alongs = {"FWD": along(strides["y_strides"], normal.out_size, kg, True, vector),
+              "DGRAD": along(strides["x_strides"], normal.in_size, cg, tuple(normal.stride) == (1, 1, 1), vector),
+              "WGRAD": 1 if in_order and k % (16 // partial_itemsize) == 0 else 0}
+    cuda, wgmma = target.kind is TargetKind.CUDA, on_wgmma(target, itemsize)
+    return {gemm: a if a and _pass_fits(tile, a, partial_itemsize if gemm == "WGRAD" else itemsize, cuda, wgmma) else 0
+            for (gemm, a), tile in zip(alongs.items(), (tiles.fwd, tiles.dgrad, tiles.wgrad))}
+
+
+def _pass_fits(tile: GemmTile, along: int, out_bytes: int, cuda: bool, wgmma: bool) -> bool:
+    """Whether the epilogue's least pass (a grain of rows of each band: a 64-row half on wgmma, a
+    fragment's 16 rows of each warp row otherwise), padded as the template pads it, fits the GEMM's
+    shared stages (templates/gpu/igemm.cu.j2 out_pass_grains, which takes the most that fit)."""
+    rows = 64 if wgmma else 2 * 16
+    pad = (8 if cuda else 16 // out_bytes) if along == 1 else 16 // out_bytes
+    return (rows * (tile.n + pad) if along == 1 else tile.n * (rows + pad)) * out_bytes <= tile.shared_bytes
 
 
 def render_igemm(problem: ConvProblem, target: Target, prefix: str = "conv", **options) -> str:
@@ -395,6 +448,7 @@ def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
     extra = {KOp.DGRAD: phases if not transposed else None, KOp.FWD: phases if transposed else None,
              KOp.WGRAD: split}.get(plan.kop)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
+    epilogue = _epilogue(plan, fma) if gemm is not None else None
     share = f"a block's {gemm.m}x{gemm.n} tile" if gemm else "the bias gradient"
     threads = WARPS * gpu.warp_size
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=WARPS,
@@ -402,7 +456,27 @@ def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
                                    f"a 1/{threads} share of {share}"), threads_hint=f"a block per {what}")
     return tiling, (f"{threads} threads per block ({WARPS} {unit} of {gpu.warp_size}); a block per "
                     f"{what}" + (f"; {tile}" if tile else "") + (f"; {extra}" if extra else "")
-                    + (f"; {bias_reason(plan.problem)}" if bias else ""))
+                    + (f"; {epilogue}" if epilogue else "") + (f"; {bias_reason(plan.problem)}" if bias else ""))
+
+
+def _epilogue(plan: Plan, fma: bool) -> str:
+    """How the pass's GEMM stores its results (out_along; templates/gpu/igemm.cu.j2's epilogue)."""
+    if fma:
+        return "epilogue: each thread's results stored element by element"
+    problem = plan.problem
+    gemm = {KOp.FWD: "DGRAD" if problem.transposed else "FWD", KOp.DGRAD: "FWD" if problem.transposed else "DGRAD",
+            KOp.WGRAD: "WGRAD"}[plan.kop]
+    along = out_along(problem, plan.target)[gemm]
+    what = "the split's f32 partials" if gemm == "WGRAD" else "results"
+    if gemm == "WGRAD" and problem.dtype is DType.F64:
+        what = "the split's f64 partials"
+    if along == 0:
+        return (f"epilogue: {what} stored element by element (the output is not whole 16-byte chunks along the "
+                f"tile's rows or columns, or a pass of them would not fit the shared stages)")
+    line = "columns" if along == 1 else "rows (an image's consecutive pixels)"
+    bias = ", the bias added" if plan.kop is KOp.FWD and problem.bias else ""
+    return (f"epilogue: {what} staged in shared memory a pass at a time{bias}, "
+            f"then 16-byte stores along the tile's {line}, consecutive threads consecutive chunks")
 
 
 FAMILY = Family("igemm", lambda plan: refusal(plan.problem, plan.target), _why, _tiling, igemm_context, TEMPLATE,

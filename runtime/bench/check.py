@@ -94,8 +94,9 @@ def profile_lines(launches: list[dict]) -> list[str]:
             f"({wavefronts} wavefronts, {ideal} without conflicts); global {p['global_requests']} requests, "
             f"{sectors / p['global_requests'] if p['global_requests'] else 0:.1f} sectors per request "
             f"({100 * moved / (32 * sectors) if sectors else 0:.0f}% of their bytes asked for; over 100%: lanes "
-            f"sharing bytes); "
-            f"{p['bytes_read']} bytes read, {p['bytes_written']} written")
+            f"sharing bytes), of which stores {p['store_requests']} requests "
+            f"({100 * p['bytes_written'] / (32 * p['store_sectors']) if p['store_sectors'] else 0:.0f}% of their "
+            f"sectors' bytes written); {p['bytes_read']} bytes read, {p['bytes_written']} written")
     return lines
 
 

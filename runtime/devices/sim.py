@@ -51,7 +51,7 @@ def profiling():
 
 # A launch's profile counters, in the order convgen_sim_profile_get writes them (sim/simt.h).
 COUNTERS = ("blocks", "barriers", "tensor_instructions", "shared_requests", "shared_wavefronts", "shared_ideal",
-            "global_requests", "global_sectors", "bytes_read", "bytes_written")
+            "global_requests", "global_sectors", "bytes_read", "bytes_written", "store_requests", "store_sectors")
 
 
 class Buffer(NamedTuple):

@@ -90,6 +90,37 @@ template <int N> __device__ __forceinline__ void convgen_copy_wait() {
 template <int N> __device__ __forceinline__ void convgen_copy_land(convgen_copy_stage<N>&) {}
 #define CONVGEN_ASYNC_COPY 1   // copies overlap the matrix instructions without registers
 
+// Two adjacent elements in one shared store (the epilogue's accumulator pairs: STS, STS.64, STS.128),
+// `at` aligned to both; in the simulator one access too, as the bank profile counts it.
+template <class E> __device__ __forceinline__ void convgen_store_pair(E* at, E a, E b) {
+#if defined(CONVGEN_SIM)
+    typedef unsigned char Pair __attribute__((vector_size(2 * sizeof(E)), may_alias));
+    Pair v;
+    std::memcpy(&v, &a, sizeof(E));
+    std::memcpy(reinterpret_cast<unsigned char*>(&v) + sizeof(E), &b, sizeof(E));
+    *reinterpret_cast<Pair*>(at) = v;
+#else
+    struct alignas(2 * sizeof(E)) Pair { E v[2]; };
+    *reinterpret_cast<Pair*>(at) = Pair{{a, b}};
+#endif
+}
+
+// --- the epilogues' 16-byte accesses: a chunk from shared memory (LDS.128), to global memory
+// (STG.E.128); both 16-byte aligned. In the simulator one 16-byte access each, checked as such (g++
+// splits a struct's copy into narrower ones).
+#if defined(CONVGEN_SIM)
+typedef unsigned convgen_v16 __attribute__((vector_size(16), may_alias));
+__device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
+__device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) { *reinterpret_cast<convgen_v16*>(global) = v; }
+#else
+typedef uint4 convgen_v16;
+__device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
+// (the store spelled out: nvcc split a plain uint4 store into four where the same words had an element path)
+__device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(global), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+#endif
+
 #define CONVGEN_FULL_MASK 0xffffffffu
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) {
     return __shfl_down_sync(CONVGEN_FULL_MASK, v, delta);

@@ -85,6 +85,20 @@ __device__ __forceinline__ void convgen_copy_commit() {}
 template <int N> __device__ __forceinline__ void convgen_copy_wait() {}
 #define CONVGEN_ASYNC_COPY 0   // staged through registers: two shared buffers
 
+// --- the epilogues' 16-byte accesses: a chunk from LDS (ds_read_b128), to global memory
+// (global_store_dwordx4); both 16-byte aligned. In the simulator one 16-byte access each.
+#if defined(CONVGEN_SIM)
+typedef unsigned convgen_v16 __attribute__((vector_size(16), may_alias));
+__device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
+__device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) { *reinterpret_cast<convgen_v16*>(global) = v; }
+#else
+typedef convgen_u128 convgen_v16;
+__device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *(CONVGEN_LDS_U128*)shared; }
+__device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) {
+    *(__attribute__((address_space(1))) convgen_u128*)global = v;
+}
+#endif
+
 #define CONVGEN_FULL_MASK 0xffffffffffffffffull
 template <class T> __device__ __forceinline__ T convgen_shfl_down(T v, unsigned delta) { return __shfl_down(v, delta); }
 template <class T> __device__ __forceinline__ T convgen_shfl_xor(T v, int lanes) { return __shfl_xor(v, lanes); }

@@ -93,6 +93,9 @@ CASES = [
     # tile half past the (channel, tap) columns
     ("px_1x1", (2, 16, 8, 8), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
     ("mn_64", (2, 64, 6, 6), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    # the epilogue's 16-byte stores along the tile's rows (out_along 2): NCHW output and grad_input of
+    # 64-pixel images at unit stride, 3 images (192 rows: the last 128-row tile half past them), 24 filters
+    ("ep_rows", (3, 16, 8, 8), 24, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
 ]
 ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d", "it_c48", "it_c16", "it_c8", "dec_9x9"}   # not in NCHW: their layouts below
 BY_NAME = {c[0]: c for c in CASES}
@@ -534,12 +537,16 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
     target = parse_target(f"cuda-{arch}")
     kernel_of = {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}
     for n, d, lay in PARAMS:
-        tiles = dict(igemm_context(case_problem(BY_NAME[n], DTYPES[d][0], lay), target, "p", staged=_staged(lay)).tiles)
+        context = igemm_context(case_problem(BY_NAME[n], DTYPES[d][0], lay), target, "p", staged=_staged(lay))
+        tiles, alongs = dict(context.tiles), dict(context.out_along)
         prefix = _prefix("cuda", n, d, lay)
         for gemm, symbol in kernel_of.items():
             (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
             uses = bool(re.search(r"\bLDGSTS\b", body))
             assert uses == (tiles[gemm].vector_a or tiles[gemm].vector_b), (prefix, symbol, uses)
+            # the epilogue: 16-byte stores (from the tile staged in shared memory) exactly where the
+            # output is contiguous along the tile's columns or rows (out_along)
+            assert bool(re.search(r"\bSTG\.E\.128\b", body)) == (alongs[gemm] != 0), (prefix, symbol, alongs[gemm])
             # the main loop's fragments come from ldmatrix.x4, none from scalar shared loads (LDS.U16
             # before issue 47; LDS.64, LDS.128 would match too). (How many LDSM per HMMA is not fixed:
             # ptxas drops the matrix instructions and loads of fragments no output column needs.)
@@ -585,7 +592,9 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
             assert re.search(r"v_mfma_f32_16x16x16_?(bf16_1k|bf16|f16)\b", body), (arch, body.split(":", 1)[0])
         # 16-byte staged copies: dwordx4 global loads and b128 LDS stores (not flat accesses)
         for n, d, lay in PARAMS:
-            tiles = dict(igemm_context(case_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p", staged=_staged(lay)).tiles)
+            context = igemm_context(case_problem(BY_NAME[n], DTYPES[d][0], lay), parse_target(f"hip-{arch}"), "p",
+                                    staged=_staged(lay))
+            tiles, alongs = dict(context.tiles), dict(context.out_along)
             prefix = _prefix("hip", n, d, lay)
             for gemm, symbol in {"FWD": "3fwd", "DGRAD": "8bwd_data", "WGRAD": "18bwd_weight_partial"}.items():
                 (body,) = [f for f in gemm_kernels if re.match(rf"_ZN{len(prefix)}{prefix}{symbol}E", f)]
@@ -593,6 +602,8 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
                 # (a copy whose address the compiler proves uniform may load with s_load_dwordx4 instead)
                 assert vector or not re.search(r"\bglobal_load_dwordx4\b", body), (arch, prefix, symbol)
                 assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
+                # the epilogue's 16-byte stores where the output is contiguous along the tile's columns or rows
+                assert bool(re.search(r"\bglobal_store_dwordx4\b", body)) == (alongs[gemm] != 0), (arch, prefix, symbol)
                 # the main loop (machine_code's reading of hipcc's assembly): every fragment one 16-byte
                 # read (hip.h's packs), the accumulators in ordinary registers (no AGPR copies a k-step:
                 # CONVGEN_LAUNCH_BOUNDS' waves per SIMD), no narrower shared reads

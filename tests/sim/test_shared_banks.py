@@ -147,6 +147,34 @@ def test_every_gemm_launch_reads_and_writes_shared_memory_without_bank_conflicts
             assert launch["shared_wavefronts"] == launch["shared_ideal"], (gemm, launch)
 
 
+ELEMENT_STORES = r"(constexpr int \w+_OUT_ALONG = )[12];"   # every GEMM's epilogue element by element
+
+
+@pytest.fixture(scope="module")
+def element_lib(tmp_path_factory):
+    text, count = re.subn(ELEMENT_STORES, r"\g<1>0;", _source())
+    assert count, "the epilogues' OUT_ALONG is no longer where this test takes it out"
+    return sim.build(text, tmp_path_factory.mktemp("element_stores"), "banks_elements", "cuda")
+
+
+def test_every_gemm_launch_stores_whole_sectors(libs, element_lib):
+    """The epilogue (issue 47): each GEMM's results staged in shared memory, then stored 16 bytes a
+    thread along the output's contiguous direction, consecutive threads consecutive chunks -- every
+    store request of every GEMM launch writes whole 32-byte sectors (the weight gradient's f32
+    partials too), where the element-by-element epilogue wrote a quarter (16-bit, channels-last) or
+    half of each sector it touched, in as many requests or more (up to four times)."""
+    for name in CASES:
+        context = igemm_context(_problem(name, "bf16"), TARGET, "p", staged=CASES[name][6])
+        assert all(along for _, along in context.out_along), (name, context.out_along)
+        staged, elements = _launches(libs[False], name, "bf16"), _launches(element_lib, name, "bf16")
+        for gemm in GEMMS:
+            for launch, plain in zip(staged[gemm], elements[gemm], strict=True):
+                assert launch["bytes_written"] == plain["bytes_written"] > 0, (name, gemm)
+                assert launch["store_sectors"] * 32 == launch["bytes_written"], (name, gemm, launch)
+                assert plain["store_sectors"] * 32 >= 2 * plain["bytes_written"], (name, gemm, plain)
+                assert plain["store_requests"] >= launch["store_requests"], (name, gemm)
+
+
 def test_without_the_swizzle_the_fragment_loads_conflict(libs):
     """tile_at without its XOR: the copies and stores still are conflict-free (a phase of 8 copies
     covers two whole 64-byte rows), the ldmatrix rows are not; tile_mn without its permutation
@@ -194,6 +222,8 @@ def test_hip_gemm_launches_read_fragments_and_write_copies_without_bank_conflict
         for launch in launches[gemm]:
             assert launch["tensor_instructions"] > 0 and launch["shared_requests"] > 0, launch
             assert launch["shared_wavefronts"] == launch["shared_ideal"], (gemm, launch)
+            if dict(context.out_along)[gemm]:   # the epilogue's stores: whole sectors
+                assert launch["store_sectors"] * 32 == launch["bytes_written"] > 0, (gemm, launch)
 
 
 def test_hip_without_the_swizzle_or_the_padding_the_fragment_reads_conflict(hip_libs):

@@ -28,7 +28,8 @@
 // call wrote it likewise.
 // Profile (Settings::profile): per launch, shared-memory requests and their wavefronts (32 banks of
 // 4 bytes; a request split in phases of 32, 16 or 8 lanes for 4-, 8- and 16-byte accesses; lanes on
-// one word broadcast), global requests and 32-byte sectors, bytes read and written, barriers and
+// one word broadcast), global requests and 32-byte sectors (and apart, those of the requests that
+// store: an epilogue's coalescing), bytes read and written, barriers and
 // matrix instructions. A warp-level request is the n-th execution of one instruction by the lanes
 // of a warp between two barriers, counted apart for its shared and its global accesses (a cp.async
 // reads global memory only where its source is valid: a zero fill writes shared memory alone).
@@ -67,11 +68,13 @@ struct Counters {
     unsigned long long blocks = 0, barriers = 0, tensor_instructions = 0;
     unsigned long long shared_requests = 0, shared_wavefronts = 0, shared_ideal = 0;
     unsigned long long global_requests = 0, global_sectors = 0, bytes_read = 0, bytes_written = 0;
+    unsigned long long store_requests = 0, store_sectors = 0;   // the global requests that store, their sectors
     void add(const Counters& o) {
         blocks += o.blocks; barriers += o.barriers; tensor_instructions += o.tensor_instructions;
         shared_requests += o.shared_requests; shared_wavefronts += o.shared_wavefronts; shared_ideal += o.shared_ideal;
         global_requests += o.global_requests; global_sectors += o.global_sectors;
         bytes_read += o.bytes_read; bytes_written += o.bytes_written;
+        store_requests += o.store_requests; store_sectors += o.store_sectors;
     }
 };
 struct LaunchProfile { std::string kernel; Counters counters; };
@@ -102,7 +105,7 @@ struct ShadowByte {
 
 // A warp-level request for the profile: the lanes' addresses of one instruction's n-th execution.
 struct Request {
-    bool shared = false;
+    bool shared = false, store = false;
     unsigned bytes = 0;
     std::vector<std::pair<unsigned, uintptr_t>> lanes;
 };
@@ -246,8 +249,13 @@ CONVGEN_SIM_RT void flush_requests(BlockChecks& c) {
             for (const auto& lane : r.lanes)
                 for (uintptr_t s = lane.second / 32; s <= (lane.second + r.bytes - 1) / 32; ++s) sectors.push_back(s);
             std::sort(sectors.begin(), sectors.end());
+            const auto distinct = static_cast<unsigned long long>(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
             ++c.counters.global_requests;
-            c.counters.global_sectors += std::unique(sectors.begin(), sectors.end()) - sectors.begin();
+            c.counters.global_sectors += distinct;
+            if (r.store) {
+                ++c.counters.store_requests;
+                c.counters.store_sectors += distinct;
+            }
         }
     }
     c.requests.clear();
@@ -335,11 +343,13 @@ CONVGEN_SIM_RT bool known_memory(Worker& w, uintptr_t a) {
     return true;
 }
 
-CONVGEN_SIM_RT void record_request(Worker& w, Fiber& f, bool shared, uintptr_t a, size_t bytes, const void* pc) {
+CONVGEN_SIM_RT void record_request(Worker& w, Fiber& f, bool shared, uintptr_t a, size_t bytes, const void* pc,
+                                   bool store) {
     BlockChecks& c = *w.checks;
     uint32_t n = c.executions[shared][f.linear][pc]++;
     Request& r = c.requests[{pc, shared, n, f.linear / CONVGEN_SIM_WARP}];
     r.shared = shared;
+    r.store = store;
     r.bytes = static_cast<unsigned>(bytes);
     r.lanes.push_back({f.linear % CONVGEN_SIM_WARP, shared ? a - reinterpret_cast<uintptr_t>(c.shared) : a});
 }
@@ -397,7 +407,7 @@ CONVGEN_SIM_RT void global_access(Worker& w, Fiber& f, uintptr_t a, size_t bytes
     }
     if (l.settings.profile) {
         (store ? w.checks->counters.bytes_written : w.checks->counters.bytes_read) += bytes;
-        record_request(w, f, false, a, bytes, pc);
+        record_request(w, f, false, a, bytes, pc, store);
     }
 }
 
@@ -463,7 +473,7 @@ CONVGEN_SIM_RT void shared_access(Worker& w, Fiber& f, size_t offset, size_t byt
             }
         }
     }
-    if (profile && w.launch->settings.profile) record_request(w, f, true, reinterpret_cast<uintptr_t>(c.shared) + offset, bytes, pc);
+    if (profile && w.launch->settings.profile) record_request(w, f, true, reinterpret_cast<uintptr_t>(c.shared) + offset, bytes, pc, store);
 }
 
 CONVGEN_SIM_RT void misaligned(const char* what, uintptr_t a, unsigned bytes, const void* pc) {

@@ -683,7 +683,7 @@ __attribute__((visibility("default"), used)) const char* convgen_sim_profile_get
     const convgen_sim::Counters& c = p.counters;
     const unsigned long long values[] = {c.blocks, c.barriers, c.tensor_instructions, c.shared_requests,
                                          c.shared_wavefronts, c.shared_ideal, c.global_requests, c.global_sectors,
-                                         c.bytes_read, c.bytes_written};
+                                         c.bytes_read, c.bytes_written, c.store_requests, c.store_sectors};
     std::memcpy(out, values, sizeof values);
     return p.kernel.c_str();
 }
