@@ -121,6 +121,7 @@ class IgemmContext(TensorContext):
     iterators: tuple[tuple[str, bool], ...] = ()   # ("FWD_A" ... "DGRAD_B", copies by iterator: copy_iterators)
     wgmma: bool = False    # sm_90a: warpgroup MMA from the shared stages (igemm_tiles.on_wgmma), not ldmatrix + mma.sync
     out_along: tuple[tuple[str, int], ...] = ()   # ("FWD" | "DGRAD" | "WGRAD", how its epilogue stores: out_along)
+    wgrad_weight_order: bool = True   # the weight gradient's columns in the weight's own order (wgrad_weight_order)
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -298,7 +299,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[problem.dtype.itemsize],
         block_k=tiles.fwd.depth, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), entries=tuple(entries), wgmma=on_wgmma(target, problem.dtype.itemsize),
-        out_along=tuple(out_along(problem, target, tiles).items()),
+        out_along=tuple(out_along(problem, target, tiles).items()), wgrad_weight_order=wgrad_weight_order(normal, tiles),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 
@@ -333,7 +334,7 @@ def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: di
 def out_along(problem: ConvProblem, target: Target, tiles: IgemmTiles | None = None) -> dict[str, int]:
     """How each GEMM's epilogue stores its results (templates/gpu/igemm.cu.j2): 1 through shared memory,
     then 16-byte stores along the GEMM's columns, where its output is contiguous along them (channels-last
-    output and grad_input; the weight gradient's partials, laid out as the weight, in its columns' order);
+    output and grad_input; the weight gradient's partials, in the GEMM's own order: wgrad_weight_order);
     2 likewise along its rows, where they are an image's consecutive pixels (NCHW output, and grad_input
     of a stride-1 problem: one phase, every position); 0 element by element. Every other stride of the
     tensor (and a group's channels) whole 16-byte chunks, so that each chunk starts aligned where the
@@ -361,15 +362,22 @@ def out_along(problem: ConvProblem, target: Target, tiles: IgemmTiles | None = N
 
     strides = tensor_fields(normal)
     vector = 16 // itemsize
-    k, c, d, h, w = strides["w_strides"]   # the partials': the weight's
-    in_order = ((c, w, h, d) == (1, cg, rw * cg, rh * rw * cg) if tiles.wgrad.tap_major
-                else (w, h, d, c) == (1, rw, rh * rw, taps))
     alongs = {"FWD": along(strides["y_strides"], normal.out_size, kg, True, vector),
               "DGRAD": along(strides["x_strides"], normal.in_size, cg, tuple(normal.stride) == (1, 1, 1), vector),
-              "WGRAD": 1 if in_order and k % (16 // partial_itemsize) == 0 else 0}
+              "WGRAD": 1 if cg * taps % (16 // partial_itemsize) == 0 else 0}   # partials in the GEMM's order
     cuda, wgmma = target.kind is TargetKind.CUDA, on_wgmma(target, itemsize)
     return {gemm: a if a and _pass_fits(tile, a, partial_itemsize if gemm == "WGRAD" else itemsize, cuda, wgmma) else 0
             for (gemm, a), tile in zip(alongs.items(), (tiles.fwd, tiles.dgrad, tiles.wgrad))}
+
+
+def wgrad_weight_order(normal: Normal, tiles: IgemmTiles) -> bool:
+    """Whether the weight gradient's (channel, tap) columns (tap-major or not: its tile) run in the
+    weight's own memory order, so that its partials, in the GEMM's order, are laid out as the weight."""
+    cg = normal.channels // (normal.groups or 1)
+    rd, rh, rw = normal.kernel
+    _, c, d, h, w = tensor_fields(normal)["w_strides"]
+    return ((c, w, h, d) == (1, cg, rw * cg, rh * rw * cg) if tiles.wgrad.tap_major
+            else (w, h, d, c) == (1, rw, rh * rw, rd * rh * rw))
 
 
 def _pass_fits(tile: GemmTile, along: int, out_bytes: int, cuda: bool, wgmma: bool) -> bool:
@@ -467,9 +475,9 @@ def _epilogue(plan: Plan, fma: bool) -> str:
     gemm = {KOp.FWD: "DGRAD" if problem.transposed else "FWD", KOp.DGRAD: "FWD" if problem.transposed else "DGRAD",
             KOp.WGRAD: "WGRAD"}[plan.kop]
     along = out_along(problem, plan.target)[gemm]
-    what = "the split's f32 partials" if gemm == "WGRAD" else "results"
+    what = "the split's f32 partials (in the GEMM's order; their sum put in the weight's)" if gemm == "WGRAD" else "results"
     if gemm == "WGRAD" and problem.dtype is DType.F64:
-        what = "the split's f64 partials"
+        what = "the split's f64 partials (in the GEMM's order; their sum put in the weight's)"
     if along == 0:
         return (f"epilogue: {what} stored element by element (the output is not whole 16-byte chunks along the "
                 f"tile's rows or columns, or a pass of them would not fit the shared stages)")

@@ -238,31 +238,30 @@ def _main_and_nested(code: list[str], labels: dict[str, int], amd: bool = False)
 
 
 def _unrolled(code: list[str]) -> list[int]:
-    """Where every k-step is unrolled: the kernel's path through its main loop is a stretch of code
-    ending at an unconditional exit (the 16-byte copies' path where there is one: block_gemm's two
-    instantiations each end so), taken from its start to its last tensor instruction (the epilogue
-    after it left out)."""
-    paths, start = [], 0
-    for i, x in enumerate(code):
-        if _opcode(x) in ("EXIT", "RET", "s_endpgm") and not x.lstrip().startswith("@"):
-            paths.append(range(start, i + 1))
-            start = i + 1
-    paths.append(range(start, len(code)))
-    tensor = [p for p in paths if any(is_tensor(code[i]) for i in p)]
+    """Where every k-step is unrolled: from the first 16-byte copy (the copies' instantiation of
+    block_gemm, where the kernel has one; else the start) to the last tensor instruction before the
+    first global store after one (the epilogue, and the other instantiation, left out)."""
+    tensor = [i for i, x in enumerate(code) if is_tensor(x)]
     if not tensor:
         return list(range(len(code)))
-    copying = [p for p in tensor if any(_is_copy(_opcode(code[i])) for i in p)]
-    path = max(copying or tensor, key=lambda p: sum(is_tensor(code[i]) for i in p))
-    last = max(i for i in path if is_tensor(code[i]))
-    return list(range(path.start, last + 1))
+    start = next((i for i, x in enumerate(code) if _is_copy(_opcode(x))), 0)
+    if not any(t >= start for t in tensor):
+        start = 0
+    first = min(t for t in tensor if t >= start)
+    end = next((i for i in range(first, len(code)) if _is_global_store(_opcode(code[i]))), len(code))
+    return list(range(start, max(t for t in tensor if first <= t < end) + 1))
+
+
+def _is_global_store(op: str) -> bool:
+    return op.startswith(("STG", "global_store", "buffer_store", "flat_store"))
 
 
 def main_loop(function: str) -> list[str]:
     """The instructions of a kernel's main loop in nvdisasm's text of its function: the largest
     natural loop holding tensor-core instructions (and cp.async copies, where a loop does: the
     aligned operands' loop, not the gathering one), with the loops nested in it, in address order;
-    where the reduction's steps are so few that ptxas unrolled them all, the path through the unrolled
-    steps up to its last tensor instruction (_unrolled: the epilogue left out).
+    where the reduction's steps are so few that ptxas unrolled them all, the unrolled steps from the
+    first copy to the last tensor instruction (_unrolled: the epilogue left out).
     (A never-executed `@!PT LDS RZ, [RZ]` that ptxas puts after cp.async keeps its `@!PT`.)"""
     code, labels = instructions(function)
     outer, inner = _main_and_nested(code, labels)
