@@ -106,13 +106,8 @@ template <class E> __device__ __forceinline__ void convgen_store_pair(E* at, E a
 }
 
 // --- the epilogues' 16-byte accesses: a chunk from shared memory (LDS.128), to global memory
-// (STG.E.128); both 16-byte aligned. In the simulator one 16-byte access each, checked as such (g++
-// splits a struct's copy into narrower ones).
-#if defined(CONVGEN_SIM)
-typedef unsigned convgen_v16 __attribute__((vector_size(16), may_alias));
-__device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
-__device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) { *reinterpret_cast<convgen_v16*>(global) = v; }
-#else
+// (STG.E.128); both 16-byte aligned. (The simulator's: sim/simt.h.)
+#if !defined(CONVGEN_SIM)
 typedef uint4 convgen_v16;
 __device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
 // (the store spelled out: nvcc split a plain uint4 store into four where the same words had an element path)

@@ -86,12 +86,8 @@ template <int N> __device__ __forceinline__ void convgen_copy_wait() {}
 #define CONVGEN_ASYNC_COPY 0   // staged through registers: two shared buffers
 
 // --- the epilogues' 16-byte accesses: a chunk from LDS (ds_read_b128), to global memory
-// (global_store_dwordx4); both 16-byte aligned. In the simulator one 16-byte access each.
-#if defined(CONVGEN_SIM)
-typedef unsigned convgen_v16 __attribute__((vector_size(16), may_alias));
-__device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
-__device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) { *reinterpret_cast<convgen_v16*>(global) = v; }
-#else
+// (global_store_dwordx4); both 16-byte aligned. (The simulator's: sim/simt.h.)
+#if !defined(CONVGEN_SIM)
 typedef convgen_u128 convgen_v16;
 __device__ __forceinline__ convgen_v16 convgen_shared16(const void* shared) { return *(CONVGEN_LDS_U128*)shared; }
 __device__ __forceinline__ void convgen_global16(void* global, convgen_v16 v) {

@@ -578,6 +578,12 @@ static constexpr int warpSize = CONVGEN_SIM_WARP;
 #define __all(p) static_cast<int>(::convgen_sim::collective(CONVGEN_SIM_SITE, ::convgen_sim::Coll::All, false, 0, (p) != 0, 0, warpSize))
 template <class A, class... R> inline A convgen_sim_first(A a, R...) { return a; }
 
+// The epilogues' 16-byte accesses (cuda.h, hip.h): one 16-byte access each way, checked and profiled
+// as such (g++ splits a struct's copy into narrower ones).
+typedef unsigned convgen_v16 __attribute__((vector_size(16), may_alias));
+inline convgen_v16 convgen_shared16(const void* shared) { return *reinterpret_cast<const convgen_v16*>(shared); }
+inline void convgen_global16(void* global, convgen_v16 v) { *reinterpret_cast<convgen_v16*>(global) = v; }
+
 inline float atomicAdd(float* p, float v) { return convgen_sim::atomic_update(p, [v](float x) { return x + v; }); }
 inline double atomicAdd(double* p, double v) { return convgen_sim::atomic_update(p, [v](double x) { return x + v; }); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
