@@ -456,7 +456,7 @@ def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
     extra = {KOp.DGRAD: phases if not transposed else None, KOp.FWD: phases if transposed else None,
              KOp.WGRAD: split}.get(plan.kop)
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
-    epilogue = _epilogue(plan, fma) if gemm is not None else None
+    epilogue = _epilogue(plan, tiles, fma) if gemm is not None else None
     share = f"a block's {gemm.m}x{gemm.n} tile" if gemm else "the bias gradient"
     threads = WARPS * gpu.warp_size
     tiling = GpuTiling(threads_per_block=threads, warps_per_block=WARPS,
@@ -467,17 +467,16 @@ def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
                     + (f"; {epilogue}" if epilogue else "") + (f"; {bias_reason(plan.problem)}" if bias else ""))
 
 
-def _epilogue(plan: Plan, fma: bool) -> str:
+def _epilogue(plan: Plan, tiles: IgemmTiles, fma: bool) -> str:
     """How the pass's GEMM stores its results (out_along; templates/gpu/igemm.cu.j2's epilogue)."""
     if fma:
         return "epilogue: each thread's results stored element by element"
     problem = plan.problem
     gemm = {KOp.FWD: "DGRAD" if problem.transposed else "FWD", KOp.DGRAD: "FWD" if problem.transposed else "DGRAD",
             KOp.WGRAD: "WGRAD"}[plan.kop]
-    along = out_along(problem, plan.target)[gemm]
-    what = "the split's f32 partials (in the GEMM's order; their sum put in the weight's)" if gemm == "WGRAD" else "results"
-    if gemm == "WGRAD" and problem.dtype is DType.F64:
-        what = "the split's f64 partials (in the GEMM's order; their sum put in the weight's)"
+    along = out_along(problem, plan.target, tiles)[gemm]
+    what = (f"the split's {_partials(problem)} partials (in the GEMM's order; their sum put in the weight's)"
+            if gemm == "WGRAD" else "results")
     if along == 0:
         return (f"epilogue: {what} stored element by element (the output is not whole 16-byte chunks along the "
                 f"tile's rows or columns, or a pass of them would not fit the shared stages)")
