@@ -25,7 +25,16 @@ Owns the benchmark method and the report (a JSON-able dict; its table is table.p
    (CALL_PROBLEM, float32), with a weight and bias that require grad and without; the four
    alternate in rounds of CALL_CALLS calls, and the best round of CALL_ROUNDS is reported, in µs
    per call (the least disturbed round: these machines are shared), with the path eager calls
-   take (runtime/api/eager.py).
+   take (runtime/api/eager.py); runtime/bench/call.py.
+8. on a GPU (`--target cuda...` where torch has a CUDA device): the same operands copied to torch's
+   current device, convgen's kernels of that arch (CONVGEN_GPU_ARCH) against torch's own (cuDNN);
+   the float64 references stay on the CPU; each sample is bounded by device synchronisations
+   (so it counts every launch and allocation of the calls, as torch's do); "% peak" is of the
+   arch's datasheet rate for the dtype (bf16/f16 and tf32 on the tensor cores, f32 without tf32 on
+   the CUDA cores, f64 on the tensor cores: codegen/arch/gpu.py's Peaks), not a probe; the cost of
+   a call is the CPU's and is not measured there. A sample is the longer of the host's time to
+   issue the calls (Python, dispatch, allocation, launches) and the device's to run them: where
+   the kernels are shorter than the host's part of a call (tens of µs), the ratio is the hosts'.
 """
 
 from __future__ import annotations
@@ -44,12 +53,13 @@ from typing import Callable, Sequence, TextIO
 import torch
 
 from .. import knobs
-from ..api import eager, functional, ops
+from ..api import functional, ops
 from ..dispatch import dispatch
-from . import peak
+from . import call, peak
 from ..codegen.errors import ConvgenError
 from ..codegen.ir import ConvProblem, DType, Layout, Op
-from ..codegen.target import Target, host_class, host_cpu
+from ..codegen.arch.gpu import GPU_ARCHS
+from ..codegen.target import Target, TargetKind, host_class, host_cpu
 from ..codegen.version import generator_version
 from ..dispatch.problem import TORCH_DTYPES, base_problem, memory_format
 from ..api.serve_aten import enabled
@@ -71,6 +81,11 @@ class Options:
     repeat: int = 7
     min_time: float = 0.05     # seconds per sample, at least
     target: Target | None = None
+
+    @property
+    def device(self) -> str | None:
+        """"cuda" where the target is a GPU's (torch's current CUDA device), else None (the CPU)."""
+        return "cuda" if self.target is not None and self.target.kind is not TargetKind.CPU else None
 
 
 @dataclasses.dataclass
@@ -113,8 +128,12 @@ def make_case(suite: str, shape: BenchShape, options: Options, gen: torch.Genera
     try:
         x, w = tensor(shape.input), tensor(shape.weight)
         b = torch.randn(shape.out_channels, generator=gen).to(dtype) if shape.bias else None
+        gy = tensor(base_problem(x, w, b, *case.args()).output_shape)
+        if options.device:   # the same values on the device, in the same layouts
+            x, w, gy = x.to(options.device), w.to(options.device), gy.to(options.device)
+            b = b.to(options.device) if b is not None else None
         case.problem = base_problem(x, w, b, *case.args())
-        case.tensors = {"input": x, "weight": w, "bias": b, "grad_output": tensor(case.problem.output_shape)}
+        case.tensors = {"input": x, "weight": w, "bias": b, "grad_output": gy}
     except (ConvgenError, ValueError, NotImplementedError) as e:
         case.error = f"{type(e).__name__}: {e}"
     return case
@@ -153,14 +172,15 @@ def build_all(cases: Sequence[Case]) -> None:
         return ops.call_problems(t["input"], t["weight"], t["bias"], *c.args(), output_mask=MASK,
                                  grad_output=t["grad_output"])
 
+    device = good[0].tensors["input"].device if good else None
     try:
-        dispatch.prepare([p for c in good for p in problems(c)], policy=_policy())
+        dispatch.prepare([p for c in good for p in problems(c)], device, policy=_policy())
         return
     except (ConvgenError, ValueError, NotImplementedError):
         pass
     for c in good:   # find which ones fail (the others are built by now, or build here)
         try:
-            dispatch.prepare(problems(c), policy=_policy())
+            dispatch.prepare(problems(c), device, policy=_policy())
         except (ConvgenError, ValueError, NotImplementedError) as e:
             c.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
@@ -189,7 +209,7 @@ def tolerances(problem: ConvProblem, dtype: DType) -> dict[str, float]:
 def check(case: Case, fns: dict) -> dict:
     """Errors of convgen's and torch's results against ATen in float64, with the tolerances."""
     t, conv = case.tensors, case.args()
-    wide = {k: (v.double() if v is not None else None) for k, v in t.items()}
+    wide = {k: (v.cpu().double() if v is not None else None) for k, v in t.items()}   # references on the CPU
     aten = torch.ops.aten
     ref = (aten.convolution(wide["input"], wide["weight"], wide["bias"], *conv),
            *aten.convolution_backward(wide["grad_output"], wide["input"], wide["weight"],
@@ -197,7 +217,7 @@ def check(case: Case, fns: dict) -> dict:
     errors = {}
     for lib in ("convgen", "torch"):
         got = (fns["forward", lib](), *fns["backward", lib]())
-        errors[lib] = {name: rel_err(g, r) for name, g, r in zip(RESULTS, got, ref)}
+        errors[lib] = {name: rel_err(g if g is None else g.cpu(), r) for name, g, r in zip(RESULTS, got, ref)}
     # flagged only when worse than the rule AND worse than twice torch's own error on this shape:
     # f32 sums of thousands of terms reach the rule's bound in torch too, while a real bug (a
     # term missing, an element unwritten) is off by 1e-4 or far more
@@ -210,13 +230,21 @@ def check(case: Case, fns: dict) -> dict:
 # ------------------------------------------------------------------------------ timing
 
 
-def time_case(fns: dict, repeat: int, min_time: float) -> dict[tuple[str, str], list[float]]:
-    """Per (pass, library), `repeat` samples in seconds per call, taken alternately after a warm-up."""
+def _no_sync() -> None:
+    pass
+
+
+def time_case(fns: dict, repeat: int, min_time: float, sync: Callable[[], None] = _no_sync
+              ) -> dict[tuple[str, str], list[float]]:
+    """Per (pass, library), `repeat` samples in seconds per call, taken alternately after a warm-up;
+    `sync` (a device's synchronisation) bounds each sample and the warm-up's timing."""
     inner = {}
     for key, fn in fns.items():   # warm-up; it also sizes each sample to last about min_time
         fn()
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         inner[key] = max(1, math.ceil(min_time / max(time.perf_counter() - start, 1e-7)))
     samples = {key: [] for key in fns}
     for r in range(repeat):
@@ -224,9 +252,11 @@ def time_case(fns: dict, repeat: int, min_time: float) -> dict[tuple[str, str], 
         for pass_name in ("forward", "backward"):
             for lib in libraries:
                 fn, count = fns[pass_name, lib], inner[pass_name, lib]
+                sync()
                 start = time.perf_counter()
                 for _ in range(count):
                     fn()
+                sync()
                 samples[pass_name, lib].append((time.perf_counter() - start) / count)
     return samples
 
@@ -243,7 +273,8 @@ def measure(case: Case, options: Options, peak_gflops: float) -> dict:
     fns = calls(case)
     with torch.no_grad():
         row.update(check(case, fns))
-        samples = time_case(fns, options.repeat, options.min_time)
+        samples = time_case(fns, options.repeat, options.min_time,
+                            torch.cuda.synchronize if options.device else _no_sync)
     results = {}
     for pass_name in ("forward", "backward"):
         t_torch = statistics.median(samples[pass_name, "torch"])
@@ -286,13 +317,54 @@ def load_warning(when: str) -> tuple[float, str | None]:
     return load, None
 
 
+def device_peak(target: Target, dtype: DType) -> tuple[float, str]:
+    """GFLOP/s of the datasheet rate a GPU target's arch gives `dtype` (NaN where its arch has no
+    figures), and what it is: bf16/f16 on the tensor cores; f32 on them as tf32 where torch lets
+    convolutions use tf32 (torch.backends.cudnn.allow_tf32), else on the CUDA cores; f64 on the
+    tensor cores where the part has them."""
+    peaks = GPU_ARCHS[target.isa].peaks
+    if peaks is None:
+        return math.nan, f"no datasheet figures for {target.isa}"
+    if dtype in (DType.BF16, DType.F16):
+        rate, unit = peaks.matrix16, "bf16/f16 tensor cores"
+    elif dtype is DType.F32 and bool(torch.backends.cudnn.allow_tf32):
+        rate, unit = peaks.tf32, "tf32 tensor cores (torch.backends.cudnn.allow_tf32)"
+    elif dtype is DType.F32:
+        rate, unit = peaks.matrix32 or peaks.f32, "f32"
+    else:
+        rate, unit = peaks.matrix64 or peaks.f64, "f64"
+    return rate * 1e3, f"{unit}, dense: {peaks.source}"
+
+
 def machine(target: Target) -> dict:
     """The host: CPU model and class (ISA levels, native bf16), what torch's CPU kernels use on it
-    (its dispatch level; whether ATen sends bf16 convolutions to oneDNN), and the target generated for."""
-    return {"cpu": peak.cpu_model(), "cpus": os.cpu_count(), "host_class": host_class(),
+    (its dispatch level; whether ATen sends bf16 convolutions to oneDNN), and the target generated for;
+    for a GPU target, torch's current device too (name, arch, torch's CUDA and cuDNN versions)."""
+    gpu = {}
+    if target.kind is not TargetKind.CPU:
+        index = torch.cuda.current_device()
+        gpu = {"device": {"name": torch.cuda.get_device_name(index),
+                          "capability": list(torch.cuda.get_device_capability(index)),
+                          "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip,
+                          "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}}
+    return {**gpu, "cpu": peak.cpu_model(), "cpus": os.cpu_count(), "host_class": host_class(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
             "target": target.name(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def _peak(options: Options, target: Target, threads: int) -> tuple[peak.Peak | None, float, dict]:
+    """(the CPU's probe or None, the GFLOP/s "% peak" is of, the report's "peak"): the f32 FMA probe
+    on the CPU (half of it for f64), the arch's datasheet rate for the dtype on a device."""
+    if options.device:
+        gflops, basis = device_peak(target, options.dtype)
+        return None, gflops, {"gflops": gflops, "threads": None, "theoretical_gflops": None,
+                              "pct_peak_of_gflops": gflops, "pct_peak_basis": basis}
+    probe = peak.measure(threads, target)
+    gflops = probe.gflops / 2 if options.dtype is DType.F64 else probe.gflops
+    return probe, gflops, {**probe.to_json(), "pct_peak_of_gflops": gflops,
+                           "pct_peak_basis": "half the f32 FMA peak (f64 has half the lanes)"
+                           if options.dtype is DType.F64 else "the f32 FMA peak (bf16/f16 compute in f32)"}
 
 
 @enabled(False)   # torch's side (and the float64 reference) is torch's own, even inside convgen.enabled()
@@ -315,16 +387,13 @@ def run(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, ou
     cases = [(name, [make_case(name, s, options, gen) for s in shapes]) for name, shapes in suites]
     build_all([c for _, group in cases for c in group])
     threads = torch.get_num_threads()
-    probe = peak.measure(threads, target)
-    peak_gflops = probe.gflops / 2 if options.dtype is DType.F64 else probe.gflops
+    probe, peak_gflops, peak_report = _peak(options, target, threads)
     report = {
         "machine": machine(target), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__, "convgen": generator_version(), "target": target.name(), "threads": threads,
         "dtype": options.dtype.value, "layout": options.layout.value, "repeat": options.repeat,
         "min_time_s": options.min_time,
-        "peak": {**probe.to_json(), "pct_peak_of_gflops": peak_gflops,
-                 "pct_peak_basis": "half the f32 FMA peak (f64 has half the lanes)" if options.dtype is DType.F64
-                 else "the f32 FMA peak (bf16/f16 compute in f32)"},
+        "peak": peak_report,
         "flops": "forward 2*N*K*(C/g)*prod(out)*prod(kernel) (bias add not counted); backward: data + weight "
                  "gradients (2x forward) + bias sum N*K*prod(out); transposed: as the equivalent direct conv",
         "ratio": "torch ms / convgen ms (above 1: convgen is faster)",
@@ -359,61 +428,18 @@ def run(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, ou
             print("\n" + summary_line(report["summary"], "all suites: geomean torch/convgen"), file=out)
     above = sorted({f"{r['name']} {lib}" for suite in report["suites"] for r in suite["rows"] if "results" in r
                     for res in r["results"].values() for lib in ("torch", "convgen") if res[f"{lib}_pct_peak"] > 100})
-    if above:
+    if above and probe is not None:
         warn(f"the peak probe read {probe.gflops:.1f} GFLOP/s, below what {', '.join(above)} reached: the machine "
              f"was busier during the probe than during those timings, so '% peak' reads high (the ratios are "
              f"unaffected)")
-    report["call"] = call_cost()
-    if out is not None:
-        print("\n" + call_line(report["call"]), file=out, flush=True)
+    report["call"] = None if options.device else call.call_cost()   # the CPU's cost of a call
+    if out is not None and report["call"] is not None:
+        print("\n" + call.call_line(report["call"]), file=out, flush=True)
     load_after, message = load_warning("after the benchmark")
     warn(message)
     report["load_average"] = {"before": load_before, "after": load_after}
     report["warnings"] = warnings
     return report
-
-
-CALL_PROBLEM = {"input": (1, 4, 8, 8), "weight": (4, 4, 3, 3), "padding": 1}
-CALL_ROUNDS, CALL_CALLS = 30, 200
-
-
-def call_cost() -> dict:
-    """µs per call of convgen.conv2d and torch's conv2d on CALL_PROBLEM, with grad and without
-    (method: step 7 of this module's docstring)."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(CALL_PROBLEM["input"], generator=gen)
-    w = torch.randn(CALL_PROBLEM["weight"], generator=gen)
-    b = torch.randn(CALL_PROBLEM["weight"][0], generator=gen)
-    wg, bg = w.clone().requires_grad_(), b.clone().requires_grad_()
-    pad = CALL_PROBLEM["padding"]
-    fns = {("grad", "convgen"): lambda: functional.conv2d(x, wg, bg, padding=pad),
-           ("grad", "torch"): lambda: torch.nn.functional.conv2d(x, wg, bg, padding=pad),
-           ("no_grad", "convgen"): lambda: functional.conv2d(x, w, b, padding=pad),
-           ("no_grad", "torch"): lambda: torch.nn.functional.conv2d(x, w, b, padding=pad)}
-    best = dict.fromkeys(fns, math.inf)
-    for fn in fns.values():
-        fn()   # builds the kernels (forward and backward) and remembers the call
-    for _ in range(CALL_ROUNDS):
-        for k, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(CALL_CALLS):
-                fn()
-            best[k] = min(best[k], (time.perf_counter() - start) / CALL_CALLS * 1e6)
-    result = {"problem": {k: list(v) if isinstance(v, tuple) else v for k, v in CALL_PROBLEM.items()},
-              "dtype": "f32", "path": eager.status(), "rounds": CALL_ROUNDS, "calls_per_round": CALL_CALLS}
-    for mode in ("grad", "no_grad"):
-        cg, th = best[(mode, "convgen")], best[(mode, "torch")]
-        result[mode] = {"convgen_us": cg, "torch_us": th, "convgen_over_torch": cg / th}
-    return result
-
-
-def call_line(c: dict) -> str:
-    return (f"call cost (conv2d, input {'x'.join(map(str, c['problem']['input']))}, weight "
-            f"{'x'.join(map(str, c['problem']['weight']))}, f32; best of {c['rounds']} rounds, µs): with grad "
-            f"convgen {c['grad']['convgen_us']:.1f}, torch {c['grad']['torch_us']:.1f} "
-            f"({c['grad']['convgen_over_torch']:.2f}x torch's); without grad convgen {c['no_grad']['convgen_us']:.1f}, "
-            f"torch {c['no_grad']['torch_us']:.1f} ({c['no_grad']['convgen_over_torch']:.2f}x torch's); eager calls "
-            f"take {c['path']}")
 
 
 def main(suites: Sequence[tuple[str, Sequence[BenchShape]]], options: Options, threads: int | None,

@@ -2,7 +2,10 @@
 float64, and say per pass whether the result is within the dtype's tolerance.
 
 The kernels run through the normal runtime (runtime/api/ops.py, dispatch, cache): on the CPU for a
-CPU target, in the SIMT simulator (CONVGEN_SIM) for a GPU target given --sim. Passes: the
+CPU target, in the SIMT simulator (CONVGEN_SIM) for a GPU target given --sim, and on torch's
+current CUDA device for a GPU target without it (that arch's kernels, CONVGEN_GPU_ARCH: the
+device must run its machine code; the operands are drawn on the CPU and copied there, the
+float64 references stay on the CPU). Passes: the
 forward with a bias, the data gradient, the weight gradient with the bias gradient fused, and
 the bias gradient alone. Tolerance: ‖out − ref‖ / ‖ref‖ at most TOLERANCE[dtype] (the tests'
 bounds: f64 1e-12, f32 1e-6, bf16 1e-2, f16 1e-3), grown by √(terms / 4096) for reductions
@@ -60,14 +63,22 @@ def _policy() -> str:
 
 
 def _environment_for(target: Target, sim: bool) -> dict[str, str | None]:
+    """The knobs `target` runs under: the CPU's ISA; the simulator's vendor and arch (--sim); or, on a
+    device, that arch's kernels for torch's CUDA devices (CONVGEN_GPU_ARCH: the device must run it)."""
     if target.kind is TargetKind.CPU:
         return {"CONVGEN_SIM": None, "CONVGEN_ISA": target.isa}
-    if not sim:
-        device = "a GPU is present, but convgen does not run GPU kernels on a device yet" if \
-            torch.cuda.is_available() else "this machine has no GPU device"
-        raise ConvSpecError(f"--target {target.name()}: {device}; add --sim to run the generated "
-                            f"{target.kind.value} kernels in the SIMT simulator")
-    return {"CONVGEN_SIM": target.name()}
+    if sim:
+        return {"CONVGEN_SIM": target.name()}
+    if not torch.cuda.is_available():
+        raise ConvSpecError(f"--target {target.name()}: this machine has no GPU device (torch.cuda.is_available() "
+                            f"is False); add --sim to run the generated {target.kind.value} kernels in the SIMT "
+                            f"simulator")
+    return {"CONVGEN_SIM": None, "CONVGEN_GPU_ARCH": target.isa}
+
+
+def on_device(target: Target, sim: bool) -> bool:
+    """Whether `target`'s kernels run on torch's current CUDA device (a GPU target without --sim)."""
+    return target.kind is not TargetKind.CPU and not sim
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -100,6 +111,15 @@ def profile_lines(launches: list[dict]) -> list[str]:
     return lines
 
 
+def _where(target: Target, device: bool, launches: int) -> str:
+    if device:
+        index = torch.cuda.current_device()
+        return f"on the device (cuda:{index}, {torch.cuda.get_device_name(index)}, {target.name()})"
+    if target.kind is not TargetKind.CPU:
+        return f"in the SIMT simulator ({target.name()}, warp {target.warp_size}, {launches} simulated launches)"
+    return f"on the CPU ({target.name()})"
+
+
 def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: int = 0,
               profile: bool = False) -> tuple[list[str], bool]:
     """(one line per pass, whether all are within tolerance) for `problem`'s convolution (its op
@@ -110,6 +130,7 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
     if profile and (target.kind is TargetKind.CPU or not sim):
         raise ConvSpecError(f"--profile: the counters are the SIMT simulator's; give a GPU target and --sim "
                             f"(got --target {target.name()}{' --sim' if sim else ''})")
+    environment = _environment_for(target, sim)   # (a GPU target without --sim and no device: said here)
     p = problem
     dtype = TORCH_DTYPES[p.dtype.value]
     gen = torch.Generator().manual_seed(seed)
@@ -136,6 +157,9 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
     over_channels = max(p.weight_shape[0], p.weight_shape[1]) * math.prod(p.kernel)
     over_images = p.n * max(math.prod(p.in_size), math.prod(p.out_size))
 
+    device = on_device(target, sim)
+    if device:   # the same values on the device, in the same layouts; the references stay on the CPU
+        x, w, b, gy = (t.to("cuda") for t in (x, w, b, gy))
     lines, ok = [], True
     tf32 = target.kind is TargetKind.CUDA and dtype is torch.float32 and bool(torch.backends.cudnn.allow_tf32)
 
@@ -144,6 +168,7 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
         with profiling() if profile else contextlib.nullcontext() as launches:
             out = call()
         tol = TOLERANCE[dtype] * max(1.0, math.sqrt(terms / SHORT_REDUCTION)) + (TF32_TOLERANCE if tf32 else 0.0)
+        out = out.cpu()
         err = _rel(out, ref) if tuple(out.shape) == tuple(ref.shape) else math.inf
         good = err <= tol
         ok = ok and good
@@ -151,11 +176,11 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
         if profile:
             lines.extend(profile_lines(launches))
 
-    with _environment(**_environment_for(target, sim)):
+    with _environment(**environment):
         # every kernel in one ninja run
         problems = {q.key(): q for mask in ((True, True, True), (False, False, True))
                     for q in ops.call_problems(x, w, b, *args, output_mask=mask, grad_output=gy)}
-        dispatch.prepare(list(problems.values()), policy=_policy())
+        dispatch.prepare(list(problems.values()), x.device if device else None, policy=_policy())
         before = stats()["sim_launches"]
         report("fwd (with bias)", lambda: functional.convolution(x, w, b, *args), y64, over_channels)
         k = [p.k]
@@ -171,7 +196,5 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
                                                                            [False, False, True])[2],
                db64, over_images)
         launches = stats()["sim_launches"] - before
-    where = (f"in the SIMT simulator ({target.name()}, warp {target.warp_size}, {launches} simulated launches)"
-             if target.kind is not TargetKind.CPU else f"on the CPU ({target.name()})")
-    lines.insert(0, f"{p.name()}: {p.dtype.value}, against ATen in float64, {where}")
+    lines.insert(0, f"{p.name()}: {p.dtype.value}, against ATen in float64, {_where(target, device, launches)}")
     return lines, ok

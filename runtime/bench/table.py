@@ -5,6 +5,15 @@ from __future__ import annotations
 
 def header(report: dict) -> str:
     p = report["peak"]
+    if "device" in report["machine"]:
+        d = report["machine"]["device"]
+        return (f"convgen {report['convgen']} vs torch {report['torch']} on {d['name']} (compute capability "
+                f"{'.'.join(map(str, d['capability']))}; torch's CUDA {d['torch_cuda']}, cuDNN {d['cudnn']}), "
+                f"generated for {report['target']}, {report['dtype']}, {report['layout']}\n"
+                f"median of {report['repeat']} samples (each >= {report['min_time_s']} s, between device "
+                f"synchronisations), torch and convgen alternating; backward = grad input + weight + bias\n"
+                f"ratio = torch ms / convgen ms (above 1: convgen is faster); % peak: of {p['gflops']:.0f} GFLOP/s "
+                f"({p['pct_peak_basis']}); rel err: convgen's worst result vs float64 ATen ('!': above tolerance)")
     theory = (f"; nominal {p['theoretical_gflops']:.1f} GFLOP/s = {p['theoretical_basis']}"
               if p["theoretical_gflops"] else "")
     m = report["machine"]

@@ -45,7 +45,7 @@ from .. import knobs
 from ..dispatch import dispatch, tiers
 from ..dispatch.problem import expand_param, gpu_problem, padding_pairs
 from . import aot as aot_cli
-from .flags import add_dtype_flag
+from .flags import add_dtype_flag, target_flag
 
 LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
            "channels_last": Layout.CHANNELS_LAST}
@@ -57,7 +57,6 @@ class Refused(ConvgenError):
 
 
 # ---------------------------------------------------------------------------------- problems
-
 
 def _ints(flag: str, text: str) -> tuple[int, ...]:
     try:
@@ -121,7 +120,7 @@ def problem_from_args(args: argparse.Namespace) -> ConvProblem:
 
 def _lowered(args) -> tuple[ConvProblem, Target, Plan]:
     problem = problem_from_args(args)
-    target = parse_target(args.target)
+    target = target_flag(args.target)
     if target.kind is TargetKind.CPU:
         # as the runtime would plan it, including a tuned choice recorded for this machine
         return problem, target, dispatch.plan_for(problem, target)[0]
@@ -257,7 +256,7 @@ def cmd_check(args) -> int:
     """Every pass of the problem on random data against ATen in float64: one line each; exit 0
     only if all are within tolerance."""
     problem = problem_from_args(args)
-    target = parse_target(args.target)
+    target = target_flag(args.target)
     padding = args.padding if args.padding.isalpha() else _param("--padding", args.padding)
     lines, ok = check.run_check(problem, padding, target, args.sim, seed=args.seed, profile=args.profile)
     print("\n".join(lines))
@@ -334,11 +333,12 @@ _SHAPE_FLAGS = {"input": None, "weight": None, "stride": "1", "padding": "0", "d
 
 def cmd_bench(args) -> int:
     """One problem (the problem flags) or a suite (runtime/bench/suites.py); the work is in runtime/bench/bench.py."""
-    target = parse_target(args.target)
-    if target.kind is not TargetKind.CPU:
-        raise Refused(f"bench runs on the CPU only; convgen does not run GPU kernels on a device yet (target "
-                      f"{target.name()}; `convgen check --sim` runs them in the simulator)")
-    if target.isa not in host_isas():
+    target = target_flag(args.target)
+    if target.kind is not TargetKind.CPU and not torch.cuda.is_available():
+        raise Refused(f"--target {target.name()}: bench times GPU kernels on a device, and this machine has none "
+                      f"(torch.cuda.is_available() is False); `convgen check --target {target.name()} --sim` runs "
+                      f"them in the simulator (proving results, not speed)")
+    if target.kind is TargetKind.CPU and target.isa not in host_isas():
         raise Refused(f"--target {args.target}: this CPU does not run {target.isa} code (it runs "
                       f"{', '.join(host_isas())}), so bench cannot time it here")
     if args.repeat < 1:
@@ -362,7 +362,13 @@ def cmd_bench(args) -> int:
         chosen = [("problem", [suites.BenchShape.from_problem(problem)])]
         dtype, layout = problem.dtype, problem.input_layout
     options = bench.Options(dtype=dtype, layout=layout, repeat=args.repeat, min_time=args.min_time, target=target)
-    return bench.main(chosen, options, args.threads, args.json)
+    if target.kind is TargetKind.CPU:
+        return bench.main(chosen, options, args.threads, args.json)
+    # torch's current CUDA device serves the target's arch (it must run its machine code); f32 as tf32
+    # or not as --no-tf32 says, for torch's convolutions and convgen's alike
+    with check._environment(CONVGEN_SIM=None, CONVGEN_GPU_ARCH=target.isa):
+        dispatch.device_target(torch.device("cuda"))   # a device that cannot run that arch: exit 2, said why
+        return bench.main(chosen, options, args.threads, args.json)
 
 
 # ---------------------------------------------------------------------------------- parser

@@ -31,11 +31,12 @@ from ..codegen.arch.gpu import GPU_ARCHS, WHY_NOT, supported
 from ..codegen.source import KernelSource
 from ..codegen.target import Target, parse_target
 from . import hip
+from .. import knobs
 from .cpu import Kernel, load_entry
 
 OUT_OF_MEMORY = 2   # cudaErrorMemoryAllocation and hipErrorOutOfMemory alike
 
-_targets: dict[int, Target] = {}
+_targets: dict[tuple[int, str], Target] = {}   # (device index, CONVGEN_GPU_ARCH) -> target
 
 
 def arch_of(device: torch.device) -> tuple[str, str]:
@@ -47,20 +48,42 @@ def arch_of(device: torch.device) -> tuple[str, str]:
     return "cuda", f"sm_{major}{minor}"
 
 
+def runs_on(arch: str, device_arch: str) -> bool:
+    """Whether machine code built for `arch` runs on a device whose own arch is `device_arch`:
+    NVIDIA's within one major version, up to the device's minor (sm_80 code on sm_86), an
+    arch-specific one ('a': sm_90a) on that very arch only; AMD's on its own gfx only."""
+    if not (arch.startswith("sm_") and device_arch.startswith("sm_")):
+        return arch == device_arch
+    code, own = arch.removeprefix("sm_"), device_arch.removeprefix("sm_")
+    if code.endswith("a"):
+        return code[:-1] == own.rstrip("a")
+    return code[:-1] == own[:-1] and int(code[-1]) <= int(own.rstrip("a")[-1])
+
+
 def target_of(device: torch.device) -> Target:
-    """The target whose kernels serve `device`; ConvgenError when its arch has none."""
+    """The target whose kernels serve `device`: its own arch's, or CONVGEN_GPU_ARCH's (knobs.gpu_arch)
+    where that arch's machine code runs on the device; ConvgenError when its arch has none."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    known = _targets.get(index)
+    chosen = knobs.gpu_arch()
+    known = _targets.get((index, chosen))
     if known is not None:
         return known
     vendor, arch = arch_of(torch.device("cuda", index))
+    if chosen:
+        if chosen not in GPU_ARCHS or GPU_ARCHS[chosen].vendor != vendor or not runs_on(chosen, arch):
+            runnable = [a.arch for a in GPU_ARCHS.values() if a.vendor == vendor and runs_on(a.arch, arch)]
+            runs = ", ".join(runnable) or "none of convgen's archs"
+            raise ConvgenError(f"CONVGEN_GPU_ARCH={chosen!r}: device cuda:{index} is {vendor} arch {arch}, which "
+                               f"runs the machine code of {runs}; set one of those, or unset it for the device's "
+                               f"own arch")
+        arch = chosen
     if arch not in GPU_ARCHS or GPU_ARCHS[arch].vendor != vendor:
         why = WHY_NOT.get(arch)
         raise ConvgenError(f"device cuda:{index} is {vendor} arch {arch}, for which convgen has no target"
                            f"{f' ({why})' if why else ''}; convgen's {vendor} targets are "
                            f"{', '.join(supported(vendor))}. Use torch's own convolution on this device "
                            f"(torch.nn.functional.conv*), or move the tensors to the CPU")
-    target = _targets[index] = parse_target(f"{vendor}-{arch}")
+    target = _targets[index, chosen] = parse_target(f"{vendor}-{arch}")
     return target
 
 

@@ -83,10 +83,17 @@ def _tier(target: Target):
 
 def _build(sources: list, device: bool = False, parallel: int | None = None) -> list:
     """Artifacts of `sources`: one ninja run (the CPU's and the simulator's), or a device's libraries
-    by its vendor's compiler, one at a time (building/gpu_library.py)."""
-    if device:
+    by its vendor's compiler (building/gpu_library.py), `parallel` (default CONVGEN_BUILD_JOBS)
+    compiles at a time; every build ends before the first failure is raised (the others are cached)."""
+    if not device:
+        return build.build_many(sources, parallel=parallel)
+    if len(sources) <= 1:
         return [gpu_library.build_library(source) for source in sources]
-    return build.build_many(sources, parallel=parallel)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(sources), parallel or knobs.build_jobs())) as pool:
+        futures = [pool.submit(gpu_library.build_library, source) for source in sources]
+    return [future.result() for future in futures]
 
 
 def _generic_build(sources: list, device: bool = False) -> list:

@@ -191,10 +191,10 @@ def test_a_shape_that_does_not_build_becomes_an_error_row(monkeypatch):
 
     real = dispatch.prepare
 
-    def prepare(problems, **kwargs):
+    def prepare(problems, *args, **kwargs):
         if any(p.rank == 1 for p in problems):
             raise BuildError("1 kernel(s) failed to build (a test's stand-in)")
-        return real(problems, **kwargs)
+        return real(problems, *args, **kwargs)
 
     monkeypatch.setattr(dispatch, "prepare", prepare)
     report = bench.run([("smoke", suites.SMOKE)], bench.Options(repeat=1, min_time=0.0))

@@ -88,13 +88,14 @@ def test_explain_for_a_gpu_target_shows_the_plan_and_its_kernel(capsys):
 
 
 @pytest.mark.parametrize("target", ["cuda", "hip"])
-def test_gpu_targets_are_shown_and_not_benchmarked(capsys, target):
+def test_gpu_targets_are_shown_and_benchmarked_only_on_a_device(capsys, monkeypatch, target):
     code, out, err = run(capsys, "show", *SMALL, "--target", target)
     assert code == 0, err
     assert f"// target:  {target}-" in out and 'extern "C" int cg_' in out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # (where there is a device too)
     code, out, err = run(capsys, "bench", *SMALL, "--target", target)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and "CPU only" in err
+    assert err.count("\n") == 1 and "bench times GPU kernels on a device, and this machine has none" in err
 
 
 # --- build -----------------------------------------------------------------------------------

@@ -57,6 +57,52 @@ def test_an_nvidia_device_is_served_by_its_compute_capability(fake_device, capab
     assert cuda_device.target_of(torch.device("cuda")).name() == target   # no index: the current device
 
 
+@pytest.mark.parametrize("capability, chosen, target", [((9, 0), "sm_90a", "cuda-sm_90a"),
+                                                     ((9, 0), "sm_90", "cuda-sm_90"),
+                                                     ((8, 6), "sm_80", "cuda-sm_80"),
+                                                     ((8, 9), "SM_86", "cuda-sm_86")])
+def test_convgen_gpu_arch_picks_another_arch_the_device_runs(fake_device, monkeypatch, capability, chosen, target):
+    fake_device(capability=capability)
+    monkeypatch.setenv("CONVGEN_GPU_ARCH", chosen)
+    assert cuda_device.target_of(torch.device("cuda", 0)).name() == target
+    monkeypatch.delenv("CONVGEN_GPU_ARCH")   # read on every call: the device's own again
+    assert cuda_device.target_of(torch.device("cuda", 0)).name() == f"cuda-sm_{capability[0]}{capability[1]}"
+
+
+@pytest.mark.parametrize("capability, chosen, runnable", [((9, 0), "sm_80", "sm_90, sm_90a"),
+                                                          ((8, 0), "sm_90a", "sm_80"),
+                                                          ((8, 0), "sm_86", "sm_80"),
+                                                          ((8, 6), "gfx90a", "sm_80, sm_86"),
+                                                          ((9, 0), "sm_99", "sm_90, sm_90a")])
+def test_convgen_gpu_arch_the_device_cannot_run_is_refused_naming_what_it_runs(fake_device, monkeypatch, capability,
+                                                                             chosen, runnable):
+    fake_device(capability=capability)
+    monkeypatch.setenv("CONVGEN_GPU_ARCH", chosen)
+    with pytest.raises(ConvgenError) as info:
+        cuda_device.target_of(torch.device("cuda", 0))
+    message = str(info.value)
+    assert f"CONVGEN_GPU_ARCH='{chosen.lower()}'" in message and f"runs the machine code of {runnable};" in message
+
+
+@pytest.mark.parametrize("arch, device_arch, runs", [("sm_80", "sm_86", True), ("sm_86", "sm_80", False),
+                                                     ("sm_80", "sm_90", False), ("sm_90a", "sm_90", True),
+                                                     ("sm_89", "sm_86", False), ("gfx90a", "gfx90a", True),
+                                                     ("gfx90a", "gfx940", False)])
+def test_which_machine_code_a_device_runs(arch, device_arch, runs):
+    assert cuda_device.runs_on(arch, device_arch) is runs
+
+
+def test_check_and_bench_on_a_gpu_target_without_a_device_say_so(monkeypatch):
+    from support.commands import run_cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    shape = ("--input", "2,8,9,9", "--weight", "16,8,3,3", "--target", "cuda-sm_90")
+    code, out, err = run_cli("check", *shape)
+    assert code == 2 and "this machine has no GPU device" in err and "--sim" in err and not out
+    code, out, err = run_cli("bench", *shape)
+    assert code == 2 and "this machine has none" in err and "convgen check --target cuda-sm_90 --sim" in err
+
+
 @pytest.mark.parametrize("gcn, target", [("gfx90a:sramecc+:xnack-", "hip-gfx90a"), ("gfx940", "hip-gfx940")])
 def test_a_rocm_device_is_served_by_its_gcn_arch_name(fake_device, gcn, target):
     fake_device(gcn=gcn)
@@ -427,3 +473,69 @@ def test_the_generic_tier_on_the_device(policy, monkeypatch):
     if policy == "background":
         assert convgen.stats()["swaps"] >= 1
     forget_tables(600)
+
+
+def _on_device(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values on the CUDA device in exactly its strides (channels-last and non-contiguous views too)."""
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cuda")
+    return out.copy_(t)
+
+
+def _device_runs() -> list:
+    """CASES.md's cases on the device: f32 (in f32: the tests turn tf32 off) and bf16 in every variant,
+    f64 and f16 contiguous; on a Hopper part (compute capability 9.0) the bf16 and f16 runs again on
+    sm_90a's kernels (warpgroup MMA). Collected where there is no device too (then skipped)."""
+    from support.cases import CASES, DTYPES, variants_of
+
+    if not torch.cuda.is_available():   # one skipped test here, not one per run
+        return [pytest.param(None, None, None, "", id="no-device")]
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    params = []
+    for case in CASES:
+        for dtype in ("f32", "bf16", "f64", "f16"):
+            variants = variants_of(case) if dtype in ("f32", "bf16") else ["contiguous"]
+            for arch in [""] + (["sm_90a"] if hopper and dtype in ("bf16", "f16") else []):
+                for variant in variants:
+                    params.append(pytest.param(case, DTYPES[dtype], variant, arch,
+                                               id=f"{case.id}-{dtype}-{variant}{'-' + arch if arch else ''}"))
+    return params
+
+
+@needs_cuda
+@pytest.mark.parametrize("case, dtype, variant, arch", _device_runs())
+def test_cases_md_on_the_device(case, dtype, variant, arch, monkeypatch):
+    """Each case's forward and every output_mask of its backward on the device, against ATen in float64
+    (computed on the device), in torch's memory formats there; the operands left unchanged."""
+    from support.cases import check_case, operands
+
+    if arch:
+        monkeypatch.setenv("CONVGEN_GPU_ARCH", arch)
+    ops = operands(case, dtype, variant)
+    ops = type(ops)(*(_on_device(t) for t in (ops.x, ops.w, ops.b, ops.gy)))
+    check_case(case, dtype, ops)
+
+
+@needs_cuda
+def test_convgen_check_runs_on_the_device():
+    from support.commands import run_cli
+
+    code, out, err = run_cli("check", "--input", "2,16,12,12", "--weight", "32,16,3,3", "--padding", "1",
+                             "--dtype", "bf16", "--layout", "channels_last", "--target", "cuda")
+    assert code == 0, out + err
+    assert "on the device (cuda:" in out and out.count(" ok") == 5
+
+
+@needs_cuda
+def test_convgen_bench_times_the_device_against_torch():
+    import json
+
+    from support.commands import run_cli
+
+    code, out, err = run_cli("bench", "--suite", "smoke", "--target", "cuda", "--repeat", "2", "--min-time", "0.01",
+                             "--json")
+    assert code == 0, out + err
+    report = json.loads(out)
+    assert report["machine"]["device"]["name"] == torch.cuda.get_device_name()
+    assert report["call"] is None and report["peak"]["pct_peak_basis"]
+    rows = report["suites"][0]["rows"]
+    assert rows and all(r["within_tolerance"] and r["results"]["backward"]["convgen_ms"] > 0 for r in rows)

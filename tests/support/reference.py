@@ -208,7 +208,7 @@ class Aten:
         # 'same' with one-sided padding: differentiate through F.pad, as torch.nn.functional does
         xx = x.detach().requires_grad_(bool(mask[0]))
         ww = w.detach().requires_grad_(bool(mask[1]))
-        bb = torch.zeros(bias_sizes, dtype=x.dtype, requires_grad=bool(mask[2]))
+        bb = torch.zeros(bias_sizes, dtype=x.dtype, device=x.device, requires_grad=bool(mask[2]))
         y = self.forward(xx, ww, bb)
         wanted = [t for t, m in zip((xx, ww, bb), mask) if m]
         grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
