@@ -28,7 +28,8 @@ Owns the benchmark method and the report (a JSON-able dict; its table is table.p
    take (runtime/api/eager.py); runtime/bench/call.py.
 8. on a GPU (`--target cuda...` where torch has a CUDA device): the same operands copied to torch's
    current device, convgen's kernels of that arch (CONVGEN_GPU_ARCH) against torch's own (cuDNN);
-   the float64 references stay on the CPU; each sample is bounded by device synchronisations
+   the float64 references are ATen's there (cuDNN's float64: a CPU's would take minutes at the
+   batches a GPU is timed at); each sample is bounded by device synchronisations
    (so it counts every launch and allocation of the calls, as torch's do); "% peak" is of the
    arch's datasheet rate for the dtype (bf16/f16 and tf32 on the tensor cores, f32 without tf32 on
    the CUDA cores, f64 on the tensor cores: codegen/arch/gpu.py's Peaks), not a probe; the cost of
@@ -209,7 +210,7 @@ def tolerances(problem: ConvProblem, dtype: DType) -> dict[str, float]:
 def check(case: Case, fns: dict) -> dict:
     """Errors of convgen's and torch's results against ATen in float64, with the tolerances."""
     t, conv = case.tensors, case.args()
-    wide = {k: (v.cpu().double() if v is not None else None) for k, v in t.items()}   # references on the CPU
+    wide = {k: (v.double() if v is not None else None) for k, v in t.items()}   # (on a device: ATen's float64 there)
     aten = torch.ops.aten
     ref = (aten.convolution(wide["input"], wide["weight"], wide["bias"], *conv),
            *aten.convolution_backward(wide["grad_output"], wide["input"], wide["weight"],
@@ -217,7 +218,7 @@ def check(case: Case, fns: dict) -> dict:
     errors = {}
     for lib in ("convgen", "torch"):
         got = (fns["forward", lib](), *fns["backward", lib]())
-        errors[lib] = {name: rel_err(g if g is None else g.cpu(), r) for name, g, r in zip(RESULTS, got, ref)}
+        errors[lib] = {name: rel_err(g, r) for name, g, r in zip(RESULTS, got, ref)}
     # flagged only when worse than the rule AND worse than twice torch's own error on this shape:
     # f32 sums of thousands of terms reach the rule's bound in torch too, while a real bug (a
     # term missing, an element unwritten) is off by 1e-4 or far more

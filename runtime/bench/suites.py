@@ -233,11 +233,19 @@ COMMENTS = {
 CHOICES = ("standard", "weak", "all", "more", "smoke")
 
 
-def select(name: str) -> list[tuple[str, list[BenchShape]]]:
-    """The (suite name, shapes) pairs that `--suite name` runs; 'all' is standard then weak."""
+def select(name: str, batch: int | None = None) -> list[tuple[str, list[BenchShape]]]:
+    """The (suite name, shapes) pairs that `--suite name` runs; 'all' is standard then weak. `batch`
+    (--batch) replaces every shape's batch size: a GPU runs the suites' batch-8 layers in less time
+    than a host takes to issue the calls, so its kernels are timed at larger batches."""
+    if batch is not None and batch < 1:
+        raise ConvSpecError(f"--batch {batch}: need a batch of at least 1")
     if name == "all":
-        return [("standard", STANDARD), ("weak", WEAK)]
-    if name not in SUITES:
+        chosen = [("standard", STANDARD), ("weak", WEAK)]
+    elif name in SUITES:
+        chosen = [(name, SUITES[name])]
+    else:
         raise ConvSpecError(f"--suite {name}: unknown suite; expected one of {', '.join(CHOICES)}")
-    return [(name, SUITES[name])]
+    if batch is None:
+        return chosen
+    return [(suite, [dataclasses.replace(s, input=(batch, *s.input[1:])) for s in shapes]) for suite, shapes in chosen]
 

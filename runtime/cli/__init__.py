@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -40,11 +39,11 @@ from ..codegen.plan import Plan
 from ..codegen.target import Target, TargetKind, host_isas, isa_note, parse_target
 from ..api import eager
 from ..bench import bench, check, suites
-from ..building import build, cache, gpu_build, machine_code
+from ..building import build, gpu_build, machine_code
 from .. import knobs
 from ..dispatch import dispatch, tiers
 from ..dispatch.problem import expand_param, gpu_problem, padding_pairs
-from . import aot as aot_cli
+from . import aot as aot_cli, cache_cli
 from .flags import add_dtype_flag, target_flag
 
 LAYOUTS = {"auto": Layout.CONTIGUOUS, "nchw": Layout.CONTIGUOUS, "nhwc": Layout.CHANNELS_LAST,
@@ -263,29 +262,6 @@ def cmd_check(args) -> int:
     return 0 if ok else EXIT_FAILED
 
 
-def cmd_cache(args) -> int:
-    if args.action == "info":
-        info = cache.info()
-        if args.json:
-            print(json.dumps(info, indent=2))
-        else:
-            print(f"dir:     {info['dir']}\nentries: {info['entries']}\n"
-                  f"bytes:   {info['bytes']} ({info['bytes'] / 1e6:.1f} MB)\n"
-                  f"failed:  {info['failed']} failed build(s) kept")
-        return 0
-    if args.action == "clear":
-        removed = cache.clear()
-        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {cache.root()}")
-        return 0
-    total = len(cache.entries())
-    problems = cache.verify(remove=args.remove)
-    for path, problem in problems:
-        print(f"{'removed' if args.remove else 'bad'}: {path}: {problem}")
-    print(f"{total - len(problems)} good, {len(problems)} bad{' (removed)' if args.remove and problems else ''} "
-          f"of {total} entries in {cache.root()}")
-    return EXIT_FAILED if problems and not args.remove else 0
-
-
 def cmd_setup(args) -> int:
     import time
 
@@ -352,9 +328,11 @@ def cmd_bench(args) -> int:
         if given:
             raise ConvSpecError(f"--suite {args.suite} takes its problems from the suite; drop {' '.join(given)} "
                                 f"(or drop --suite to time one problem)")
-        chosen = suites.select(args.suite)
+        chosen = suites.select(args.suite, args.batch)
         dtype, layout = DType(args.dtype), LAYOUTS[args.layout]
     else:
+        if args.batch is not None:
+            raise ConvSpecError("--batch sets a suite's batch size; one problem takes its batch from --input")
         if args.input is None or args.weight is None:
             raise ConvSpecError("bench: give --suite standard|weak|all|more|smoke, or one problem with --input and "
                                 "--weight (and the other problem flags)")
@@ -441,6 +419,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--suite", choices=suites.CHOICES,
                        help="a problem set of runtime/bench/suites.py (all = standard + weak; more: other networks' "
                             "layers; smoke: tiny, for tests)")
+    bench.add_argument("--batch", type=int, help="every suite shape's batch size (default: the suite's, mostly 8)")
     bench.add_argument("--repeat", type=int, default=7, help="timed samples per pass and library (default 7)")
     bench.add_argument("--threads", type=int, help="torch.set_num_threads for both, restored after (default: torch's)")
     bench.add_argument("--min-time", type=float, default=0.05, help="seconds per sample, at least (default 0.05)")
@@ -454,11 +433,7 @@ def parser() -> argparse.ArgumentParser:
                     "(same results, a few µs more per call). Does nothing when a valid one is cached.")
     setup.add_argument("--force", action="store_true", help="rebuild even if cached")
     setup.set_defaults(run=cmd_setup)
-    cache = sub.add_parser("cache", help="the on-disk kernel cache: info, verify, clear")
-    cache.add_argument("action", choices=["info", "verify", "clear"])
-    cache.add_argument("--remove", action="store_true", help="verify: remove bad entries")
-    cache.add_argument("--json", action="store_true", help="info: print as JSON")
-    cache.set_defaults(run=cmd_cache)
+    cache_cli.add_parser(sub)
     return top
 
 

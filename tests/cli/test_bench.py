@@ -7,6 +7,7 @@ in this process on the tiny `smoke` suite, with kernels in the session's cache d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -172,17 +173,27 @@ def test_bench_smoke_suite_table(capsys):
     assert any(line.startswith("geomean torch/convgen (3 shape(s)): forward") for line in lines)
 
 
+def test_batch_replaces_every_suite_shapes_batch_and_nothing_else():
+    for (name, shapes), (same, given) in zip(suites.select("all", 64), suites.select("all")):
+        assert name == same and len(shapes) == len(given)
+        for shape, original in zip(shapes, given):
+            assert shape.input == (64, *original.input[1:])
+            assert dataclasses.replace(shape, input=original.input) == original
+    assert suites.select("smoke") == [("smoke", suites.SMOKE)]
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--suite", "smoke", "--input", "1,4,6,6"], "drop --input"),
     ([], "give --suite"),
     (["--suite", "smoke", "--repeat", "0"], "--repeat 0"),
     (["--input", "1,4,6,6", "--weight", "4,4,4,4", "--padding", "same"], "asymmetric"),
-], ids=["suite-and-shape", "neither", "repeat-0", "asymmetric-padding"])
+    (["--suite", "smoke", "--batch", "0"], "--batch 0: need a batch of at least 1"),
+    (["--input", "1,4,6,6", "--weight", "4,4,3,3", "--batch", "2"], "one problem takes its batch from --input"),
+], ids=["suite-and-shape", "neither", "repeat-0", "asymmetric-padding", "batch-0", "batch-of-one-problem"])
 def test_bench_refuses_bad_requests_in_one_line(capsys, argv, words):
     code, out, err = run(capsys, "bench", *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and words in err, err
-
 
 
 def test_a_shape_that_does_not_build_becomes_an_error_row(monkeypatch):

@@ -4,13 +4,16 @@
 # GPU kernels against torch's (cuDNN) with `convgen bench --target cuda`. Each stage has its own
 # time limit and log (under $OUT, default /tmp/convgen-device); the tail of each is printed.
 #
-#   tests/tools/on_device.sh [stage ...]   # stages: info install setup tests_a bench_a tests_b bench_b bench_c,
+#   tests/tools/on_device.sh [stage ...]   # stages: info install setup tests_a bench_a tests_b bench_b bench_c bench_d bench_e,
 #                                          # tests_k (K=pytest -k expression), debug (DEBUG=expression)
 #
 # tests_a: the device's own arch (sm_90 on a Hopper part), f32 and bf16, every CASES.md variant;
 # tests_b: f64, f16, and bf16/f16 again on sm_90a's warpgroup-MMA kernels (CONVGEN_GPU_ARCH), and
 # the generic tier; bench_a/b: the standard and weak suites in bf16 channels-last on the device's
-# arch and on sm_90a; bench_c: f32 (tf32, torch's default) NCHW.
+# arch and on sm_90a; bench_c: f32 (tf32, torch's default) NCHW; bench_d/e: bench_a/b at --batch $BATCH
+# (default 64), where the kernels bound the samples (at the suites' batch 8 an H200 outruns the host).
+# Measured on an H200 (2026-12-04): setup about 55 s; tests_a needs about 200 s and tests_b about 150 s
+# on its 16 cores (most of it nvcc); each bench stage at batch 8 about 35 s.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/convgen-device}
@@ -66,6 +69,12 @@ torch.backends.cudnn.version(), torch.cuda.get_device_name(), torch.cuda.get_dev
             --layout channels_last --repeat 5 --min-time 0.03 ;;
     bench_c)
         stage bench_c "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda --dtype f32 --repeat 5 --min-time 0.03 ;;
+    bench_d)   # batch 64: the kernels, not the hosts' cost of a call, bound most samples there
+        stage bench_d "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda --dtype bf16 --layout channels_last \
+            --batch "${BATCH:-64}" --repeat 5 --min-time 0.03 ;;
+    bench_e)
+        stage bench_e "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda-sm_90a --dtype bf16 \
+            --layout channels_last --batch "${BATCH:-64}" --repeat 5 --min-time 0.03 ;;
     *)
         echo "unknown stage $s" ;;
     esac
