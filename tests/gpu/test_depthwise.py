@@ -35,6 +35,7 @@ from convgen.codegen.gpu.stem import render_stem, stem_context
 from convgen.codegen.ir import DType, Layout
 from convgen.codegen.target import parse_target
 
+from support.gpu_plans import bias_partials, bias_partials_at
 from support.problems import case_problem
 from support.reference import assert_close, generator_for, in_layout, randn, reduction_terms
 from support.toolchain import require_fp16, run_sanitized, sim_libraries
@@ -226,7 +227,8 @@ def _run(lib, prefix, kind, problem, torch_dtype, x, w, b, dy, order, seed=0, ke
         return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // acc.itemsize,), float("nan"), dtype=acc)
 
     plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
-    assert fused.numel() == plain.numel() + plain.numel() // math.prod(problem.weight_shape) * problem.k
+    split = plain.numel() // math.prod(problem.weight_shape)   # (the bias partials: f64, from an 8-byte boundary)
+    assert fused.numel() * acc.itemsize == bias_partials_at(plain.numel() * acc.itemsize) + split * problem.k * 8
     lib.call(f"{prefix}_bwd_weight", p(dy), p(x), p(out["grad_weight"]), p(plain), n, None, order=order, seed=seed)
     lib.call(f"{prefix}_bwd_bias", p(dy), p(out["grad_bias"]), n, None, order=order, seed=seed)
     out["grad_weight (fused)"] = poisoned(problem.weight_shape, problem.weight_layout)
@@ -287,13 +289,13 @@ def test_the_weight_gradient_is_bitwise_the_same_in_any_order(libs, vendor, kind
     for s in range(context.split):
         total += partials[s]
     assert torch.equal(results[0]["grad_weight"].reshape(problem.k, -1), total)
-    # fused: the bias partials follow the weight's, and grad_bias is their in-order sum too
-    bias_partials = kept[0]["fused workspace"][partials.numel():].view(context.split, problem.k)
-    assert torch.isfinite(bias_partials).all()
-    bias = torch.zeros(problem.k, dtype=torch.float32)
+    # fused: the bias partials (f64) follow the weight's, and grad_bias is their in-order sum too
+    partial = bias_partials(kept[0]["fused workspace"], partials.numel() * 4, context.split, problem.k)
+    assert torch.isfinite(partial).all()
+    bias = torch.zeros(problem.k, dtype=torch.float64)
     for s in range(context.split):
-        bias += bias_partials[s]
-    assert torch.equal(results[0]["grad_bias (fused)"], bias)
+        bias += partial[s]
+    assert torch.equal(results[0]["grad_bias (fused)"], bias.float())
 
 
 @pytest.mark.parametrize("kind,name", [("stem", "resnet"), ("depthwise", "mb_s2")])
@@ -315,13 +317,14 @@ def test_bf16_weight_gradients_round_once_after_summing_f32_partials_in_split_or
     for s in range(context.split):
         total += partials[s]
     assert torch.equal(dw.reshape(problem.k, -1).view(torch.int16), total.bfloat16().view(torch.int16))
-    # the fused bias gradient: f32 partials after the weight's, summed in split order, rounded once
-    bias_partials = keep["fused workspace"][partials.numel():].view(context.split, problem.k)
-    assert not torch.equal(bias_partials, bias_partials.bfloat16().float())
-    bias = torch.zeros(problem.k, dtype=torch.float32)
+    # the fused bias gradient: f64 partials after the weight's, summed in split order, rounded once (to
+    # the f32 accumulator, then to bf16)
+    partial = bias_partials(keep["fused workspace"], partials.numel() * 4, context.split, problem.k)
+    assert not torch.equal(partial, partial.bfloat16().double())
+    bias = torch.zeros(problem.k, dtype=torch.float64)
     for s in range(context.split):
-        bias += bias_partials[s]
-    assert torch.equal(out["grad_bias (fused)"].view(torch.int16), bias.bfloat16().view(torch.int16))
+        bias += partial[s]
+    assert torch.equal(out["grad_bias (fused)"].view(torch.int16), bias.float().bfloat16().view(torch.int16))
 
 
 def test_the_batch_size_is_a_run_time_argument(libs):

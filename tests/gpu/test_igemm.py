@@ -37,6 +37,7 @@ from convgen.codegen.gpu.normal import axis_phases
 from convgen.codegen.ir import DType, Layout
 from convgen.codegen.target import parse_target
 
+from support.gpu_plans import bias_partials, bias_partials_at
 from support.problems import case_problem
 from support.reference import assert_close, generator_for, in_layout, randn, reduction_terms
 from support.toolchain import cuda_tool, require_fp16, run_sanitized, sim_libraries
@@ -254,8 +255,8 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
                             staged=_staged("nchw_staged" if prefix.endswith("_nchw_staged") else ""))
     converted = dict(context.converts)["WGRAD"]
     assert lib.launches() - launches == 2 + len(converted) * (problem.n > 0)
-    # the workspaces: the split's partials (f32 or f64), the bias's after the weight's, then (from a
-    # 256-byte boundary) the conversions' copies, each a whole number of 256 bytes
+    # the workspaces: the split's partials (f32 or f64), the bias's (f64) after the weight's from an
+    # 8-byte boundary, then (from a 256-byte boundary) the conversions' copies, each a whole number of 256 bytes
     split, acc = wgrad_split(context, problem.n), 8 if torch_dtype == torch.float64 else 4
     whole = lambda size: -(-size // 256) * 256 if converted else size
     copies = sum(whole(problem.n * math.prod(shape[1:]) * problem.dtype.itemsize)
@@ -264,7 +265,7 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
         copies = sum(whole(problem.n * math.prod(shape[1:]) * problem.dtype.itemsize)
                      for kind, shape in (("X", problem.output_shape), ("Y", problem.input_shape)) if kind in converted)
     assert plain.numel() * 4 == whole(split * dw.numel() * acc) + copies
-    assert fused.numel() * 4 == whole(split * (dw.numel() + problem.k) * acc) + copies
+    assert fused.numel() * 4 == whole(bias_partials_at(split * dw.numel() * acc) + split * problem.k * 8) + copies
     if keep is not None:
         keep["workspace"], keep["fused workspace"] = plain, fused
     return y, dx, dw, db, dw_fused, db_fused
@@ -329,14 +330,15 @@ def test_the_weight_gradient_rounds_once_after_summing_f32_partials_in_split_ord
     for s in range(split):
         total += partials[s]
     assert torch.equal(dw.view(torch.int16), total.bfloat16().view(torch.int16))
-    # fused: the bias partials (f32) follow the weight's; grad_bias is their in-order sum, rounded once
-    bias_partials = keep["fused workspace"][partials.numel():].view(split, problem.k)
-    assert torch.isfinite(bias_partials).all()
-    assert not torch.equal(bias_partials, bias_partials.bfloat16().float())
-    bias = torch.zeros(problem.k, dtype=torch.float32)
+    # fused: the bias partials (f64) follow the weight's; grad_bias is their in-order sum, rounded once
+    # (to the f32 accumulator, then to bf16)
+    partial = bias_partials(keep["fused workspace"], partials.numel() * 4, split, problem.k)
+    assert torch.isfinite(partial).all()
+    assert not torch.equal(partial, partial.bfloat16().double())
+    bias = torch.zeros(problem.k, dtype=torch.float64)
     for s in range(split):
-        bias += bias_partials[s]
-    assert torch.equal(out[5].view(torch.int16), bias.bfloat16().view(torch.int16))
+        bias += partial[s]
+    assert torch.equal(out[5].view(torch.int16), bias.float().bfloat16().view(torch.int16))
 
 
 def test_the_weight_gradient_splits_by_the_launch_batch(libs):

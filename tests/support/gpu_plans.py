@@ -1,8 +1,11 @@
 """What the GPU plans of a call launch, for tests that count simulated launches (so that a silent
 fallback, or the wrong GPU algorithm, cannot pass): the algorithm the `algorithm` pass chooses for
-a problem on a simulated vendor, and the kernel launches its plan entry makes."""
+a problem on a simulated vendor, and the kernel launches its plan entry makes; and where a fused
+weight gradient's workspace keeps its bias partials."""
 
 from __future__ import annotations
+
+import torch
 
 from convgen.codegen.gpu.normal import Normal
 from convgen.codegen.ir import ConvProblem
@@ -42,3 +45,16 @@ def call_launches(ops, case, vendor: str, masks) -> tuple[int, set[str]]:
             total += launches_of(p, vendor)
             algorithms.add(algorithm_of(p, vendor))
     return total, algorithms
+
+
+def bias_partials_at(weight_partial_bytes: int) -> int:
+    """The byte where a fused weight gradient's bias partials start in its workspace: after the
+    weights' partials (`weight_partial_bytes` of them), from an 8-byte boundary (they are doubles:
+    the GPU kernels sum bias gradients in double)."""
+    return -(-weight_partial_bytes // 8) * 8
+
+
+def bias_partials(workspace: torch.Tensor, weight_partial_bytes: int, split: int, k: int) -> torch.Tensor:
+    """The (split, k) float64 bias partials of a fused weight gradient's workspace (any dtype's view)."""
+    at = bias_partials_at(weight_partial_bytes)
+    return workspace.view(torch.uint8)[at:at + split * k * 8].view(torch.float64).view(split, k)
