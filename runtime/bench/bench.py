@@ -129,11 +129,11 @@ def make_case(suite: str, shape: BenchShape, options: Options, gen: torch.Genera
     try:
         x, w = tensor(shape.input), tensor(shape.weight)
         b = torch.randn(shape.out_channels, generator=gen).to(dtype) if shape.bias else None
-        gy = tensor(base_problem(x, w, b, *case.args()).output_shape)
+        case.problem = base_problem(x, w, b, *case.args())
+        gy = tensor(case.problem.output_shape)
         if options.device:   # the same values on the device, in the same layouts
             x, w, gy = x.to(options.device), w.to(options.device), gy.to(options.device)
             b = b.to(options.device) if b is not None else None
-        case.problem = base_problem(x, w, b, *case.args())
         case.tensors = {"input": x, "weight": w, "bias": b, "grad_output": gy}
     except (ConvgenError, ValueError, NotImplementedError) as e:
         case.error = f"{type(e).__name__}: {e}"

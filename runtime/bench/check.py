@@ -76,9 +76,10 @@ def _environment_for(target: Target, sim: bool) -> dict[str, str | None]:
     return {"CONVGEN_SIM": None, "CONVGEN_GPU_ARCH": target.isa}
 
 
-def on_device(target: Target, sim: bool) -> bool:
-    """Whether `target`'s kernels run on torch's current CUDA device (a GPU target without --sim)."""
-    return target.kind is not TargetKind.CPU and not sim
+def knobs_for(target: Target, sim: bool):
+    """A context in which convgen's calls run `target`'s kernels (on the CPU, in the simulator with
+    `sim`, else on torch's CUDA device): `convgen check`'s, and `convgen bench`'s on a device."""
+    return _environment(**_environment_for(target, sim))
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -130,7 +131,7 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
     if profile and (target.kind is TargetKind.CPU or not sim):
         raise ConvSpecError(f"--profile: the counters are the SIMT simulator's; give a GPU target and --sim "
                             f"(got --target {target.name()}{' --sim' if sim else ''})")
-    environment = _environment_for(target, sim)   # (a GPU target without --sim and no device: said here)
+    _environment_for(target, sim)   # a GPU target without --sim and no device: said before any work
     p = problem
     dtype = TORCH_DTYPES[p.dtype.value]
     gen = torch.Generator().manual_seed(seed)
@@ -157,7 +158,7 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
     over_channels = max(p.weight_shape[0], p.weight_shape[1]) * math.prod(p.kernel)
     over_images = p.n * max(math.prod(p.in_size), math.prod(p.out_size))
 
-    device = on_device(target, sim)
+    device = target.kind is not TargetKind.CPU and not sim   # on torch's CUDA device
     if device:   # the same values on the device, in the same layouts; the references stay on the CPU
         x, w, b, gy = (t.to("cuda") for t in (x, w, b, gy))
     lines, ok = [], True
@@ -176,7 +177,7 @@ def run_check(problem: ConvProblem, padding, target: Target, sim: bool, seed: in
         if profile:
             lines.extend(profile_lines(launches))
 
-    with _environment(**environment):
+    with knobs_for(target, sim):
         # every kernel in one ninja run
         problems = {q.key(): q for mask in ((True, True, True), (False, False, True))
                     for q in ops.call_problems(x, w, b, *args, output_mask=mask, grad_output=gy)}

@@ -344,7 +344,7 @@ def cmd_bench(args) -> int:
         return bench.main(chosen, options, args.threads, args.json)
     # torch's current CUDA device serves the target's arch (it must run its machine code); f32 as tf32
     # or not as --no-tf32 says, for torch's convolutions and convgen's alike
-    with check._environment(CONVGEN_SIM=None, CONVGEN_GPU_ARCH=target.isa):
+    with check.knobs_for(target, sim=False):
         dispatch.device_target(torch.device("cuda"))   # a device that cannot run that arch: exit 2, said why
         return bench.main(chosen, options, args.threads, args.json)
 
