@@ -47,6 +47,9 @@ from .windows import (SCALARS, THREADS, WindowContext, check_common, choose_tile
 TEMPLATE = "gpu/depthwise.cu.j2"
 NAME = "depthwise GPU kernel"
 OUTPUTS_PER_THREAD = 2   # the forward's and data gradient's tile: THREADS x this many results
+# ... of a block of several channels (channels-last): 2 gave CT = 32 channels 4x4 pixels, whose 6x6 windows
+# (3x3 taps) read each input 2.25 times, and a weight-gradient item of 32 products a thread between barriers
+OUTPUTS_PER_THREAD_CHANNELS = 8
 MAX_TAPS = 256           # weight gradient: a thread keeps ceil(taps / SLOTS) sums in registers
 REDUCE_GROUP = 32        # CT x LANES: the threads of one (tap) sum lie in an aligned group of 32 lanes
 WHY = ("depthwise (groups == channels): a block stages shared-memory windows of its channels' pixels, the "
@@ -64,6 +67,7 @@ class DepthwiseTiles:
     gathers from, the weight gradient's split, and why."""
 
     ct: int
+    ct_pad: int                    # a pixel's channels in shared memory lie CT_PAD apart (CT, or odd)
     lanes: int
     tile: tuple[int, int]          # forward and weight gradient: TH x TW output pixels
     data_tile: tuple[int, int]     # data gradient: TH x TW positions of one phase
@@ -76,6 +80,7 @@ class DepthwiseTiles:
 @dataclasses.dataclass(frozen=True)
 class DepthwiseContext(WindowContext):
     ct: int
+    ct_pad: int
     tile: tuple[int, int]
     data_tile: tuple[int, int]
     data_window: tuple[int, int, int]
@@ -107,13 +112,17 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     acc_bytes = 8 if SCALARS[problem.dtype][1] == "double" else 4
     channels_last = Layout.CHANNELS_LAST in (problem.input_layout, problem.weight_layout, problem.output_layout)
     ct = min(REDUCE_GROUP, pow2_at_least(problem.k)) if channels_last else 1
+    # Lanes take consecutive channels where a tensor is channels-last and consecutive pixels where it is not:
+    # with both kinds, a pixel's channels lie an odd number of words apart, so that neither meets a bank twice.
+    all_last = problem.input_layout is Layout.CHANNELS_LAST and problem.output_layout is Layout.CHANNELS_LAST
+    ct_pad = ct if ct == 1 or all_last else ct | 1
     lanes = REDUCE_GROUP // ct
-    pixels = THREADS * OUTPUTS_PER_THREAD // ct
+    pixels = THREADS * (OUTPUTS_PER_THREAD_CHANNELS if ct > 1 else OUTPUTS_PER_THREAD) // ct
 
     def fwd_bytes(th, tw):   # input window of every depth tap + (taps for the forward, or the grad_output tile)
         wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
-        return acc_bytes * ct * (kernel[0] * wh * ww + max(taps, th * tw))
+        return acc_bytes * ct_pad * (kernel[0] * wh * ww + max(taps, th * tw))
 
     what = f"kernel {problem.kernel}, dilation {problem.dilation}"
     min_cols = 1 if channels_last else 32   # contiguous rows: a warp's worth of consecutive pixels
@@ -125,7 +134,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     planes = max((a.taps for a in per_axis[0]), default=0) or 1   # grad_output depth planes a position gathers
 
     def data_bytes(dth, dtw):
-        return acc_bytes * ct * (planes * (dth + reach[1]) * (dtw + reach[2]) + taps)
+        return acc_bytes * ct_pad * (planes * (dth + reach[1]) * (dtw + reach[2]) + taps)
 
     counts = [max((a.count for a in axis), default=1) for axis in per_axis]
     dth, dtw = choose_tile(counts[1], counts[2], pixels, min_cols, data_bytes, what)
@@ -142,8 +151,8 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
            + (", reduced by shuffles; " if lanes > 1 else "; ") +
            f"{THREADS // (ct * lanes)} tap slots, {-(-taps // (THREADS // (ct * lanes)))} sums per thread",
            split_why)
-    return DepthwiseTiles(ct, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split, phases,
-                          why)
+    return DepthwiseTiles(ct, ct_pad, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split,
+                          phases, why)
 
 
 def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseContext:
@@ -154,8 +163,8 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
     normal = Normal.of(problem)
     return DepthwiseContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), **window_fields(problem),
-        ct=tiles.ct, tile=tiles.tile, data_tile=tiles.data_tile, data_window=tiles.data_window, lanes=tiles.lanes,
-        split=tiles.split, phases=tiles.phases, why=tiles.why)
+        ct=tiles.ct, ct_pad=tiles.ct_pad, tile=tiles.tile, data_tile=tiles.data_tile, data_window=tiles.data_window,
+        lanes=tiles.lanes, split=tiles.split, phases=tiles.phases, why=tiles.why)
 
 
 def render_depthwise(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:

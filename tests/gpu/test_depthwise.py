@@ -179,7 +179,10 @@ def test_the_tiles_follow_the_layout_and_the_windows():
     nchw = depthwise_context(case_problem(CASES["depthwise", "mbv2_s2"], DType.F32), cuda, "p")
     cl = depthwise_context(case_problem(CASES["depthwise", "mbv2_s2"], DType.F32, "cl"), cuda, "p")
     assert (nchw.ct, nchw.lanes, nchw.tile) == (1, 32, (16, 32))   # a channel's pixels, rows a warp wide
-    assert (cl.ct, cl.lanes, cl.tile) == (32, 1, (4, 4))           # a run of channels, square pixel tiles
+    # a run of channels, 8 outputs a thread: 64 pixels, but 8x8's 17x17 stride-2 windows overrun the budget
+    assert (cl.ct, cl.lanes, cl.tile) == (32, 1, (8, 4))
+    stride1 = dataclasses.replace(case_problem(CASES["depthwise", "mbv2_s2"], DType.F32, "cl"), stride=(1, 1))
+    assert depthwise_context(stride1, cuda, "p").tile == (8, 8)   # stride 1: 10x10 windows fit
     stem = stem_context(case_problem(CASES["stem", "resnet224"], DType.F32), cuda, "p")
     assert (stem.kt, stem.tile) == (16, (8, 16)) and stem.split > 1   # not 1 x 128: a 7x7 window overlaps
     # an axis whose every residue is taps-free (input 1, padding 1, stride 2): a window of one row, not zero
