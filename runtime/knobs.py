@@ -23,7 +23,7 @@ names the variable, the value and what would be accepted.
 | CONVGEN_SIM            | sim()              | unset: CPU kernels (cuda, hip: simulated) |
 | CONVGEN_SIM_ORDER      | sim_order()        | forward (reverse, shuffle)                |
 | CONVGEN_SIM_SEED       | sim_seed()         | 0 (the shuffle's seed)                    |
-| CONVGEN_GPU_ARCH       | gpu_arch()         | the device's own arch (sm_90, gfx90a)     |
+| CONVGEN_GPU_ARCH       | gpu_arch()         | the device's own arch (sm_90a on 9.0)     |
 | CUDA_HOME, CUDA_PATH   | cuda_home()        | from nvcc on PATH (NVIDIA's fp16 headers) |
 | CONVGEN_NVCC           | nvcc()             | nvcc on PATH, else $CUDA_HOME/bin/nvcc    |
 | CONVGEN_HIPCC          | hipcc()            | hipcc on PATH, else $ROCM_PATH/bin/hipcc  |
@@ -232,8 +232,8 @@ def sim_seed() -> int:
 
 
 def gpu_arch() -> str:
-    """The arch whose kernels serve torch's CUDA (or ROCm) devices (CONVGEN_GPU_ARCH, e.g. sm_90a
-    on a Hopper part, whose own arch is sm_90), or "" when unset: the device's own arch.
+    """The arch whose kernels serve torch's CUDA (or ROCm) devices (CONVGEN_GPU_ARCH, e.g. sm_90 on a
+    Hopper part, served by sm_90a otherwise), or "" when unset: the device's own arch (devices/cuda.py).
     devices/cuda.py checks that the device runs that arch's machine code."""
     return os.environ.get("CONVGEN_GPU_ARCH", "").strip().lower()
 

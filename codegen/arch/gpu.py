@@ -192,6 +192,19 @@ GPU_ARCHS: dict[str, GpuArch] = {a.arch: a for a in (
 
 DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx90a"}
 
+# The arch whose kernels serve a device of arch X when nobody chose one (CONVGEN_GPU_ARCH, --target
+# cuda-ARCH): its own, except where an arch-specific sibling measured faster on it. sm_90a's
+# warpgroup-MMA kernels on an H200, against sm_90's mma.sync ones (`convgen bench --suite all --dtype
+# bf16 --layout channels_last --batch 64`, one run each, BENCHMARKS.md 2026-12-04 (fifth)): standard
+# forward 1.05x torch against 0.84x, backward 0.50x against 0.46x, faster on 8 of 9 forwards and 8 of 9
+# backwards. sm_90a code runs on compute capability 9.0 only, which is where this applies.
+DEVICE_DEFAULT = {"sm_90": "sm_90a"}
+
+
+def device_default(arch: str) -> str:
+    """The arch whose kernels serve a device whose own arch is `arch`, unless one is chosen."""
+    return DEVICE_DEFAULT.get(arch, arch)
+
 # Archs people ask for that convgen does not build, and why (named in the error).
 WHY_NOT = {
     "gfx942": "ROCm 5.2's hipcc cannot build it; use hip-gfx940",

@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from ..codegen.errors import ConvSpecError
-from ..codegen.arch.gpu import GPU_ARCHS
+from ..codegen.arch.gpu import GPU_ARCHS, device_default
 from ..codegen.ir import DType, dtype_names
 from ..codegen.target import Target, parse_target
 from ..devices import cuda as cuda_device
@@ -30,11 +30,13 @@ def add_dtype_flag(group, what: str) -> None:
 
 def target_flag(text: str) -> Target:
     """--target's Target: a GPU vendor without an arch ('cuda', 'hip') takes the present device's
-    arch where torch has a device of that vendor, else the vendor's default (sm_90, gfx90a)."""
+    arch where torch has a device of that vendor (the arch whose kernels serve it: sm_90a on compute
+    capability 9.0), else the vendor's default (sm_90, gfx90a)."""
     target = parse_target(text)
     vendor = text.strip().lower()
     if vendor in ("cuda", "hip") and torch.cuda.is_available():
         device_vendor, arch = cuda_device.arch_of(torch.device("cuda"))
+        arch = device_default(arch)   # the arch whose kernels serve the device unless one is chosen
         if device_vendor == vendor and arch in GPU_ARCHS:
             return parse_target(f"{vendor}-{arch}")
     return target

@@ -1,7 +1,8 @@
 """A torch CUDA device: which target serves it, and its kernels loaded and launched on its memory.
 
 `target_of(device)` maps a torch 'cuda' device to a convgen target: on an NVIDIA build of torch
-its compute capability (`torch.cuda.get_device_capability`, (9, 0) -> cuda-sm_90); on a ROCm
+its compute capability (`torch.cuda.get_device_capability`, (8, 0) -> cuda-sm_80; (9, 0) -> cuda-sm_90a,
+the arch-specific kernels measured faster there: codegen/arch/gpu.py DEVICE_DEFAULT); on a ROCm
 build (`torch.version.hip` set; the device is still 'cuda') its `gcnArchName` (devices/hip.py,
 'gfx90a:sramecc+:xnack-' -> hip-gfx90a). An arch with no target is a ConvgenError naming the
 device, its arch and the targets there are. Known per device index after the first call.
@@ -27,7 +28,7 @@ from typing import Callable, Container, Sequence
 import torch
 
 from ..codegen.errors import ConvgenError
-from ..codegen.arch.gpu import GPU_ARCHS, WHY_NOT, supported
+from ..codegen.arch.gpu import GPU_ARCHS, WHY_NOT, device_default, supported
 from ..codegen.source import KernelSource
 from ..codegen.target import Target, parse_target
 from . import hip
@@ -61,8 +62,9 @@ def runs_on(arch: str, device_arch: str) -> bool:
 
 
 def target_of(device: torch.device) -> Target:
-    """The target whose kernels serve `device`: its own arch's, or CONVGEN_GPU_ARCH's (knobs.gpu_arch)
-    where that arch's machine code runs on the device; ConvgenError when its arch has none."""
+    """The target whose kernels serve `device`: its own arch's (DEVICE_DEFAULT's where an arch-specific one
+    measured faster: sm_90a on sm_90), or CONVGEN_GPU_ARCH's (knobs.gpu_arch) where that arch's machine
+    code runs on the device; ConvgenError when its arch has none."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     chosen = knobs.gpu_arch()
     known = _targets.get((index, chosen))
@@ -77,6 +79,8 @@ def target_of(device: torch.device) -> Target:
                                f"runs the machine code of {runs}; set one of those, or unset it for the device's "
                                f"own arch")
         arch = chosen
+    else:
+        arch = device_default(arch)   # sm_90 -> sm_90a: measured faster there
     if arch not in GPU_ARCHS or GPU_ARCHS[arch].vendor != vendor:
         why = WHY_NOT.get(arch)
         raise ConvgenError(f"device cuda:{index} is {vendor} arch {arch}, for which convgen has no target"

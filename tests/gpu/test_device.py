@@ -50,7 +50,7 @@ def fake_device(monkeypatch):
 
 
 @pytest.mark.parametrize("capability, target", [((8, 0), "cuda-sm_80"), ((8, 6), "cuda-sm_86"),
-                                                ((8, 9), "cuda-sm_89"), ((9, 0), "cuda-sm_90")])
+                                                ((8, 9), "cuda-sm_89"), ((9, 0), "cuda-sm_90a")])
 def test_an_nvidia_device_is_served_by_its_compute_capability(fake_device, capability, target):
     fake_device(capability=capability)
     assert cuda_device.target_of(torch.device("cuda", 0)).name() == target
@@ -65,8 +65,9 @@ def test_convgen_gpu_arch_picks_another_arch_the_device_runs(fake_device, monkey
     fake_device(capability=capability)
     monkeypatch.setenv("CONVGEN_GPU_ARCH", chosen)
     assert cuda_device.target_of(torch.device("cuda", 0)).name() == target
-    monkeypatch.delenv("CONVGEN_GPU_ARCH")   # read on every call: the device's own again
-    assert cuda_device.target_of(torch.device("cuda", 0)).name() == f"cuda-sm_{capability[0]}{capability[1]}"
+    monkeypatch.delenv("CONVGEN_GPU_ARCH")   # read on every call: the device's own again (sm_90a on 9.0)
+    own = f"sm_{capability[0]}{capability[1]}"
+    assert cuda_device.target_of(torch.device("cuda", 0)).name() == f"cuda-{'sm_90a' if own == 'sm_90' else own}"
 
 
 @pytest.mark.parametrize("capability, chosen, runnable", [((9, 0), "sm_80", "sm_90, sm_90a"),
@@ -483,8 +484,9 @@ def _on_device(t: torch.Tensor) -> torch.Tensor:
 
 def _device_runs() -> list:
     """CASES.md's cases on the device: f32 (in f32: the tests turn tf32 off) and bf16 in every variant,
-    f64 and f16 contiguous; on a Hopper part (compute capability 9.0) the bf16 and f16 runs again on
-    sm_90a's kernels (warpgroup MMA). Collected where there is no device too (then skipped)."""
+    f64 and f16 contiguous; on a Hopper part (compute capability 9.0, served by sm_90a's warpgroup-MMA
+    kernels) the bf16 and f16 runs again on sm_90's (mma.sync), ids ending "-on_sm_90". Collected where
+    there is no device too (then skipped)."""
     from support.cases import CASES, DTYPES, variants_of
 
     if not torch.cuda.is_available():   # one skipped test here, not one per run
@@ -494,10 +496,10 @@ def _device_runs() -> list:
     for case in CASES:
         for dtype in ("f32", "bf16", "f64", "f16"):
             variants = variants_of(case) if dtype in ("f32", "bf16") else ["contiguous"]
-            for arch in [""] + (["sm_90a"] if hopper and dtype in ("bf16", "f16") else []):
+            for arch in [""] + (["sm_90"] if hopper and dtype in ("bf16", "f16") else []):
                 for variant in variants:
                     params.append(pytest.param(case, DTYPES[dtype], variant, arch,
-                                               id=f"{case.id}-{dtype}-{variant}{'-' + arch if arch else ''}"))
+                                               id=f"{case.id}-{dtype}-{variant}{'-on_' + arch if arch else ''}"))
     return params
 
 

@@ -5,12 +5,13 @@
 # time limit and log (under $OUT, default /tmp/convgen-device); the tail of each is printed.
 #
 #   tests/tools/on_device.sh [stage ...]   # stages: info install setup tests_a bench_a tests_b bench_b bench_c bench_d bench_e,
-#                                          # tests_k (K=pytest -k expression), debug (DEBUG=expression)
+#                                          # tests_k (K=pytest -k expression), debug (DEBUG=expression),
+#                                          # kernels (each pass's kernels by device time, SUITE= default weak)
 #
-# tests_a: the device's own arch (sm_90 on a Hopper part), f32 and bf16, every CASES.md variant;
-# tests_b: f64, f16, and bf16/f16 again on sm_90a's warpgroup-MMA kernels (CONVGEN_GPU_ARCH), and
-# the generic tier; bench_a/b: the standard and weak suites in bf16 channels-last on the device's
-# arch and on sm_90a; bench_c: f32 (tf32, torch's default) NCHW; bench_d/e: bench_a/b at --batch $BATCH
+# tests_a: the arch that serves the device (sm_90a on a Hopper part), f32 and bf16, every CASES.md variant;
+# tests_b: f64, f16, and bf16/f16 again on sm_90's mma.sync kernels (CONVGEN_GPU_ARCH), and
+# the generic tier; bench_a/b: the standard and weak suites in bf16 channels-last on the arch that
+# serves the device and on sm_90; bench_c: f32 (tf32, torch's default) NCHW; bench_d/e: bench_a/b at --batch $BATCH
 # (default 64), where the kernels bound the samples (at the suites' batch 8 an H200 outruns the host).
 # Measured on an H200 (2026-12-04): setup about 55 s; tests_a needs about 200 s and tests_b about 150 s
 # on its 16 cores (most of it nvcc); each bench stage at batch 8 about 35 s. Without stages: info install
@@ -52,11 +53,11 @@ torch.backends.cudnn.version(), torch.cuda.get_device_name(), torch.cuda.get_dev
         SETUP=$! ;;
     tests_a)
         stage tests_a "${LIMIT_A:-150}" $PY -m pytest -v -p no:cacheprovider tests/gpu/test_device.py \
-            -k "not sm_90a and not -f64- and not -f16- and not generic_tier" ;;
+            -k "not on_sm_90 and not -f64- and not -f16- and not generic_tier" ;;
     tests_b)
         [ -n "${SETUP:-}" ] && wait "$SETUP"
         stage tests_b "${LIMIT_B:-120}" $PY -m pytest -v -p no:cacheprovider tests/gpu/test_device.py \
-            -k "sm_90a or -f64- or -f16- or generic_tier" ;;
+            -k "on_sm_90 or -f64- or -f16- or generic_tier" ;;
     tests_k)   # the device's tests that -k "$K" selects
         stage tests_k "${LIMIT_K:-120}" $PY -m pytest -v -p no:cacheprovider tests/gpu/test_device.py -k "$K" ;;
     debug)     # the tests that -k "$DEBUG" selects, in one process, twice (a result that moves is a race)
@@ -66,7 +67,7 @@ torch.backends.cudnn.version(), torch.cuda.get_device_name(), torch.cuda.get_dev
         stage bench_a "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda --dtype bf16 --layout channels_last \
             --repeat 5 --min-time 0.03 ;;
     bench_b)
-        stage bench_b "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda-sm_90a --dtype bf16 \
+        stage bench_b "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda-sm_90 --dtype bf16 \
             --layout channels_last --repeat 5 --min-time 0.03 ;;
     bench_c)
         stage bench_c "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda --dtype f32 --repeat 5 --min-time 0.03 ;;
@@ -74,8 +75,11 @@ torch.backends.cudnn.version(), torch.cuda.get_device_name(), torch.cuda.get_dev
         stage bench_d "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda --dtype bf16 --layout channels_last \
             --batch "${BATCH:-64}" --repeat 5 --min-time 0.03 ;;
     bench_e)
-        stage bench_e "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda-sm_90a --dtype bf16 \
+        stage bench_e "${LIMIT_BENCH:-90}" $CG bench --suite all --target cuda-sm_90 --dtype bf16 \
             --layout channels_last --batch "${BATCH:-64}" --repeat 5 --min-time 0.03 ;;
+    kernels)   # each pass's kernels, convgen's beside torch's, by device time (tests/tools/device_kernels.py)
+        stage kernels "${LIMIT_KERNELS:-120}" $PY tests/tools/device_kernels.py --suite "${SUITE:-weak}" \
+            --batch "${BATCH:-64}" ;;
     *)
         echo "unknown stage $s" ;;
     esac
