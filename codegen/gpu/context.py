@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import ConvSpecError
-from ..ir import ConvProblem
+from ..ir import ConvProblem, Layout
 from ..render import operand_strides
 from ..target import Target
 from ..version import generator_version
@@ -80,3 +80,23 @@ def check_prefix(prefix: str) -> None:
 def check_entries(entries: tuple[str, ...], taken: tuple[str, ...] = ENTRIES) -> None:
     if not entries or any(e not in taken for e in entries):
         raise ConvSpecError(f"entries {list(entries)}: expected a non-empty subset of {list(taken)}")
+
+
+def bias_rows(normal: Normal, transposed: bool, itemsize: int, warp: int) -> tuple[int, int, int]:
+    """How a fused bias gradient reads its source (grad_output; a transposed problem's: the normal input)
+    where a row's (image, pixel's) channels lie together, channels-last: (VEC, VW, VW1). VEC channels a
+    load: one 16-byte load where the group's channels and the row are whole loads, else 1 (0: the source is
+    not channels-last); a warp's VW lanes take VW runs of VEC of a row (64 bytes where the group has them),
+    its other lanes other rows; VW1: the same for loads of one channel (the source not 16-byte aligned).
+    Lanes along one channel's rows instead (as elsewhere) read a sector for every element."""
+    channels = normal.channels if transposed else normal.filters
+    if normal.layouts[0 if transposed else 2] is not Layout.CHANNELS_LAST:
+        return 0, 0, 0
+    group = channels // (normal.groups or 1)
+    per_load = 16 // itemsize
+    vec = per_load if group % per_load == 0 and channels % per_load == 0 else 1
+
+    def lanes(runs: int, run_bytes: int) -> int:
+        return 1 << (min(runs, max(1, 64 // run_bytes), warp).bit_length() - 1)
+    return vec, lanes(-(-group // vec), vec * itemsize), lanes(group, itemsize)
+

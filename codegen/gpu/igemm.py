@@ -75,7 +75,7 @@ from ..ir import ConvProblem, DType, Layout, Op
 from ..plan import GpuTiling, KOp, Plan
 from ..render import render
 from ..target import Target, TargetKind
-from .context import ENTRIES, TensorContext, check_entries, check_prefix, file_fields, tensor_fields
+from .context import ENTRIES, TensorContext, bias_rows, check_entries, check_prefix, file_fields, tensor_fields
 from .family import Family
 from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, on_ldmatrix, on_wgmma,
                           vector_of, wgrad_copies_along_channels)
@@ -122,6 +122,7 @@ class IgemmContext(TensorContext):
     wgmma: bool = False    # sm_90a: warpgroup MMA from the shared stages (igemm_tiles.on_wgmma), not ldmatrix + mma.sync
     out_along: tuple[tuple[str, int], ...] = ()   # ("FWD" | "DGRAD" | "WGRAD", how its epilogue stores: out_along)
     wgrad_weight_order: bool = True   # the weight gradient's columns in the weight's own order (wgrad_weight_order)
+    bias_rows: tuple[int, int, int] = (0, 0, 0)   # a fused bias gradient's channels-last reads (context.bias_rows)
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -300,6 +301,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         block_k=tiles.fwd.depth, tiles=(("FWD", tiles.fwd), ("DGRAD", tiles.dgrad), ("WGRAD", tiles.wgrad)),
         phases=normal.phases(), entries=tuple(entries), wgmma=on_wgmma(target, problem.dtype.itemsize),
         out_along=tuple(out_along(problem, target, tiles).items()), wgrad_weight_order=wgrad_weight_order(normal, tiles),
+        bias_rows=bias_rows(normal, problem.transposed, problem.dtype.itemsize, warp),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 
