@@ -1,9 +1,13 @@
 """The depthwise GPU kernels: forward, data gradient and weight gradient of convolutions whose
-every group holds one input channel (groups == channels), rendered for CUDA or HIP from
+every group holds one input channel (groups == channels), or a few (grouped convolutions of at most
+MAX_GROUP channels and filters a group, as ResNeXt's 32 groups of 4), rendered for CUDA or HIP from
 `templates/gpu/depthwise.cu.j2`.
 
 Taken: groups == C, K == C x multiplier (multiplier 1 is the usual depthwise; multiplier > 1,
-as in CASES 7, is taken too: output channel k reads input channel k / multiplier), normal (not
+as in CASES 7, is taken too: output channel k reads input channel k / multiplier); or groups > 1
+with C / groups and K / groups both at most MAX_GROUP (an implicit GEMM's tiles, 64 filters and
+more, would hold a group's few filters: output channel k reads input channels k / (K/G) * (C/G) + cl);
+normal (not
 transposed) problems, rank 1-3 (as 3-D with unit axes in front), stride, dilation, asymmetric
 padding, each of input, weight and output contiguous or channels-last (every access through its
 strides), f32/f64/bf16/f16 with f32 accumulation (f64 for f64) and one rounding at the end.
@@ -11,7 +15,8 @@ strides), f32/f64/bf16/f16 with f32 accumulation (f64 for f64) and one rounding 
 - forward: a block owns a tile of 1 x TH x TW output pixels of CT channels (CT = 1 when every
   tensor is contiguous; a run of channels when one is channels-last, so that consecutive threads
   read consecutive channels), stages the input window of the tile and the channels' taps in shared
-  memory (zeros where the window overhangs the padding) and each thread computes a few outputs.
+  memory (zeros where the window overhangs the padding) and each thread computes a few outputs;
+  with several channels a group, one input channel of each filter's group at a time.
 - data gradient: by stride phases (normal.py): a launch per residue per axis, a block owns a tile
   of that phase's grad_input positions, stages the grad_output rows they gather from, and each
   position sums exactly the taps that reach it (no zero-insertion; residues with no taps are
@@ -51,10 +56,13 @@ OUTPUTS_PER_THREAD = 2   # the forward's and data gradient's tile: THREADS x thi
 # (3x3 taps) read each input 2.25 times, and a weight-gradient item of 32 products a thread between barriers
 OUTPUTS_PER_THREAD_CHANNELS = 8
 MAX_TAPS = 256           # weight gradient: a thread keeps ceil(taps / SLOTS) sums in registers
+MAX_GROUP = 4            # grouped: at most this many channels and filters a group (more: the implicit GEMM, whose
+                         # tiles of 64 filters and more waste less there; where the line lies is not measured yet)
+MAX_SUMS = 32            # weight gradient: a thread's sums, (channels a group) x ceil(taps / SLOTS)
 REDUCE_GROUP = 32        # CT x LANES: the threads of one (tap) sum lie in an aligned group of 32 lanes
-WHY = ("depthwise (groups == channels): a block stages shared-memory windows of its channels' pixels, the "
-       "data gradient by stride phases, the weight gradient split over blocks with partials summed in order; "
-       "every dtype")
+WHY = ("depthwise (groups == channels) or a few channels a group: a block stages shared-memory windows of its "
+       "channels' pixels, the data gradient by stride phases, the weight gradient split over blocks with partials "
+       "summed in order; every dtype")
 BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: the threads of tap slot 0 also sum "
             "their channel's staged grad_output tiles (the same lanes and shuffle tree) into partials after the "
             "weight's in the workspace, added in split order by the second kernel and rounded once")
@@ -92,14 +100,21 @@ def check(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseTiles:
     """The tiles of `problem`, entries named `prefix`_<entry>; ConvSpecError for what the depthwise
     kernels do not take."""
     check_common(problem, target, prefix, NAME)
-    if problem.groups != problem.c or problem.k % problem.c:
-        raise ConvSpecError(f"groups={problem.groups}, channels={problem.c}, filters={problem.k}: the {NAME} takes "
-                            "one input channel per group (groups == channels) and filters a multiple of channels")
     if problem.c == 0:
         raise ConvSpecError(f"channels=0: the {NAME} needs at least one channel")
+    cg, kg = problem.c // problem.groups, problem.k // problem.groups
+    if problem.c % problem.groups or problem.k % problem.groups or not (
+            cg == 1 or (problem.groups > 1 and cg <= MAX_GROUP and kg <= MAX_GROUP)):
+        raise ConvSpecError(f"groups={problem.groups}, channels={problem.c}, filters={problem.k}: the {NAME} takes "
+                            f"one input channel per group (groups == channels), or groups of at most {MAX_GROUP} "
+                            f"channels and {MAX_GROUP} filters")
     taps = math.prod(problem.kernel)
     if taps > MAX_TAPS:
         raise ConvSpecError(f"kernel {problem.kernel}: the {NAME} takes at most {MAX_TAPS} taps (has {taps})")
+    slots = THREADS // REDUCE_GROUP   # the weight gradient's tap slots (CT x LANES threads each)
+    if cg * -(-taps // slots) > MAX_SUMS:
+        raise ConvSpecError(f"kernel {problem.kernel}, {cg} channels a group: the {NAME}'s weight gradient keeps "
+                            f"{cg} x ceil({taps} taps / {slots}) sums a thread (at most {MAX_SUMS})")
     return choose_tiles(problem, target)
 
 
@@ -109,6 +124,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     normal = Normal.of(problem)
     kernel, stride, dilation, out_size = normal.kernel, normal.stride, normal.dilation, normal.out_size
     taps = math.prod(problem.kernel)
+    cg = problem.c // problem.groups
     acc_bytes = 8 if SCALARS[problem.dtype][1] == "double" else 4
     channels_last = Layout.CHANNELS_LAST in (problem.input_layout, problem.weight_layout, problem.output_layout)
     ct = min(REDUCE_GROUP, pow2_at_least(problem.k)) if channels_last else 1
@@ -122,7 +138,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     def fwd_bytes(th, tw):   # input window of every depth tap + (taps for the forward, or the grad_output tile)
         wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
-        return acc_bytes * ct_pad * (kernel[0] * wh * ww + max(taps, th * tw))
+        return acc_bytes * ct_pad * (kernel[0] * wh * ww + max(cg * taps, th * tw))
 
     what = f"kernel {problem.kernel}, dilation {problem.dilation}"
     min_cols = 1 if channels_last else 32   # contiguous rows: a warp's worth of consecutive pixels
@@ -149,7 +165,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
            f"each gathering only its phase's taps from {data_bytes(dth, dtw)} bytes of staged grad_output",
            f"weight gradient: {lanes} thread(s) per (channel, tap) over a tile's pixels"
            + (", reduced by shuffles; " if lanes > 1 else "; ") +
-           f"{THREADS // (ct * lanes)} tap slots, {-(-taps // (THREADS // (ct * lanes)))} sums per thread",
+           f"{THREADS // (ct * lanes)} tap slots, {cg * -(-taps // (THREADS // (ct * lanes)))} sums per thread",
            split_why)
     return DepthwiseTiles(ct, ct_pad, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split,
                           phases, why)

@@ -31,8 +31,8 @@ from support.toolchain import cuda_tool   # nvdisasm from the CUDA toolkit or th
 # Problems whose kernels the vendor compilers build: every pass, every dtype, both layouts,
 # transposed with output_padding, groups, 1-D and 3-D.
 SHOWN = [
-    ("fwd_f32", ["--input", "2,4,7,7", "--weight", "6,2,3,3", "--groups", "2", "--stride", "2", "--padding", "1",
-                 "--op", "fwd", "--bias"]),
+    ("fwd_f32", ["--input", "2,4,7,7", "--weight", "18,2,3,3", "--groups", "2", "--stride", "2", "--padding", "1",
+                 "--op", "fwd", "--bias"]),   # 9 filters a group: the implicit GEMM's (4 or fewer: depthwise's)
     ("dgrad_f16_nhwc_t", ["--input", "2,4,7,7", "--weight", "4,3,3,3", "--groups", "2", "--stride", "2", "--padding",
                           "1", "--output-padding", "1", "--transposed", "--op", "bwd_data", "--dtype", "f16",
                           "--layout", "nhwc"]),
@@ -286,8 +286,8 @@ def test_check_runs_every_pass(target, dtype):
     for name in ("fwd", "bwd_data", "bwd_weight", "bwd_bias (fused)", "bwd_bias (alone)"):
         assert any(line.startswith(name) for line in lines[1:]), out
     if target != "cpu":
-        # 2 channels per group: the weight gradient is the stem kernel's (partials, ordered sum: 2 launches,
-        # the bias gradient fused into them); the rest igemm (bf16 on matrix cores, f32 on FMAs): bwd_data
+        # 2 channels and 3 filters a group: the depthwise family's kernels (a few channels a group), the
+        # weight gradient's partials and ordered sum 2 launches (the bias gradient fused into them), bwd_data
         # 4 stride phases; the bias gradient alone 1
         launches = 1 + 4 + 2 + 1
         assert "simulated launches" in lines[0] and f"{launches} simulated launches" in lines[0]

@@ -59,6 +59,9 @@ DEPTHWISE = [
     ("wide_cl", (2, 40, 5, 6), 40, (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 1), 40),      # channels-last: two channel tiles
     ("lonely", (1, 2, 1, 4), 2, (1, 3), (2, 1), ((1, 1), (1, 1)), (1, 1), 2),          # no tap reaches any input row: dx all zeros
     ("empty", (0, 6, 7, 8), 6, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 6),           # CASES 15: empty batch
+    ("g4", (2, 16, 7, 8), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 4),             # grouped: 4 channels, 4 filters a group
+    ("g_uneven", (2, 6, 9, 7), 8, (3, 2), (2, 1), ((1, 0), (1, 1)), (1, 2), 2),         # 3 channels, 4 filters a group
+    ("g_split", (2, 24, 6, 7), 36, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 12),       # 2 / 3 a group: CT 32 cuts group 10
 ]
 # few input channels per group: the weight gradient only
 STEM = [
@@ -76,12 +79,14 @@ STEM = [
 FULL_SIZE = [
     ("depthwise", ("mbv2_s2", (32, 96, 112, 112), 96, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 96)),   # MobileNetV2
     ("depthwise", ("effnet_5x5", (32, 240, 28, 28), 240, (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), 240)),  # EfficientNet
+    ("depthwise", ("resnext", (32, 128, 56, 56), 128, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 32)),     # ResNeXt 32x4d
     ("stem", ("resnet224", (32, 3, 224, 224), 64, (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), 1)),         # ResNet-50's stem
 ]
 CASES = ({("depthwise", c[0]): c for c in DEPTHWISE} | {("stem", c[0]): c for c in STEM}
          | {(kind, c[0]): c for kind, c in FULL_SIZE})
 COMPILED_ONLY = [("depthwise", "mbv2_s2", "bf16", "nchw"), ("depthwise", "mbv2_s2", "f32", "cl"),
                  ("depthwise", "effnet_5x5", "f16", "cl"), ("depthwise", "effnet_5x5", "f64", "nchw"),
+                 ("depthwise", "resnext", "bf16", "cl"), ("depthwise", "resnext", "f32", "nchw"),
                  ("stem", "resnet224", "f32", "nchw"), ("stem", "resnet224", "bf16", "cl"),
                  ("stem", "resnet224", "f64", "nchw")]
 DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64),
@@ -92,7 +97,9 @@ EXTRA = {
     "depthwise": [("c7", "f64", "nchw"), ("mb_s2", "bf16", "nchw"), ("d2", "f16", "nchw"), ("c3d", "bf16", "nchw"),
                   ("c1d", "f16", "nchw"), ("s2d2", "f64", "nchw"), ("asym", "bf16", "nchw"), ("empty", "bf16", "nchw"),
                   ("c11", "f32", "cl"), ("mb_s2", "f32", "cl"), ("c7", "bf16", "cl"), ("c3d", "f16", "cl"),
-                  ("wide_cl", "f32", "cl"), ("wide_cl", "f64", "x_cl"), ("s3", "f32", "x_cl")],
+                  ("wide_cl", "f32", "cl"), ("wide_cl", "f64", "x_cl"), ("s3", "f32", "x_cl"),
+                  ("g4", "bf16", "cl"), ("g4", "f16", "x_cl"), ("g_uneven", "f64", "x_cl"), ("g_split", "f32", "cl"),
+                  ("g_split", "bf16", "nchw")],
     "stem": [("resnet", "bf16", "nchw"), ("resnet", "f32", "cl"), ("c9", "f64", "nchw"), ("mixed", "f16", "cl"),
              ("s3d", "bf16", "cl"), ("s1d", "f64", "nchw"), ("c12", "f16", "x_cl"), ("empty", "f16", "nchw")],
 }
@@ -100,20 +107,23 @@ PARAMS = [(kind, c[0], "f32", "nchw") for kind, cases in (("depthwise", DEPTHWIS
 PARAMS += [(kind, *rest) for kind, extra in EXTRA.items() for rest in extra]
 
 
-def _random_params(count: int, seed: int) -> list[tuple]:
+def _random_params(count: int, seed: int, grouped: bool = False) -> list[tuple]:
     """Small valid problems of both kinds drawn over every axis (rank, channels, multiplier or
     groups, kernel, stride, dilation, asymmetric padding, batch 1-3, dtype, layouts), the same on
-    every run; they join CASES."""
+    every run; they join CASES. grouped: depthwise-kernel problems of 1-4 channels and filters a group."""
     rng, params = random.Random(seed), []
     while len(params) < count:
-        kind, rank = ("depthwise", "stem")[len(params) % 2], rng.randint(1, 3)
-        if kind == "depthwise":
+        kind, rank = ("depthwise", "stem")[len(params) % 2] if not grouped else "depthwise", rng.randint(1, 3)
+        if grouped:
+            groups = rng.randint(2, 6)
+            c, k = groups * rng.randint(1, 4), groups * rng.randint(1, 4)
+        elif kind == "depthwise":
             c = groups = rng.randint(1, 40)
             k = c * rng.choice([1, 1, 2, 3])
         else:
             groups = rng.randint(1, 3)
             c, k = groups * rng.randint(1, 4), groups * rng.randint(1, 40)
-        case = (f"rand{len(params)}", (rng.randint(1, 3), c, *(rng.randint(1, 12 if rank < 3 else 6) for _ in range(rank))),
+        case = (f"{'grand' if grouped else 'rand'}{len(params)}", (rng.randint(1, 3), c, *(rng.randint(1, 12 if rank < 3 else 6) for _ in range(rank))),
                 k, tuple(rng.randint(1, 5) for _ in range(rank)), tuple(rng.randint(1, 4) for _ in range(rank)),
                 tuple((rng.randint(0, 3), rng.randint(0, 3)) for _ in range(rank)),
                 tuple(rng.randint(1, 3) for _ in range(rank)), groups)
@@ -132,7 +142,7 @@ RENDER = {"depthwise": render_depthwise, "stem": render_stem}
 ORDERS = ("forward", "reverse", "shuffle")
 
 
-PARAMS += _random_params(8, seed=17)
+PARAMS += _random_params(8, seed=17) + _random_params(4, seed=23, grouped=True)
 
 
 def _prefix(vendor: str, kind: str, name: str, dtype: str, layout: str) -> str:
@@ -156,7 +166,10 @@ def libs(tmp_path_factory):
 def test_what_the_kernels_do_not_take_is_refused_by_name():
     cuda = parse_target("cuda-sm_80")
     depthwise = case_problem(CASES["depthwise", "c6"], DType.F32)
-    for change, word in [({"groups": 2}, "groups=2"), ({"k": 6}, "filters=6"),
+    for change, word in [({"groups": 1}, "groups=1"), ({"k": 6}, "filters=6"),
+                         ({"c": 16, "k": 16, "groups": 2, "in_size": (6, 6)}, "at most 4 channels"),
+                         ({"c": 4, "k": 10, "groups": 2, "in_size": (6, 6)}, "and 4 filters"),
+                         ({"c": 8, "k": 8, "groups": 2, "kernel": (9, 9), "in_size": (10, 10)}, "sums a thread"),
                          ({"transposed": True, "output_padding": (0, 0)}, "transposed"),
                          ({"kernel": (17, 17), "in_size": (20, 20)}, "at most 256 taps"),
                          ({"in_size": (1 << 15, 1 << 15)}, "an input image has 4294967296 elements")]:
@@ -344,6 +357,16 @@ def test_the_batch_size_is_a_run_time_argument(libs):
 # ----------------------------------------------------------------------- the vendors' compilers
 
 
+def _kernel_count(kind: str, name: str, dtype: str, layout: str) -> int:
+    """__global__ functions a rendered case holds: the stem's 3 (bwd_weight_partial, bwd_weight_sum,
+    bwd_bias); the depthwise's fwd, bwd_weight_partial, bwd_weight_sum, bwd_bias and a bwd_data a
+    stride phase."""
+    if kind == "stem":
+        return 3
+    problem = case_problem(CASES[kind, name], DTYPES[dtype][0], layout)
+    return 4 + len(depthwise_context(problem, parse_target("cuda"), "p").phases)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_kernels_build_with_nvcc_without_spills(tmp_path, arch):
@@ -355,8 +378,7 @@ def test_the_kernels_build_with_nvcc_without_spills(tmp_path, arch):
     report = done.stdout + done.stderr
     assert done.returncode == 0, report
     spills = re.findall(r"(\d+) bytes spill stores", report)
-    kernels = {"depthwise": 5, "stem": 3}   # fwd, bwd_data, bwd_weight_partial, bwd_weight_sum, bwd_bias
-    assert len(spills) == sum(kernels[kind] for kind, *_ in PARAMS + COMPILED_ONLY) and set(spills) == {"0"}
+    assert len(spills) == sum(_kernel_count(*p) for p in PARAMS + COMPILED_ONLY) and set(spills) == {"0"}
     assert set(re.findall(r"(\d+) bytes stack frame", report)) == {"0"}   # no local memory either
 
 

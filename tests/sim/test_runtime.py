@@ -99,8 +99,9 @@ def test_case_in_the_simulator(vendor, case, dtype, variant, order, prebuilt, mo
 @pytest.mark.parametrize("case_id, dtype, expected", [
     ("07-depthwise-multiplier2", "f64", {"depthwise"}),                      # every pass
     ("01-padding-as-large-as-kernel-allows", "f64", {"igemm", "stem"}),      # C=3: the weight gradient on stem
-    ("20a-3d-3x1x9-groups3-stride1", "f16", {"igemm", "stem"}),             # 3 channels per group
-    ("02-mixed-stride-padding-dilation4-groups2", "bf16", {"igemm", "stem"}),
+    ("20a-3d-3x1x9-groups3-stride1", "f16", {"depthwise"}),                 # 3 channels, 1 filter a group
+    ("02-mixed-stride-padding-dilation4-groups2", "bf16", {"depthwise"}),   # 2 channels, 1 filter a group
+    ("09-few-input-channels-per-group", "f32", {"igemm", "stem"}),          # 8 filters a group: the GEMM's
     ("16-transposed-output-padding", "bf16", {"igemm"}),                     # transposed: not stem, not depthwise
 ])
 def test_the_matrix_reaches_each_gpu_algorithm(case_id, dtype, expected):
