@@ -14,8 +14,9 @@
 # serves the device and on sm_90; bench_c: f32 (tf32, torch's default) NCHW; bench_d/e: bench_a/b at --batch $BATCH
 # (default 64), where the kernels bound the samples (at the suites' batch 8 an H200 outruns the host).
 # Measured on an H200 (2026-12-04): setup about 55 s; tests_a needs about 200 s and tests_b about 150 s
-# on its 16 cores (most of it nvcc); each bench stage at batch 8 about 35 s. Without stages: info install
-# setup tests_a bench_d tests_b bench_e (batch 64: untried; give LIMIT_* to fit the device time left).
+# on its 16 cores (most of it nvcc); each bench stage at batch 8 about 35 s, at batch 64 about 45 s; kernels
+# (the standard and weak suites) about 20 s. Without stages: info install setup tests_a bench_d tests_b
+# bench_e kernels (give LIMIT_* to fit the device time left).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/convgen-device}
@@ -26,7 +27,7 @@ mkdir -p "$CONVGEN_CACHE_DIR"
 chmod 700 "$CONVGEN_CACHE_DIR"
 PY=${PYTHON:-python3}
 CG="$PY -m convgen"
-STAGES=${*:-info install setup tests_a bench_d tests_b bench_e}
+STAGES=${*:-info install setup tests_a bench_d tests_b bench_e kernels}
 
 stage() {   # stage NAME LIMIT_S COMMAND...: run it, log to $OUT/NAME.log, print its rc, time and tail
     local name=$1 limit=$2 start rc
