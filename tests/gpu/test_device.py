@@ -541,3 +541,19 @@ def test_convgen_bench_times_the_device_against_torch():
     assert report["call"] is None and report["peak"]["pct_peak_basis"]
     rows = report["suites"][0]["rows"]
     assert rows and all(r["within_tolerance"] and r["results"]["backward"]["convgen_ms"] > 0 for r in rows)
+
+
+def test_the_kernel_breakdown_tool_runs_where_there_is_a_device_and_says_so_where_not():
+    """tests/tools/device_kernels.py (on_device.sh's kernels stage): with a device, each pass's kernels
+    of the smoke suite by device time, convgen's (its cgk_ kernels) beside torch's; without one, exit
+    status 2 and why."""
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "device_kernels.py"
+    done = subprocess.run([sys.executable, str(tool), "--suite", "smoke", "--batch", "2", "--iters", "1"],
+                          capture_output=True, text=True, timeout=600)
+    if not torch.cuda.is_available():
+        assert done.returncode == 2 and "no CUDA device" in done.stderr, done.stdout + done.stderr
+        return
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "forward  convgen" in done.stdout and "backward torch" in done.stdout and "cgk_" in done.stdout
