@@ -21,10 +21,13 @@ strides), f32/f64/bf16/f16 with f32 accumulation (f64 for f64) and one rounding 
   of that phase's grad_input positions, stages the grad_output rows they gather from, and each
   position sums exactly the taps that reach it (no zero-insertion; residues with no taps are
   written as zeros by the same launch).
-- weight gradient: per channel and tap, a reduction over batch x output pixels, split SPLIT ways
-  over blocks; a block walks its share tile by tile (the forward's tile), each thread summing the
-  products of its taps over a fixed subset of the tile's pixels, then a shuffle reduction across
-  the LANES threads that share a (channel, tap). Partials (f32, f64 for f64) go to a workspace and
+- weight gradient: per (filter, channel of its group, tap), a reduction over batch x output pixels,
+  split SPLIT ways over blocks; a block walks its share tile by tile (the forward's tile), each
+  thread summing the products of its taps over a fixed subset of the tile's pixels, then a shuffle
+  reduction across the LANES threads that share a (channel, tap). Where a thread can keep every
+  (channel, tap) sum (MAX_SUMS), every thread takes every tap and the 8 tap slots take the pixels in
+  turn instead (taps dealt to slots left most of them idle: 9 taps on 8 slots, a 1x1 kernel's one),
+  the slots' sums added in slot order through shared memory when the block is done. Partials (f32, f64 for f64) go to a workspace and
   a second kernel sums them in split order and rounds once: no atomics, the same bits in any
   order. `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes `<prefix>_bwd_weight(
   grad_output, input, grad_weight, workspace, batch, stream)` needs; `<prefix>_bwd_bias` has the
@@ -76,6 +79,7 @@ class DepthwiseTiles:
 
     ct: int
     ct_pad: int                    # a pixel's channels in shared memory lie CT_PAD apart (CT, or odd)
+    pixel_split: bool              # weight gradient: every thread every tap, the tap slots splitting pixels
     lanes: int
     tile: tuple[int, int]          # forward and weight gradient: TH x TW output pixels
     data_tile: tuple[int, int]     # data gradient: TH x TW positions of one phase
@@ -89,6 +93,7 @@ class DepthwiseTiles:
 class DepthwiseContext(WindowContext):
     ct: int
     ct_pad: int
+    pixel_split: bool
     tile: tuple[int, int]
     data_tile: tuple[int, int]
     data_window: tuple[int, int, int]
@@ -135,10 +140,15 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     lanes = REDUCE_GROUP // ct
     pixels = THREADS * (OUTPUTS_PER_THREAD_CHANNELS if ct > 1 else OUTPUTS_PER_THREAD) // ct
 
+    # weight gradient: where a thread can keep every (channel of the group, tap) sum, the tap slots split
+    # the pixels instead of the taps (balanced whatever the taps), their sums added through shared memory
+    pixel_split = cg * taps <= MAX_SUMS
+    totals = cg * taps if pixel_split else 0
+
     def fwd_bytes(th, tw):   # input window of every depth tap + (taps for the forward, or the grad_output tile)
         wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
-        return acc_bytes * ct_pad * (kernel[0] * wh * ww + max(cg * taps, th * tw))
+        return acc_bytes * ct_pad * (kernel[0] * wh * ww + max(cg * taps, th * tw) + totals) + 8 * ct * pixel_split
 
     what = f"kernel {problem.kernel}, dilation {problem.dilation}"
     min_cols = 1 if channels_last else 32   # contiguous rows: a warp's worth of consecutive pixels
@@ -165,9 +175,11 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
            f"each gathering only its phase's taps from {data_bytes(dth, dtw)} bytes of staged grad_output",
            f"weight gradient: {lanes} thread(s) per (channel, tap) over a tile's pixels"
            + (", reduced by shuffles; " if lanes > 1 else "; ") +
-           f"{THREADS // (ct * lanes)} tap slots, {cg * -(-taps // (THREADS // (ct * lanes)))} sums per thread",
+           (f"every thread every tap ({cg * taps} sums), {THREADS // (ct * lanes)} slots taking the tile's pixels in "
+            "turn, their sums added in slot order through shared memory" if pixel_split else
+            f"{THREADS // (ct * lanes)} tap slots, {cg * -(-taps // (THREADS // (ct * lanes)))} sums per thread"),
            split_why)
-    return DepthwiseTiles(ct, ct_pad, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split,
+    return DepthwiseTiles(ct, ct_pad, pixel_split, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split,
                           phases, why)
 
 
@@ -179,7 +191,7 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
     normal = Normal.of(problem)
     return DepthwiseContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), **window_fields(problem),
-        ct=tiles.ct, ct_pad=tiles.ct_pad, tile=tiles.tile, data_tile=tiles.data_tile, data_window=tiles.data_window,
+        ct=tiles.ct, ct_pad=tiles.ct_pad, pixel_split=tiles.pixel_split, tile=tiles.tile, data_tile=tiles.data_tile, data_window=tiles.data_window,
         lanes=tiles.lanes, split=tiles.split, phases=tiles.phases, why=tiles.why)
 
 

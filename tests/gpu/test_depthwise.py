@@ -80,6 +80,7 @@ FULL_SIZE = [
     ("depthwise", ("mbv2_s2", (32, 96, 112, 112), 96, (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 96)),   # MobileNetV2
     ("depthwise", ("effnet_5x5", (32, 240, 28, 28), 240, (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), 240)),  # EfficientNet
     ("depthwise", ("resnext", (32, 128, 56, 56), 128, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 32)),     # ResNeXt 32x4d
+    ("depthwise", ("convnext", (32, 96, 56, 56), 96, (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1), 96)),      # ConvNeXt 7x7
     ("stem", ("resnet224", (32, 3, 224, 224), 64, (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), 1)),         # ResNet-50's stem
 ]
 CASES = ({("depthwise", c[0]): c for c in DEPTHWISE} | {("stem", c[0]): c for c in STEM}
@@ -87,6 +88,7 @@ CASES = ({("depthwise", c[0]): c for c in DEPTHWISE} | {("stem", c[0]): c for c 
 COMPILED_ONLY = [("depthwise", "mbv2_s2", "bf16", "nchw"), ("depthwise", "mbv2_s2", "f32", "cl"),
                  ("depthwise", "effnet_5x5", "f16", "cl"), ("depthwise", "effnet_5x5", "f64", "nchw"),
                  ("depthwise", "resnext", "bf16", "cl"), ("depthwise", "resnext", "f32", "nchw"),
+                 ("depthwise", "convnext", "bf16", "cl"),   # 49 taps unrolled a phase: the sums kept in registers
                  ("stem", "resnet224", "f32", "nchw"), ("stem", "resnet224", "bf16", "cl"),
                  ("stem", "resnet224", "f64", "nchw")]
 DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64),
