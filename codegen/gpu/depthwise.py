@@ -25,10 +25,10 @@ strides), f32/f64/bf16/f16 with f32 accumulation (f64 for f64) and one rounding 
   split SPLIT ways over blocks; a block walks its share tile by tile (the forward's tile), each
   thread summing the products of its taps over a fixed subset of the tile's pixels, then a shuffle
   reduction across the LANES threads that share a (channel, tap). Where a thread can keep every
-  (channel, tap) sum (MAX_SUMS), every thread takes every tap and the 8 tap slots take the pixels in
-  turn instead (taps dealt to slots left most of them idle: 9 taps on 8 slots, a 1x1 kernel's one),
-  the slots' sums added in slot order through shared memory when the block is done. Partials (f32, f64 for f64) go to a workspace and
-  a second kernel sums them in split order and rounds once: no atomics, the same bits in any
+  (channel, tap) sum (MAX_SUMS), every thread takes every tap and the SLOTS tap slots take the pixels
+  in turn instead (taps dealt to slots left most of them idle: 9 taps on 8 slots, a 1x1 kernel's
+  one), the slots' sums added in slot order through shared memory when the block is done. Partials
+  (f32, f64 for f64) go to a workspace and a second kernel sums them in split order and rounds once: no atomics, the same bits in any
   order. `<prefix>_bwd_weight_workspace_bytes(batch)` says how many bytes `<prefix>_bwd_weight(
   grad_output, input, grad_weight, workspace, batch, stream)` needs; `<prefix>_bwd_bias` has the
   direct kernel's signature (one block per filter, a fixed-order reduction), for the bias gradient
@@ -63,12 +63,14 @@ MAX_GROUP = 4            # grouped: at most this many channels and filters a gro
                          # tiles of 64 filters and more waste less there; where the line lies is not measured yet)
 MAX_SUMS = 32            # weight gradient: a thread's sums, (channels a group) x ceil(taps / SLOTS)
 REDUCE_GROUP = 32        # CT x LANES: the threads of one (tap) sum lie in an aligned group of 32 lanes
+SLOTS = THREADS // REDUCE_GROUP   # the weight gradient's tap slots, CT x LANES threads each
 WHY = ("depthwise (groups == channels) or a few channels a group: a block stages shared-memory windows of its "
        "channels' pixels, the data gradient by stride phases, the weight gradient split over blocks with partials "
        "summed in order; every dtype")
-BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: the threads of tap slot 0 also sum "
-            "their channel's staged grad_output tiles (the same lanes and shuffle tree) into partials after the "
-            "weight's in the workspace, added in split order by the second kernel and rounded once")
+BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: the threads of tap slot 0 (of every slot, "
+            "over its pixels, where the slots split the pixels) also sum their channel's staged grad_output tiles "
+            "(the same lanes, shuffle tree and slot order) into partials after the weight's in the workspace, added "
+            "in split order by the second kernel and rounded once")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,10 +118,9 @@ def check(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseTiles:
     taps = math.prod(problem.kernel)
     if taps > MAX_TAPS:
         raise ConvSpecError(f"kernel {problem.kernel}: the {NAME} takes at most {MAX_TAPS} taps (has {taps})")
-    slots = THREADS // REDUCE_GROUP   # the weight gradient's tap slots (CT x LANES threads each)
-    if cg * -(-taps // slots) > MAX_SUMS:
+    if cg * -(-taps // SLOTS) > MAX_SUMS:
         raise ConvSpecError(f"kernel {problem.kernel}, {cg} channels a group: the {NAME}'s weight gradient keeps "
-                            f"{cg} x ceil({taps} taps / {slots}) sums a thread (at most {MAX_SUMS})")
+                            f"{cg} x ceil({taps} taps / {SLOTS}) sums a thread (at most {MAX_SUMS})")
     return choose_tiles(problem, target)
 
 
@@ -175,12 +176,12 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
            f"each gathering only its phase's taps from {data_bytes(dth, dtw)} bytes of staged grad_output",
            f"weight gradient: {lanes} thread(s) per (channel, tap) over a tile's pixels"
            + (", reduced by shuffles; " if lanes > 1 else "; ") +
-           (f"every thread every tap ({cg * taps} sums), {THREADS // (ct * lanes)} slots taking the tile's pixels in "
-            "turn, their sums added in slot order through shared memory" if pixel_split else
-            f"{THREADS // (ct * lanes)} tap slots, {cg * -(-taps // (THREADS // (ct * lanes)))} sums per thread"),
+           (f"every thread every tap ({cg * taps} sums), {SLOTS} slots taking the tile's pixels in turn, their "
+            "sums added in slot order through shared memory" if pixel_split else
+            f"{SLOTS} tap slots, {cg * -(-taps // SLOTS)} sums per thread"),
            split_why)
-    return DepthwiseTiles(ct, ct_pad, pixel_split, lanes, (th, tw), (dth, dtw), (planes, dth + reach[1], dtw + reach[2]), split,
-                          phases, why)
+    return DepthwiseTiles(ct, ct_pad, pixel_split, lanes, (th, tw), (dth, dtw),
+                          (planes, dth + reach[1], dtw + reach[2]), split, phases, why)
 
 
 def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> DepthwiseContext:
@@ -191,8 +192,8 @@ def depthwise_context(problem: ConvProblem, target: Target, prefix: str) -> Dept
     normal = Normal.of(problem)
     return DepthwiseContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), **window_fields(problem),
-        ct=tiles.ct, ct_pad=tiles.ct_pad, pixel_split=tiles.pixel_split, tile=tiles.tile, data_tile=tiles.data_tile, data_window=tiles.data_window,
-        lanes=tiles.lanes, split=tiles.split, phases=tiles.phases, why=tiles.why)
+        ct=tiles.ct, ct_pad=tiles.ct_pad, pixel_split=tiles.pixel_split, tile=tiles.tile, data_tile=tiles.data_tile,
+        data_window=tiles.data_window, lanes=tiles.lanes, split=tiles.split, phases=tiles.phases, why=tiles.why)
 
 
 def render_depthwise(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:

@@ -6,9 +6,9 @@
 On a machine with a CUDA device: each shape's operands as `convgen bench` makes them, every kernel built
 first, then each pass (forward; backward = grad input + weight + bias) run `--iters` times under
 torch.profiler, convgen's and torch's apart. Prints per pass and library the kernels' device time per
-call (and the time a call takes between two events on the stream), and below it each kernel's share (its name, launches per call, microseconds per call): what the kernels
-cost without the host's cost of a call, and which kernel of a pass to work on. Not a test: no device,
-no run (exit status 2).
+call (and the time a call takes between two events on the stream), and below it each kernel's share
+(its name, launches per call, microseconds per call): what the kernels cost without the host's cost
+of a call, and which kernel of a pass to work on. Not a test: no device, no run (exit status 2).
 """
 
 from __future__ import annotations
