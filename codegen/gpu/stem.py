@@ -38,12 +38,15 @@ TEMPLATE = "gpu/stem_wgrad.cu.j2"
 NAME = "stem weight-gradient GPU kernel"
 ENTRIES = ("bwd_weight", "bwd_weight_bias", "bwd_bias")
 MAX_CHANNELS_PER_GROUP = 4
-MAX_OWNED = 16     # (filter, channel, tap) sums one thread keeps in registers
+MAX_SUMS = {4: 32, 8: 16}   # (filter, channel, tap) sums one thread keeps in registers, by accumulator bytes
 MAX_FILTERS = 64   # filters per block tile
+# a thread's sums in register tiles of FT filters x TT taps (of one channel): per pixel one vector of FT
+# grad_output values and TT input values for FT x TT multiply-adds; the first shape that fits, in order
+REGISTER_TILES = ((4, 4), (2, 4), (1, 4), (1, 2), (1, 1))
 TILE_PIXELS = 128  # output pixels per staged tile
 WHY = ("few-channel weight gradient (at most 4 input channels per group): a thread keeps its (filter, channel, "
-       "tap) sums in registers over staged tiles, the batch x pixels reduction split over blocks, partials "
-       "summed in order")
+       "tap) sums in registers, in tiles of filters x taps that share their shared-memory loads, over staged "
+       "tiles, the batch x pixels reduction split over blocks, partials summed in order")
 BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: each of a block's last KT threads also "
             "sums one filter's staged grad_output tiles in pixel order into partials after the weight's in the "
             "workspace, added in split order by the second kernel and rounded once")
@@ -51,9 +54,12 @@ BIAS_WHY = ("bias gradient fused into the weight gradient's two launches: each o
 
 @dataclasses.dataclass(frozen=True)
 class StemTiles:
-    """KT filters a block, tiles of TH x TW output pixels, the reduction's split, and why."""
+    """KT filters a block, register tiles of FT filters x TT taps, tiles of TH x TW output pixels, the
+    reduction's split, and why."""
 
     kt: int
+    ft: int
+    tt: int
     tile: tuple[int, int]
     split: int
     why: tuple[str, ...]
@@ -62,6 +68,8 @@ class StemTiles:
 @dataclasses.dataclass(frozen=True)
 class StemContext(WindowContext):
     kt: int
+    ft: int
+    tt: int
     tile: tuple[int, int]
 
 
@@ -73,29 +81,54 @@ def check(problem: ConvProblem, target: Target, prefix: str) -> StemTiles:
     if not 1 <= cg <= MAX_CHANNELS_PER_GROUP:
         raise ConvSpecError(f"channels={problem.c}, groups={problem.groups}: the {NAME} takes 1 to "
                             f"{MAX_CHANNELS_PER_GROUP} input channels per group (has {cg})")
-    taps = math.prod(problem.kernel)
-    if cg * taps > MAX_OWNED * THREADS:
-        raise ConvSpecError(f"kernel {problem.kernel}: the {NAME} keeps channels x taps <= {MAX_OWNED * THREADS} "
-                            f"sums per filter in one block's registers (has {cg * taps})")
+    if register_tile(problem) is None:
+        raise ConvSpecError(f"kernel {problem.kernel}: the {NAME} keeps a filter's channels x taps sums in one "
+                            f"block's registers, at most {MAX_SUMS[_acc_bytes(problem)]} a thread of {THREADS} "
+                            f"(has {cg} x {math.prod(problem.kernel)})")
     return choose_tiles(problem, target)
 
 
+def _acc_bytes(problem: ConvProblem) -> int:
+    return 8 if SCALARS[problem.dtype][1] == "double" else 4
+
+
+def _owned(kt: int, ft: int, tt: int, cg: int, taps: int) -> int:
+    """Register tiles a thread keeps: KT/FT filter vectors x CG channels x taps in TT-tap tiles, over THREADS."""
+    return -(-(kt // ft) * cg * -(-taps // tt) // THREADS)
+
+
+def register_tile(problem: ConvProblem) -> tuple[int, int] | None:
+    """(FT, TT): the first of REGISTER_TILES (filters no more than a group's, rounded to a power of two;
+    taps no more than the kernel's) whose sums fit MAX_SUMS with one vector of filters a block; None if none."""
+    cg, taps, kg = problem.c // problem.groups, math.prod(problem.kernel), problem.k // problem.groups
+    most = MAX_SUMS[_acc_bytes(problem)]
+    for ft, tt in REGISTER_TILES:
+        ft, tt = min(ft, pow2_at_least(kg)), min(tt, taps)
+        if _owned(ft, ft, tt, cg, taps) * ft * tt <= most:
+            return ft, tt
+    return None
+
+
 def choose_tiles(problem: ConvProblem, target: Target) -> StemTiles:
-    """As many filters a block as keep every thread's sums within MAX_OWNED, and the pixel tile that
-    stages the fewest elements per useful pixel within the shared-memory budget."""
+    """Register tiles of FT filters x TT taps, as many filters a block (a power of two, at most
+    MAX_FILTERS) as keep every thread's sums within MAX_SUMS, and the pixel tile that stages the
+    fewest elements per useful pixel within the shared-memory budget."""
     normal = Normal.of(problem)
     kernel, stride, dilation, out_size = normal.kernel, normal.stride, normal.dilation, normal.out_size
     cg, taps = problem.c // problem.groups, math.prod(problem.kernel)
-    acc_bytes = 8 if SCALARS[problem.dtype][1] == "double" else 4
+    acc_bytes = _acc_bytes(problem)
     kg = problem.k // problem.groups
-    kt = 1
-    while kt * 2 <= min(MAX_FILTERS, pow2_at_least(kg)) and -(-2 * kt * cg * taps // THREADS) <= MAX_OWNED:
+    ft, tt = register_tile(problem)
+    kt = ft
+    while (kt * 2 <= min(MAX_FILTERS, pow2_at_least(kg))
+           and _owned(kt * 2, ft, tt, cg, taps) * ft * tt <= MAX_SUMS[acc_bytes]):
         kt *= 2
+    padded = kt + (0 if problem.output_layout is Layout.CHANNELS_LAST else ft)   # a vector of padding a pixel
 
     def shared_bytes(th, tw):   # input window of the group's channels + grad_output tile of the block's filters
         wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
-        return acc_bytes * (cg * kernel[0] * wh * ww + kt * th * tw)
+        return acc_bytes * (cg * kernel[0] * wh * ww + padded * th * tw)
 
     min_cols = 1 if problem.input_layout is Layout.CHANNELS_LAST else 16   # contiguous rows: 64-byte runs at least
     th, tw = choose_tile(out_size[1], out_size[2], TILE_PIXELS, min_cols, shared_bytes,
@@ -103,11 +136,12 @@ def choose_tiles(problem: ConvProblem, target: Target) -> StemTiles:
     blocks = problem.groups * -(-kg // kt)
     tiles_per_image = out_size[0] * -(-out_size[1] // th) * -(-out_size[2] // tw)
     split, split_why = split_ways(blocks, tiles_per_image, target)
-    owned = -(-kt * cg * taps // THREADS)
-    why = (f"{cg} channel(s) x {taps} taps x {kg} filters per group: a block owns {kt} filters, {THREADS} threads "
-           f"keep {owned} (filter, channel, tap) sums each over tiles of {th}x{tw} output pixels "
-           f"({shared_bytes(th, tw)} bytes of shared memory)", split_why)
-    return StemTiles(kt, (th, tw), split, why)
+    owned = _owned(kt, ft, tt, cg, taps)
+    why = (f"{cg} channel(s) x {taps} taps x {kg} filters per group: a block owns {kt} filters; {THREADS} threads "
+           f"keep {owned} register tile(s) of {ft} filter(s) x {tt} tap(s) each ({owned * ft * tt} sums, one "
+           f"vector of grad_output and {tt} input value(s) loaded a pixel for {ft * tt} multiply-adds) over tiles "
+           f"of {th}x{tw} output pixels ({shared_bytes(th, tw)} bytes of shared memory)", split_why)
+    return StemTiles(kt, ft, tt, (th, tw), split, why)
 
 
 def stem_context(problem: ConvProblem, target: Target, prefix: str) -> StemContext:
@@ -117,7 +151,7 @@ def stem_context(problem: ConvProblem, target: Target, prefix: str) -> StemConte
     tiles = check(problem, target, prefix)
     normal = Normal.of(problem)
     return StemContext(**file_fields(problem, target, prefix, normal), **tensor_fields(normal),
-                       **window_fields(problem), kt=tiles.kt, tile=tiles.tile, split=tiles.split, why=tiles.why)
+                       **window_fields(problem), kt=tiles.kt, ft=tiles.ft, tt=tiles.tt, tile=tiles.tile, split=tiles.split, why=tiles.why)
 
 
 def render_stem(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:

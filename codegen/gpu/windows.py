@@ -22,7 +22,7 @@ SCALARS = {DType.F32: ("float", "float"), DType.F64: ("double", "double"),
            DType.BF16: ("convgen_bf16", "float"), DType.F16: ("convgen_f16", "float")}
 THREADS = 256            # 8 warps or 4 waves; every tile loop of both templates is written for this many
 SHARED_BUDGET = 32 * 1024   # static shared memory per block: under the 48 KiB limit, two blocks per SM
-MAX_SPLIT = 64
+MAX_SPLIT = 256   # a weight gradient's partials per weight: two blocks an SM even where a single block owns every output
 
 
 @dataclasses.dataclass(frozen=True)

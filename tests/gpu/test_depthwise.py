@@ -199,7 +199,10 @@ def test_the_tiles_follow_the_layout_and_the_windows():
     stride1 = dataclasses.replace(case_problem(CASES["depthwise", "mbv2_s2"], DType.F32, "cl"), stride=(1, 1))
     assert depthwise_context(stride1, cuda, "p").tile == (8, 8)   # stride 1: 10x10 windows fit
     stem = stem_context(case_problem(CASES["stem", "resnet224"], DType.F32), cuda, "p")
-    assert (stem.kt, stem.tile) == (16, (8, 16)) and stem.split > 1   # not 1 x 128: a 7x7 window overlaps
+    # register tiles of 4 filters x 4 taps, 2 a thread for 32 filters a block (32 sums); their staged
+    # grad_output and the window fit 8 x 16 pixels (rows of 16 along a contiguous input): not 1 x 128, a
+    # 7x7 window overlaps
+    assert (stem.kt, stem.ft, stem.tt, stem.tile) == (32, 4, 4, (8, 16)) and stem.split > 1
     # an axis whose every residue is taps-free (input 1, padding 1, stride 2): a window of one row, not zero
     assert depthwise_context(case_problem(CASES["depthwise", "lonely"], DType.F32), cuda, "p").data_window[1] == 1
 
