@@ -138,9 +138,9 @@ def choose_tiles(problem: ConvProblem, target: Target) -> StemTiles:
     split, split_why = split_ways(blocks, tiles_per_image, target)
     owned = _owned(kt, ft, tt, cg, taps)
     why = (f"{cg} channel(s) x {taps} taps x {kg} filters per group: a block owns {kt} filters; {THREADS} threads "
-           f"keep {owned} register tile(s) of {ft} filter(s) x {tt} tap(s) each ({owned * ft * tt} sums, one "
-           f"vector of grad_output and {tt} input value(s) loaded a pixel for {ft * tt} multiply-adds) over tiles "
-           f"of {th}x{tw} output pixels ({shared_bytes(th, tw)} bytes of shared memory)", split_why)
+           f"keep {owned} block(s) of {ft} filter(s) x {tt} tap(s) in registers each ({owned * ft * tt} sums, "
+           f"{ft} grad_output value(s) in one load and {tt} input value(s) a pixel for {ft * tt} multiply-adds) "
+           f"over tiles of {th}x{tw} output pixels ({shared_bytes(th, tw)} bytes of shared memory)", split_why)
     return StemTiles(kt, ft, tt, (th, tw), split, why)
 
 
@@ -151,7 +151,8 @@ def stem_context(problem: ConvProblem, target: Target, prefix: str) -> StemConte
     tiles = check(problem, target, prefix)
     normal = Normal.of(problem)
     return StemContext(**file_fields(problem, target, prefix, normal), **tensor_fields(normal),
-                       **window_fields(problem), kt=tiles.kt, ft=tiles.ft, tt=tiles.tt, tile=tiles.tile, split=tiles.split, why=tiles.why)
+                       **window_fields(problem), kt=tiles.kt, ft=tiles.ft, tt=tiles.tt, tile=tiles.tile,
+                       split=tiles.split, why=tiles.why)
 
 
 def render_stem(problem: ConvProblem, target: Target, prefix: str = "conv") -> str:
