@@ -49,7 +49,7 @@ from ..target import Target
 from .context import ENTRIES, file_fields, tensor_fields
 from .family import Family
 from .normal import Normal, Phase
-from .windows import (SCALARS, THREADS, WindowContext, check_common, choose_tile, fixed_block_context,
+from .windows import (THREADS, WindowContext, acc_bytes, check_common, choose_tile, fixed_block_context,
                       fixed_block_tiling, pow2_at_least, refusal_of, split_ways, window_fields)
 
 TEMPLATE = "gpu/depthwise.cu.j2"
@@ -131,7 +131,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     kernel, stride, dilation, out_size = normal.kernel, normal.stride, normal.dilation, normal.out_size
     taps = math.prod(problem.kernel)
     cg = problem.c // problem.groups
-    acc_bytes = 8 if SCALARS[problem.dtype][1] == "double" else 4
+    acc = acc_bytes(problem)
     channels_last = Layout.CHANNELS_LAST in (problem.input_layout, problem.weight_layout, problem.output_layout)
     ct = min(REDUCE_GROUP, pow2_at_least(problem.k)) if channels_last else 1
     # Lanes take consecutive channels where a tensor is channels-last and consecutive pixels where it is not:
@@ -149,7 +149,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     def fwd_bytes(th, tw):   # input window of every depth tap + (taps for the forward, or the grad_output tile)
         wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
-        return acc_bytes * ct_pad * (kernel[0] * wh * ww + max(cg * taps, th * tw) + totals) + 8 * ct * pixel_split
+        return acc * ct_pad * (kernel[0] * wh * ww + max(cg * taps, th * tw) + totals) + 8 * ct * pixel_split
 
     what = f"kernel {problem.kernel}, dilation {problem.dilation}"
     min_cols = 1 if channels_last else 32   # contiguous rows: a warp's worth of consecutive pixels
@@ -161,7 +161,7 @@ def choose_tiles(problem: ConvProblem, target: Target) -> DepthwiseTiles:
     planes = max((a.taps for a in per_axis[0]), default=0) or 1   # grad_output depth planes a position gathers
 
     def data_bytes(dth, dtw):
-        return acc_bytes * ct_pad * (planes * (dth + reach[1]) * (dtw + reach[2]) + taps)
+        return acc * ct_pad * (planes * (dth + reach[1]) * (dtw + reach[2]) + taps)
 
     counts = [max((a.count for a in axis), default=1) for axis in per_axis]
     dth, dtw = choose_tile(counts[1], counts[2], pixels, min_cols, data_bytes, what)

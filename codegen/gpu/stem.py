@@ -31,7 +31,7 @@ from ..target import Target
 from .context import file_fields, tensor_fields
 from .family import Family
 from .normal import Normal
-from .windows import (SCALARS, THREADS, WindowContext, check_common, choose_tile, fixed_block_context,
+from .windows import (THREADS, WindowContext, acc_bytes, check_common, choose_tile, fixed_block_context,
                       fixed_block_tiling, pow2_at_least, refusal_of, split_ways, window_fields)
 
 TEMPLATE = "gpu/stem_wgrad.cu.j2"
@@ -83,13 +83,9 @@ def check(problem: ConvProblem, target: Target, prefix: str) -> StemTiles:
                             f"{MAX_CHANNELS_PER_GROUP} input channels per group (has {cg})")
     if register_tile(problem) is None:
         raise ConvSpecError(f"kernel {problem.kernel}: the {NAME} keeps a filter's channels x taps sums in one "
-                            f"block's registers, at most {MAX_SUMS[_acc_bytes(problem)]} a thread of {THREADS} "
+                            f"block's registers, at most {MAX_SUMS[acc_bytes(problem)]} a thread of {THREADS} "
                             f"(has {cg} x {math.prod(problem.kernel)})")
     return choose_tiles(problem, target)
-
-
-def _acc_bytes(problem: ConvProblem) -> int:
-    return 8 if SCALARS[problem.dtype][1] == "double" else 4
 
 
 def _owned(kt: int, ft: int, tt: int, cg: int, taps: int) -> int:
@@ -101,7 +97,7 @@ def register_tile(problem: ConvProblem) -> tuple[int, int] | None:
     """(FT, TT): the first of REGISTER_TILES (filters no more than a group's, rounded to a power of two;
     taps no more than the kernel's) whose sums fit MAX_SUMS with one vector of filters a block; None if none."""
     cg, taps, kg = problem.c // problem.groups, math.prod(problem.kernel), problem.k // problem.groups
-    most = MAX_SUMS[_acc_bytes(problem)]
+    most = MAX_SUMS[acc_bytes(problem)]
     for ft, tt in REGISTER_TILES:
         ft, tt = min(ft, pow2_at_least(kg)), min(tt, taps)
         if _owned(ft, ft, tt, cg, taps) * ft * tt <= most:
@@ -116,19 +112,19 @@ def choose_tiles(problem: ConvProblem, target: Target) -> StemTiles:
     normal = Normal.of(problem)
     kernel, stride, dilation, out_size = normal.kernel, normal.stride, normal.dilation, normal.out_size
     cg, taps = problem.c // problem.groups, math.prod(problem.kernel)
-    acc_bytes = _acc_bytes(problem)
+    acc = acc_bytes(problem)
     kg = problem.k // problem.groups
     ft, tt = register_tile(problem)
     kt = ft
     while (kt * 2 <= min(MAX_FILTERS, pow2_at_least(kg))
-           and _owned(kt * 2, ft, tt, cg, taps) * ft * tt <= MAX_SUMS[acc_bytes]):
+           and _owned(kt * 2, ft, tt, cg, taps) * ft * tt <= MAX_SUMS[acc]):
         kt *= 2
     padded = kt + (0 if problem.output_layout is Layout.CHANNELS_LAST else ft)   # a vector of padding a pixel
 
     def shared_bytes(th, tw):   # input window of the group's channels + grad_output tile of the block's filters
         wh = (th - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         ww = (tw - 1) * stride[2] + (kernel[2] - 1) * dilation[2] + 1
-        return acc_bytes * (cg * kernel[0] * wh * ww + padded * th * tw)
+        return acc * (cg * kernel[0] * wh * ww + padded * th * tw)
 
     min_cols = 1 if problem.input_layout is Layout.CHANNELS_LAST else 16   # contiguous rows: 64-byte runs at least
     th, tw = choose_tile(out_size[1], out_size[2], TILE_PIXELS, min_cols, shared_bytes,

@@ -33,6 +33,11 @@ class WindowContext(TensorContext):
     threads: int
 
 
+def acc_bytes(problem: ConvProblem) -> int:
+    """Bytes of `problem`'s accumulator type (SCALARS): 8 for f64, else 4."""
+    return 8 if SCALARS[problem.dtype][1] == "double" else 4
+
+
 def window_fields(problem: ConvProblem) -> dict:
     """WindowContext's own fields (and the scalar types) for `problem`."""
     scalar, acc = SCALARS[problem.dtype]
