@@ -69,6 +69,11 @@ WIDE_LANES_MIN_CHANNELS = 128
 # its shape stores whole vectors (vstore_t); not from 32 channels nor on wider rows.
 # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS)
 WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
+# A channel-plane (NCHW) input the forward copies (zero-padded) is copied channels innermost, as a
+# channels-last one is, where it has at least this many channels a group, unit strides, a window of
+# several taps and no depth window (`_x_inner`).
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", X_INNER_MIN_CHANNELS)
+X_INNER_MIN_CHANNELS = 128
 
 
 def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
@@ -347,6 +352,19 @@ def _copy_per_item(plan: Plan, qb: int, pairs: bool, in_place: tuple[str, ...], 
                           and g.groups * g.cout_g > 1) else 0
 
 
+def _x_inner(plan: Plan) -> bool:
+    """Whether the forward's copy of a channel-plane (NCHW) input holds each pixel's channels together
+    (channels innermost, as a channels-last input's copy does) rather than in planes: with at least
+    X_INNER_MIN_CHANNELS channels a group, unit strides, several taps and no depth window. A chunk's
+    tiles read each (channel, window row) of planes as a stream of its own lines, CC x KH of them at
+    once; channels innermost, one per window row. Strided windows (which skip the copy's pixels),
+    depth windows, 1x1 kernels and fewer channels measured no gain or a loss.
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", X_INNER_MIN_CHANNELS)"""
+    g = plan.geometry
+    return (plan.layout_of("X") is Layout.CONTIGUOUS and g.cin_g >= X_INNER_MIN_CHANNELS
+            and all(s == 1 for s in g.stride) and g.kernel[0] == 1 and math.prod(g.kernel) > 1)
+
+
 def _stream_bytes(plan: Plan, nvv: int) -> int:
     """The output bytes per call from which the lanes forward stores past the caches (0: never):
     x86 targets, a channels-last output whose every tile store covers whole 64-byte lines (channel
@@ -371,6 +389,8 @@ def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_byt
     copied = (f"zero-padded rows copied per work item by its thread (they stay in its L2) where the copy would "
               f"take {row_window >> 20} MB or more, else copied once, zero-padded" if row_window else
               "copied once, zero-padded")
+    if tiling.x_inner:
+        copied += ", channels innermost from its channel planes (a pixel's channels together, as a channels-last input's)"
     read = ("read in place, its padding never read" if border else "read in place") if in_place else copied
     held = ("whose weights and input run take up to two L1s (1x1, channels last: fewer partial sums to add)"
             if _wide_chunks(plan) else "whose weights stay in L1")
@@ -447,7 +467,9 @@ def tile(plan: Plan) -> Plan:
     # Tiles within rows read no padding: the operand is then read in place too, its copy left out
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes.tile: read in place)
     in_place = ("X" if fwd else "Y",) if (not border or split) and p.dtype.accumulator is p.dtype else ()
+    x_inner = fwd and not in_place and _x_inner(plan)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
+                    x_inner=x_inner,
                     pairs=pairs, stream_bytes=_stream_bytes(plan, nv * lanes) if fwd else 0,
                     copy_per_item=_copy_per_item(plan, qb, pairs, in_place, channel_major), row_split=split,
                     threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "

@@ -11,7 +11,7 @@
 //   [algorithm] general: lanes (channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no im2col): no lanes wasted on narrow rows; tile scores blocked 0.78, lanes 1.01); candidates ['blocked', 'lanes', 'direct']; every size a compile-time constant except the batch
 //   [group_split] groups=1: no group loop
 //   [layout] operands in the caller's layouts (W=contiguous, X=contiguous, Y=contiguous), read in place (no conversion estimated to save 33%; estimates: X=contiguous, Y=contiguous: lanes 3507.5 = 3507.5 µs an image a core; X=channels_last, Y=channels_last: lanes 3440.6 + convert X/Y 356.8 = 3797.4 µs an image a core)
-//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 9 channels whose weights stay in L1, channel block outermost (the weights, 589824 B per group, do not fit the L2); input copied once, zero-padded; output channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, output-channel block, run of pixels)
+//   [tiling] register tile 4 vectors of 8 output channels x 3 pixels (12 of 16 registers accumulate; 1.01 useful); 48 pixels per work item, reduced in chunks of 9 channels whose weights stay in L1, channel block outermost (the weights, 589824 B per group, do not fit the L2); input copied once, zero-padded, channels innermost from its channel planes (a pixel's channels together, as a channels-last input's); output channel planes stored 8 pixels x 8 channels at a time, transposed in registers; parallel over (group, output-channel block, run of pixels)
 // Forward convolution with output channels in the vector lanes. A register tile holds NV vectors
 // of output channels (NV x V channels) x PB output pixels; per input channel and tap it loads NV
 // weight vectors and broadcasts one input value per pixel. Pixels are numbered across rows (and
@@ -496,7 +496,7 @@ constexpr int64_t XCP = CIN_G;   // channel pairs (or channels) per group
 // A channels-last input is copied channels innermost, [b][XDP][XHP][XWP][XGS] (G * XCP used): each row is read
 // in order (a gather of one channel at a time strides over every pixel's channels); otherwise the
 // copy is [b][g][XCP][XDP][XHP][XWP].
-constexpr bool CH_INNER = true && X_SC == 1 && X_SW > 1;
+constexpr bool CH_INNER = true;   // (an input in channel planes too: Tiling.x_inner)
 // Its pixels lie an odd number of cache lines apart (with more than two lines of channels): a stride of
 // a power of two lines would map a tile's pixels and taps to a few L1 sets. Up to two lines a pixel keeps
 // its own size: three lines for unet3d's 32 channels made its copy half as large again (forward 1.03x,
@@ -519,10 +519,18 @@ static inline void pad_row(const T* __restrict x, ACC* __restrict dst, int64_t r
   }
   const int64_t lo = clamp64(PW, 0, XWP), hi = clamp64(XW + PW, lo, XWP);
   for (int64_t m = 0; m < lo * XGS; ++m) dst[m] = 0;
+  if constexpr (X_SC != 1) {
+    // channel planes (planes_inner): each channel's row read in order, its values spread a pixel's
+    // stride apart in the copy's row (which stays in L1 while the channels fill its lines)
+    for (int64_t ci = 0; ci < XGC; ++ci) {
+      const T* src = x + b * X_SN + ci * X_SC + id * X_SD + ih * X_SH - PW * X_SW;   // + m * X_SW: column m
+      for (int64_t m = lo; m < hi; ++m) dst[m * XGS + ci] = to_acc(src[m * X_SW]);
+    }
+  } else
   for (int64_t m = lo; m < hi; ++m) {
     const T* src = x + b * X_SN + id * X_SD + ih * X_SH + (m - PW) * X_SW;   // the pixel's channels, in order
     ACC* to = dst + m * XGS;
-    for (int64_t ci = 0; ci < XGC; ++ci) to[ci] = to_acc(src[ci]);
+    for (int64_t ci = 0; ci < XGC; ++ci) to[ci] = to_acc(src[ci * X_SC]);
   }
   for (int64_t m = hi * XGS; m < XWP * XGS; ++m) dst[m] = 0;
 }
