@@ -33,6 +33,10 @@ TEMPLATES = {KOp.WGRAD: "cpu/gemm_wgrad.cpp.j2"}
 # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", GEMM_WGRAD_MIN_OUT)
 GEMM_WGRAD_MIN_OUT = 64
 GEMM_WGRAD_MIN_IN = 256          # 1x1: input channels
+# ... and, in f32 on the AVX-512 shape, this many output channels a group: narrower 1x1 gradients (960
+# -> 160 at 7x7, 512 -> 128) ran faster on lanes, in both layouts (Zen 3's AVX2 figures keep gemm).
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", GEMM_WGRAD_1X1_MIN_OUT)
+GEMM_WGRAD_1X1_MIN_OUT = 256
 GEMM_WGRAD_MIN_PLANE = 512       # strided: output pixels per image
 GEMM_WGRAD_MIN_DILATED_OUT = 256
 GEMM_WGRAD_MAX_FEW_ROWS = 32     # below this many (input channel, tap) rows
@@ -69,6 +73,9 @@ def _over_1x1(plan: Plan, choice: str, why: str) -> tuple[str, str]:
             and (g.cout_g > g.cin_g or math.prod(g.y_size) >= WIDE_1X1_LANES_PLANE)):
         return choice, (f"{why}; not gemm: a 1x1 {'widening' if g.cout_g > g.cin_g else 'over large images'} "
                         f"on AVX-512")
+    if (plan.target.isa == "avx512" and g.cin_g >= GEMM_WGRAD_MIN_IN and plan.problem.dtype is DType.F32
+            and g.cout_g < GEMM_WGRAD_1X1_MIN_OUT):
+        return choice, f"{why}; not gemm: a 1x1 of {g.cin_g} input channels to only {g.cout_g} output channels"
     if g.cin_g >= GEMM_WGRAD_MIN_IN:
         return NAME, f"{WHY}; 1x1 with {g.cin_g} input channels"
     if bf16_pairs(plan):

@@ -1,8 +1,9 @@
 """Rules of the AVX-512 shape measured on the Xeon (2026-12-03).
 
 The weight gradient's gemm-or-lanes rule (codegen/cpu/gemm.py, WIDE_1X1_LANES_PLANE): unit-stride 1x1
-kernels that widen or run over large images, and problems of few (input channel, tap) rows, take lanes
-there (f32); narrowing 1x1 kernels over small images keep gemm; AVX2 and bf16 keep their rules. Strided
+kernels that widen, run over large images or narrow to fewer than 256 channels (GEMM_WGRAD_1X1_MIN_OUT),
+and problems of few (input channel, tap) rows, take lanes there (f32); narrowing 1x1 kernels to 256 or
+more channels over small images keep gemm; AVX2 and bf16 keep their rules. Strided
 problems into channels last (codegen/cpu/lanes.py, CL_STRIDED_MARGIN_AVX512): lanes unless blocked's
 tile scores above lanes' (AVX2: within 5%). And the lanes kernels of such problems, on this CPU,
 against ATen in float64.
@@ -31,6 +32,8 @@ RULES = [
     ("r50_1x1_512_2048", (512, 2048, (7, 7), 1, 1, 0), "lanes"),
     ("r50_1x1_1024_256", (1024, 256, (14, 14), 1, 1, 0), "gemm"),   # narrowing, 196 pixels
     ("r50_1x1_2048_512", (2048, 512, (7, 7), 1, 1, 0), "gemm"),
+    ("r50_1x1_512_128", (512, 128, (28, 28), 1, 1, 0), "lanes"),   # narrowing to fewer than 256 channels
+    ("mb_pw_960_160", (960, 160, (7, 7), 1, 1, 0), "lanes"),
     ("r50_ds_256_512_s2", (256, 512, (56, 56), 1, 2, 0), "gemm"),   # strided 1x1: as before
     ("vgg_3_64", (3, 64, (224, 224), 3, 1, 1), "lanes"),            # 27 rows
     ("c3_k64_s2", (3, 64, (224, 224), 3, 2, 1), "lanes"),
@@ -54,7 +57,8 @@ def test_avx512_weight_gradient_rule(name, spec, taken, layout):
 SMALL = {"wide_1x1": dict(n=2, c=16, k=48, size=(6, 7), kernel=1, pad=0),
          "large_1x1": dict(n=1, c=64, k=64, size=(48, 48), kernel=1, pad=0),
          "few_rows": dict(n=2, c=3, k=64, size=(11, 13), kernel=3, pad=1),
-         "few_rows_s2": dict(n=2, c=3, k=64, size=(11, 13), kernel=3, pad=1, stride=2)}
+         "few_rows_s2": dict(n=2, c=3, k=64, size=(11, 13), kernel=3, pad=1, stride=2),
+         "narrow_1x1": dict(n=3, c=272, k=80, size=(5, 6), kernel=1, pad=0)}
 KEYS = [(name, layout) for name in SMALL for layout in (Layout.CONTIGUOUS, Layout.CHANNELS_LAST)]
 
 

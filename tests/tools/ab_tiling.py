@@ -5,7 +5,8 @@
 
 Every shape of the suites (not transposed) is lowered for the CPU code shape `--isa` with the
 heuristic's choices (plan A); where `--field` names a Tiling field that the kernel's plan has at
-another value, plan B is A with that field set. Both kernels are built, run once each on the same
+another value, plan B is A with that field set (`--field algorithm=NAME`: the problem lowered on
+that algorithm, where it is another). Both kernels are built, run once each on the same
 operands (their results must agree), then timed alternately (A B, B A, ...; each sample repeated to
 at least 50 ms) on 2 threads. Prints the medians and B / A per shape. Not a test: the figures go to
 BENCHMARKS.md with the host class.
@@ -24,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from convgen.bench.bench import layout_for   # noqa: E402
 from convgen.bench.suites import select   # noqa: E402
 from convgen.codegen.ir import DType, Layout, Op   # noqa: E402
 from convgen.codegen.pipeline import lower   # noqa: E402
@@ -42,7 +44,7 @@ def _value(text: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--field", required=True, help="NAME=VALUE of a Tiling field (plan B)")
+    ap.add_argument("--field", required=True, help="NAME=VALUE of a Tiling field (plan B), or algorithm=NAME")
     ap.add_argument("--isa", default="avx512")
     ap.add_argument("--suites", default="standard,more")
     ap.add_argument("--dtype", default="f32")
@@ -64,13 +66,21 @@ def main(argv=None) -> int:
                 stride, pad, dil, _, _, groups = s.conv_args()
                 problem = conv_problem(s.input[0], s.input[1], s.weight[0], tuple(s.input[2:]), tuple(s.weight[2:]),
                                        stride=stride, pad=pad, dil=dil, groups=groups, dtype=dtype,
-                                       layout=LAYOUTS[a.layout], op=OPS[a.op], bias=a.op == "fwd")
+                                       layout=layout_for(s, LAYOUTS[a.layout]), op=OPS[a.op], bias=a.op == "fwd")
                 plan = lower(problem, target)
-                if plan.tiling is None or not hasattr(plan.tiling, name) or getattr(plan.tiling, name) == value:
+                if name == "algorithm":   # plan B: the problem lowered on another algorithm
+                    if plan.algorithm == value:
+                        continue
+                    try:
+                        other = lower(problem, target, algorithm=value)
+                    except Exception as e:   # (not a candidate for this problem)
+                        print(f"{s.name:24s} {value}: {type(e).__name__}: {e}")
+                        continue
+                elif plan.tiling is None or not hasattr(plan.tiling, name) or getattr(plan.tiling, name) == value:
                     continue
-                keyed += [((s.name, "A"), plan),
-                          ((s.name, "B"), dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling,
-                                                                                                 **{name: value})))]
+                else:
+                    other = dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, **{name: value}))
+                keyed += [((s.name, "A"), plan), ((s.name, "B"), other)]
     kernels = load_keyed(keyed)
     tdt = TORCH_DTYPES[dtype]
     for shape in dict.fromkeys(key[0] for key, _ in keyed):
