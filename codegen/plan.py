@@ -101,6 +101,8 @@ class Tiling:
     row_split: tuple[int, ...] = ()   # lanes forward and stride-1 data gradient: the sizes of the register tiles
                              # that split each row (work items of whole rows, a tap's padding skipped pixel
                              # by pixel); empty: tiles of kb pixels run across rows
+    part_pixels: int = 0     # grouplanes weight gradient: output pixels of the batch a part of the reduction
+                             # takes at least (fewer parts than `splits` where the batch has fewer; 0: splits)
     x_inner: bool = False    # lanes forward: a channel-plane input (NCHW) copied channels innermost, as a
                              # channels-last one is (each pixel's channels in a row of the copy)
     tap_rows: bool = False   # lanes weight gradient: each register tile is the kh x kw taps of one (input

@@ -79,14 +79,22 @@ def grouplanes_tile(vectors: int, registers: int) -> tuple[int, int]:
     return nb, pb
 
 
+# The weight gradient's parts of the reduction take at least this many output pixels of the batch each
+# (up to MIN_ITEMS parts): each part's sums are zeroed and added to the others' (as many values as a
+# pixel's products), which for a small batch of small images cost more than the products.
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", GROUPLANES_PART_PIXELS)
+GROUPLANES_PART_PIXELS = 64
+
+
 def _wgrad(plan: Plan, lanes: int) -> Plan:
     g = plan.geometry
     splits, m = MIN_ITEMS, g.cin_g
     per = (f"{g.kernel[2]} vectors of partial sums (one per kernel column)" if m == 1 else
            f"{m} x {g.kernel[2]} vectors of partial sums (one per group channel of grad_output, spread across "
            f"the group's lanes once per pixel, and kernel column)")
-    tiling = Tiling(vector_lanes=lanes, splits=splits,
-                    threads_hint=f"parallel over {splits} fixed parts of the output rows; each part keeps its "
+    tiling = Tiling(vector_lanes=lanes, splits=splits, part_pixels=GROUPLANES_PART_PIXELS,
+                    threads_hint=f"parallel over up to {splits} fixed parts of the output rows (one per "
+                                 f"{GROUPLANES_PART_PIXELS} output pixels of the batch); each part keeps its "
                                  f"own sums, added in order at the end, so results do not depend on the thread "
                                  f"count")
     return plan.decide("tiling", f"{math.ceil(g.groups * m / lanes)} vectors of {lanes} channels; per output "
