@@ -355,10 +355,11 @@ def _copy_per_item(plan: Plan, qb: int, pairs: bool, in_place: tuple[str, ...], 
 def _x_inner(plan: Plan) -> bool:
     """Whether the forward's copy of a channel-plane (NCHW) input holds each pixel's channels together
     (channels innermost, as a channels-last input's copy does) rather than in planes: with at least
-    X_INNER_MIN_CHANNELS channels a group, unit strides, several taps and no depth window. A chunk's
-    tiles read each (channel, window row) of planes as a stream of its own lines, CC x KH of them at
-    once; channels innermost, one per window row. Strided windows (which skip the copy's pixels),
-    depth windows, 1x1 kernels and fewer channels measured no gain or a loss.
+    X_INNER_MIN_CHANNELS channels a group, unit strides, several taps and no depth window, where it
+    measured faster (up to 1.65x on the AVX2 shape; why planes run slower there is not established:
+    a chunk's tiles then read CC x KH streams of lines, channels innermost KH). Strided windows
+    (which skip the copy's pixels), depth windows, 1x1 kernels and fewer channels measured no gain
+    or a loss.
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", X_INNER_MIN_CHANNELS)"""
     g = plan.geometry
     return (plan.layout_of("X") is Layout.CONTIGUOUS and g.cin_g >= X_INNER_MIN_CHANNELS
@@ -390,7 +391,8 @@ def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_byt
               f"take {row_window >> 20} MB or more, else copied once, zero-padded" if row_window else
               "copied once, zero-padded")
     if tiling.x_inner:
-        copied += ", channels innermost from its channel planes (a pixel's channels together, as a channels-last input's)"
+        copied += (", channels innermost from its channel planes (a pixel's channels together, as a "
+                   "channels-last input's)")
     read = ("read in place, its padding never read" if border else "read in place") if in_place else copied
     held = ("whose weights and input run take up to two L1s (1x1, channels last: fewer partial sums to add)"
             if _wide_chunks(plan) else "whose weights stay in L1")

@@ -89,7 +89,8 @@ def main(argv=None) -> int:
         tensors = {role: torch.randn(size).to(tdt).contiguous(memory_format=memory_format(layout, len(size)))
                    for role, size, layout in _roles(p)}
         role, size, layout = _result(p)
-        outs = {v: torch.empty(size, dtype=tdt).contiguous(memory_format=memory_format(layout, len(size))) for v in "AB"}
+        fmt = memory_format(layout, len(size))
+        outs = {v: torch.empty(size, dtype=tdt).contiguous(memory_format=fmt) for v in "AB"}
 
         def call(v):
             kernels[(shape, v)][1]({**tensors, role: outs[v]}, p.n, 2)
