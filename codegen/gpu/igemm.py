@@ -317,8 +317,8 @@ MAX_ITERATOR_TAPS = 64
 
 def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict) -> dict[str, bool]:
     """Which operands' copies go by iterator: FWD_A (the input: channels-last, or along its pixels),
-    FWD_B (the weight, read linearly in the reduction's order), DGRAD_A (grad_output), DGRAD_B (the
-    weight's filters-innermost copy)."""
+    FWD_B (the weight, read linearly in the reduction's order), DGRAD_A (grad_output: channels-last, or
+    along its pixels), DGRAD_B (the weight's filters-innermost copy)."""
     g = normal.groups or 1
     cg = normal.channels // g
     rd, rh, rw = normal.kernel
@@ -329,7 +329,7 @@ def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: di
               else (ws_w, ws_h, ws_d, ws_c) == (1, rw, rh * rw, taps))
     return {"FWD_A": fwd.a_mn or (fwd.vector_a and fwd.tap_major and taps <= MAX_ITERATOR_TAPS),
             "FWD_B": fwd.vector_b and linear,
-            "DGRAD_A": dgrad.vector_a and dgrad.tap_major and taps <= MAX_ITERATOR_TAPS,
+            "DGRAD_A": dgrad.a_mn or (dgrad.vector_a and dgrad.tap_major and taps <= MAX_ITERATOR_TAPS),
             "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major}
 
 

@@ -343,7 +343,16 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
         fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, False, False, fwd_b)
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
-    dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_tap, dg_tap, dg_tap and dgrad_b)
+    # (or, on ldmatrix, A along its pixels where each input position is its output position, as the
+    # forward's fwd_mn: a contiguous NCHW grad_output, 1x1 taps at unit stride without padding; one
+    # tap, so the reduction is filters alone, tap-major as the staged weight's B copies ask)
+    dg_mn = (not dg_tap and on_ldmatrix(target, itemsize) and _pixels_are_outputs(normal)
+             and _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0)
+    dg_major = dg_tap or dg_mn
+    dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_major, dg_major, dg_major and dgrad_b,
+                  a_mn=dg_mn)
+    if dg_mn and not dgrad.a_mn:   # (never with today's sides: a tile of reduction rows needs 64 of them)
+        dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, False, False, False)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
     # (or, both channels-last with whole vectors of filters and channels, on ldmatrix: A along filters and
     # B along channels, columns (tap, channel), by 16-byte copies into tiles of reduction rows: mn_major)

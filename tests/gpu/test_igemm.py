@@ -93,6 +93,9 @@ CASES = [
     # plane); channels-last along channels with 64 channels, two taps a 128-column tile, the last
     # tile half past the (channel, tap) columns
     ("px_1x1", (2, 16, 8, 8), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+    # the data gradient's NCHW grad_output along its pixels (a 1x1 at unit stride, ldmatrix: CUDA): 40
+    # filters, the reduction's second step past their end; with the weight staged (nchw_w) too
+    ("dpx_1x1", (3, 24, 8, 16), 40, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
     ("mn_64", (2, 64, 6, 6), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
     # the epilogue's 16-byte stores along the tile's rows (out_along 2): NCHW output and grad_input of
     # 64-pixel images at unit stride, 3 images (192 rows: the last 128-row tile half past them), 24 filters
@@ -146,6 +149,7 @@ RANDOM_CASES = _random_cases(8, seed=17)
 BY_NAME.update((c[0], c) for c in RANDOM_CASES)
 PARAMS += [(c[0], "bf16" if i % 2 else "f16", "cl" if i % 3 == 0 and len(c[1]) > 3 else "nchw")
            for i, c in enumerate(RANDOM_CASES)]
+PARAMS += [("dpx_1x1", "f16", "nchw_w")]   # grad_output along its pixels, the staged weight along the reduction
 
 
 def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
@@ -153,8 +157,9 @@ def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
 
 
 def _staged(layout: str) -> tuple[str, ...] | None:
-    """The operands a layout key stages: all three for nchw_staged, else the layout pass's rule (None)."""
-    return ("X", "W", "Y") if layout == "nchw_staged" else None
+    """The operands a layout key stages: all three for nchw_staged, the weight for nchw_w, else the layout
+    pass's rule (None)."""
+    return {"nchw_staged": ("X", "W", "Y"), "nchw_w": ("W",)}.get(layout)
 
 
 def _source(vendor: str, arch: str | None = None) -> str:
@@ -455,21 +460,26 @@ def test_the_iterator_cases_take_the_iterators():
             taken = tuple(k for k, v in iterators.items() if v)
             if layout == "nchw_staged":   # every operand staged: all four (channels and filters whole copies)
                 wanted = ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B")
-            elif layout == "nchw":   # the weight linearly where C/g x taps is whole 8-element copies; CUDA's px_1x1 input
+            elif layout == "nchw":   # the weight linearly where C/g x taps is whole 8-element copies; CUDA's
+                # 1x1 input (and grad_output) along their pixels
                 _, shape, _, kernel, *_, groups = BY_NAME[name]
-                wanted = (("FWD_A",) if (name, vendor) == ("px_1x1", "cuda") else ()) + (
-                    ("FWD_B",) if shape[1] // groups * math.prod(kernel) % 8 == 0 else ())
+                pixels = vendor == "cuda" and name in ("px_1x1", "dpx_1x1")
+                wanted = (("FWD_A",) if pixels else ()) + (
+                    ("FWD_B",) if shape[1] // groups * math.prod(kernel) % 8 == 0 else ()) + (
+                    ("DGRAD_A",) if pixels else ())
+            elif layout == "nchw_w":   # CUDA: grad_output along its pixels, the staged weight along the reduction
+                wanted = ("FWD_A", "DGRAD_A", "DGRAD_B") if vendor == "cuda" else ()
             else:
                 wanted = expect.get((name, layout), ())
             assert taken == wanted, (vendor, name, layout, taken)
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
-@pytest.mark.parametrize("name, layout", [("vec_nchw", "nchw"), ("it_pad", "cl")])
+@pytest.mark.parametrize("name, layout", [("vec_nchw", "nchw"), ("it_pad", "cl"), ("dpx_1x1", "nchw")])
 def test_misaligned_pointers_fall_back_to_element_copies(libs, vendor, name, layout):
     """Tensors whose data starts 2 bytes past a 16-byte boundary: the launch sees it and gathers
     element by element (a 16-byte copy there would fault on a device); results still match ATen.
-    (it_pad: the kernel whose aligned loop copies by iterator.)"""
+    (it_pad: the kernel whose aligned loop copies by iterator; dpx_1x1: grad_output along its pixels.)"""
     case = BY_NAME[name]
     problem = case_problem(case, DType.BF16, layout)
     g = generator_for(f"igemm-misaligned-{vendor}")
