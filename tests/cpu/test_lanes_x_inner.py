@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import zlib
 
 import pytest
@@ -24,12 +23,11 @@ from convgen.codegen.emit import emit
 from convgen.codegen.ir import DType, Layout
 from convgen.codegen.pipeline import lower
 from convgen.codegen.target import cpu_target
-from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
 from support.builds import load_keyed
 from support.code_shapes import host_and_second
 from support.problems import conv_problem
-from support.reference import rel_err, tolerance
+from support.reference import check_forward_or_data_gradient
 
 _problem = functools.partial(conv_problem, layout=Layout.CONTIGUOUS)   # every operand in channel planes
 
@@ -66,11 +64,6 @@ def kernels():
     return load_keyed(_plans())
 
 
-def _tensor(shape, gen, tdt, layout):
-    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(tdt)
-    return t.contiguous(memory_format=memory_format(layout, t.dim()))
-
-
 @pytest.mark.parametrize("which", ["host", "second"])
 @pytest.mark.parametrize("name, kw", CASES, ids=[c[0] for c in CASES])
 def test_planes_copied_channels_innermost_match_aten(kernels, name, kw, which):
@@ -80,23 +73,8 @@ def test_planes_copied_channels_innermost_match_aten(kernels, name, kw, which):
     text = emit(plan).text
     assert "CH_INNER = true;" in text, "the copy should be channels innermost"
     assert ("ROW_WINDOW = true" in text) == (name in PER_ITEM)
-    problem = plan.problem
-    tdt = TORCH_DTYPES[problem.dtype]
-    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    x = _tensor(problem.input_shape, gen, tdt, problem.input_layout)
-    w = _tensor(problem.weight_shape, gen, tdt, problem.weight_layout)
-    b = torch.randn(problem.k, generator=gen, dtype=torch.float64).to(tdt)
-    out = torch.full(problem.output_shape, float("nan"), dtype=tdt)
-    out = out.contiguous(memory_format=memory_format(problem.output_layout, out.dim()))
-    assert x.stride(1) > 1, "the input is in channel planes"
-    kernel({"input": x, "weight": w, "bias": b, "output": out}, problem.n, 2)
-    flat = [side for lo, hi in reversed(problem.padding) for side in (lo, hi)]
-    ref = torch.ops.aten.convolution(torch.nn.functional.pad(x.double(), flat), w.double(), b.double(),
-                                     list(problem.stride), [0] * len(problem.kernel), list(problem.dilation), False,
-                                     [0] * len(problem.kernel), problem.groups)
-    terms = problem.c // problem.groups * math.prod(problem.kernel)
-    assert not torch.isnan(out).any(), "outputs left unwritten"
-    assert rel_err(out, ref) <= tolerance(tdt, terms), f"rel err {rel_err(out, ref):.2e}"
+    assert plan.problem.input_layout is Layout.CONTIGUOUS, "the input is in channel planes"
+    check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(zlib.crc32(name.encode())))
 
 
 def test_the_rule_takes_unit_stride_windows_of_many_channels():
