@@ -88,6 +88,12 @@ def serves(plan: Plan) -> bool:
     return plan.target.kind is TargetKind.CPU and plan.kop in KOPS and plan.algorithm not in (None, "empty")
 
 
+def layer_serves(plan: Plan) -> bool:
+    """Whether a layer of `plan`'s problem gets a layer's kernel once dynamic: every problem the generic
+    tier serves (on a GPU, codegen/gpu/generic.py's rule)."""
+    return serves(plan)
+
+
 def source(kop: KOp, dtype: DType, target: Target, layer: Plan | None = None) -> KernelSource:
     """The generic kernel of `kop` for `dtype` on the CPU `target`; given `layer` (a plan of the
     layer), that layer's kernel: the generic kernel with the layer's constants compiled in (Layer),

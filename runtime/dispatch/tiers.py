@@ -18,7 +18,11 @@ What happens next is CONVGEN_JIT's policy:
   the layer gets one kernel per kernel op (generic.source(..., layer=plan): the generic kernel with
   the layer's groups, channels, taps, strides, padding and dilation compiled in, spatial sizes at run
   time), built in the background when the layer turns dynamic; until it loads, the generic tier
-  serves the layer's new sizes, then it serves them all (tier "layer", `layer_calls`).
+  serves the layer's new sizes, then it serves them all (tier "layer", `layer_calls`). On a GPU the
+  same, for the layers whose kernel op the implicit GEMM with run-time sizes computes with groups it
+  takes (codegen/gpu/generic.py layer_serves): their layer's kernel is that implicit GEMM with the
+  layer's constants compiled in; the others (depthwise, narrow groups) keep a specialised build per hot
+  size, in the background.
 - eager: today's behaviour, the specialised kernel built on the call (benchmarks, `convgen bench`).
 - generic: the generic tier for every problem it serves, nothing specialised (tests of the tier).
 
@@ -53,8 +57,8 @@ DYNAMIC_AFTER = 2      # spatial sizes of a layer that get specialised kernels; 
 
 _lock = threading.RLock()
 _libraries: dict[tuple, Kernel] = {}                       # (kernel op, dtype, target key, device) -> generic entry
-_sizes_seen: dict[str, set] = collections.defaultdict(set)  # layer key -> spatial sizes seen
-_layer_kernels: dict[tuple, Kernel] = {}                   # (layer key, kernel op) -> the layer's kernel
+_sizes_seen: dict[tuple, set] = collections.defaultdict(set)  # (layer key, target key, device) -> spatial sizes seen
+_layer_kernels: dict[tuple, Kernel] = {}                     # (those, kernel op) -> the layer's kernel
 _layer_waiting: dict[tuple, list] = {}                     # (layer key, kernel op) -> entries until it loads
 _listeners: list[Callable[[], None]] = []
 
@@ -133,10 +137,17 @@ def describe(plan: Plan, source) -> str:
     if policy == "generic":
         return f"shape-generic ({name}; CONVGEN_JIT=generic)"
     if gpu:
-        return (f"on a device: shape-generic ({name}: the direct kernel with run-time sizes, slow) at once, then "
+        how = ("the implicit GEMM with run-time sizes on the matrix instructions, or the direct kernel where a "
+               f"group has fewer than {gpu_generic.MIN_CHANNELS} channels or filters" if plan.kop in gpu_generic.IGEMM_KOPS
+               else "the direct kernel with run-time sizes")
+        dynamic = (f"; a layer seen with more than {DYNAMIC_AFTER} spatial sizes is dynamic: its kernel "
+                   f"({tier.source(plan.kop, plan.problem.dtype, plan.target, layer=plan).name}: the implicit GEMM with "
+                   f"channels and taps compiled in, spatial sizes at run time) serves all its sizes"
+                   if tier.layer_serves(plan) else "")
+        return (f"on a device: shape-generic ({name}: {how}) at once, then "
                 f"specialised (its kernel {where}): call {HOT_CALLS} of the problem in a process queues its vendor "
-                f"compile on the background builder (CONVGEN_JIT={policy}); in the simulator the specialised "
-                f"kernel unless CONVGEN_JIT is set")
+                f"compile on the background builder (CONVGEN_JIT={policy}){dynamic}; in the simulator the "
+                f"specialised kernel unless CONVGEN_JIT is set")
     layer = generic.source(plan.kop, plan.problem.dtype, plan.target, layer=plan).name
     return (f"shape-generic ({name}) at once, then specialised (its kernel {where}): call {HOT_CALLS} of the "
             f"problem in a process queues it on the background builder; a layer seen with more than "
@@ -173,11 +184,17 @@ def forget_layers() -> None:
         _layer_waiting.clear()
 
 
-def _dynamic(problem: ConvProblem) -> bool:
-    """Record the problem's spatial size for its layer; whether the layer is dynamic now."""
+def _layer_of(plan: Plan, device: bool) -> tuple:
+    """A layer as the tiers count its sizes: the problem but for its sizes, on one target (a CPU layer
+    and a GPU layer of the same problem are two layers, with two kernels)."""
+    return layer_key(plan.problem), plan.target.key(), device
+
+
+def _dynamic(plan: Plan, device: bool = False) -> bool:
+    """Record the plan's spatial size for its layer; whether the layer is dynamic now."""
     with _lock:
-        seen = _sizes_seen[layer_key(problem)]
-        seen.add(problem.in_size)
+        seen = _sizes_seen[_layer_of(plan, device)]
+        seen.add(plan.problem.in_size)
         return len(seen) > DYNAMIC_AFTER
 
 
@@ -185,8 +202,9 @@ def serve(entries: Sequence, policy: str, load: Callable, device: bool = False) 
     """Give each dispatch entry (its plan lowered, no kernel yet) a kernel under `policy`: the
     specialised one built now (eager, or a problem the generic tier does not serve), else the
     generic tier's, with a background build queued when the problem turns hot (background).
-    `device`: the entries are a GPU device's (`load` loads onto it). On a GPU target no layer turns
-    dynamic: each hot size gets its specialised build (a vendor compile of seconds)."""
+    `device`: the entries are a GPU device's (`load` loads onto it). On a GPU target a layer turns
+    dynamic where its kernel op is the implicit GEMM's with groups it takes (gpu generic.layer_serves);
+    the other layers' hot sizes each get their specialised build (a vendor compile of seconds)."""
     now = [e for e in entries if policy == "eager" or not _tier(e.plan.target).serves(e.plan)]
     if now:
         build_now(now, load, device)
@@ -194,8 +212,8 @@ def serve(entries: Sequence, policy: str, load: Callable, device: bool = False) 
         if e.kernel is not None:
             continue
         tier = _tier(e.plan.target)
-        if tier is generic and _dynamic(e.plan.problem) and policy == "background":
-            _serve_dynamic(e, load)
+        if tier.layer_serves(e.plan) and _dynamic(e.plan, device) and policy == "background":
+            _serve_dynamic(e, load, device)
             continue
         hot = None if policy != "background" else (lambda e=e: submit(e, load, device))
         e.kernel = GenericKernel(_library(e.plan, load, device), generic.kinds(e.plan), generic.sizes(e.plan),
@@ -203,11 +221,11 @@ def serve(entries: Sequence, policy: str, load: Callable, device: bool = False) 
         e.tier = "generic"
 
 
-def _serve_dynamic(e, load) -> None:
+def _serve_dynamic(e, load, device: bool = False) -> None:
     """A problem of a dynamic layer: the layer's kernel where loaded; else the generic kernel, until
     the layer's kernel, queued on the background builder by the layer's first such problem, loads
     and takes over every problem of the layer waiting for it."""
-    lk = (layer_key(e.plan.problem), e.plan.kop)
+    lk = (*_layer_of(e.plan, device), e.plan.kop)
     with _lock:   # the builder's swap takes the same lock: no entry is left on the generic kernel
         layer = _layer_kernels.get(lk)
         if layer is not None:
@@ -215,11 +233,12 @@ def _serve_dynamic(e, load) -> None:
             return
         first = lk not in _layer_waiting
         _layer_waiting.setdefault(lk, []).append(e)
-        e.kernel = GenericKernel(_library(e.plan, load), generic.kinds(e.plan), generic.sizes(e.plan))
+        e.kernel = GenericKernel(_library(e.plan, load, device), generic.kinds(e.plan), generic.sizes(e.plan))
         e.tier = "generic-dynamic"
     if first:
-        _enqueue(_Job(lambda plan=e.plan: generic.source(plan.kop, plan.problem.dtype, plan.target, layer=plan),
-                      lambda source, path: _swap_layer(lk, load(source, path))))
+        tier = _tier(e.plan.target)
+        _enqueue(_Job(lambda plan=e.plan: tier.source(plan.kop, plan.problem.dtype, plan.target, layer=plan),
+                      lambda source, path: _swap_layer(lk, load(source, path)), device))
 
 
 def _swap_layer(lk: tuple, kernel: Kernel) -> None:

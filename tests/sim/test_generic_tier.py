@@ -62,8 +62,8 @@ def test_generic_tier_in_the_simulator(vendor, case, dtype, variant, generic_bui
     empty = 0 in case.input or 0 in case.weight
     if empty:
         assert counts["generic_calls"] == 0, counts
-    else:   # every call a generic kernel's launch, in the simulator
-        assert counts["generic_calls"] >= 8 and counts["sim_launches"] == counts["generic_calls"], counts
+    else:   # every call a generic kernel's launches (the implicit GEMM's weight gradient: two or three), in the simulator
+        assert counts["generic_calls"] >= 8 and counts["sim_launches"] >= counts["generic_calls"], counts
 
 
 def test_background_policy_in_the_simulator(generic_built, monkeypatch):
