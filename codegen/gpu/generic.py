@@ -85,6 +85,7 @@ class GenericIgemmContext:
     split_pixels: int = SPLIT_PIXELS
     max_split: int = MAX_SPLIT
     min_channels: int = MIN_CHANNELS
+    raw: str = "unsigned short"   # an unsigned type of the element's size (the staging transpose moves bits)
     layer: "Layer | None" = None   # a layer's kernel: its constants (None: every size at run time)
     tf32: bool = False    # f32 is exact f32 here (the FMA path on CUDA): the generic kernel serves tf32 or not alike
     wgmma: bool = False   # mma.sync (or MFMA) on every arch: one kernel file for sm_90 and sm_90a alike
@@ -107,7 +108,8 @@ def igemm_context(kop: KOp, dtype: DType, target: Target, prefix: str, entry: st
         acc=ACCUMULATORS.get(dtype, "float"), fma=fma, f64_matrix=f64_matrix, vector=vector_of(itemsize),
         lds=_row(depth, itemsize, swizzled), swizzled=swizzled, ldmatrix=swizzled and on_ldmatrix(target, itemsize),
         block_k=depth, tile_m=TILE, tile_n=TILE, stages=_stages(target, per_stage, GENERIC_STAGES),
-        sm_count=target.gpu.sm_count, layer=layer)
+        sm_count=target.gpu.sm_count, layer=layer,
+        raw={2: "unsigned short", 4: "unsigned", 8: "unsigned long long"}[itemsize])
 
 
 def igemm_takes(words) -> bool:
