@@ -11,12 +11,19 @@ layouts; the runtime makes it with that function for both) and picks, at run tim
   gradient and the weight gradient, where every group has at least MIN_CHANNELS channels and filters
   and at most 65535 groups: the specialised kernels' main loop (igemm_core.cu.j2: the target's matrix
   instructions -- mma.sync with ldmatrix on CUDA's 16-bit dtypes, the FMA register tile for CUDA's f32,
-  the f64 tensor cores, MFMA on HIP -- a ring of shared stages, 16-byte copies where the caller's layout
-  and alignment allow them, checked by the launch) with one block tile for every problem (TILE x TILE),
-  the reduction index decoded per copy rather than walked by the specialised kernels' iterators, the
-  data gradient's stride phases folded into its reduction (taps off the stride's grid read zeros), the
-  weight gradient split over the batch as theirs and summed in split order (its workspace allocated by
-  the entry, stream-ordered);
+  the f64 tensor cores, MFMA on HIP -- a ring of shared stages, 16-byte copies) with one block tile for
+  every problem (TILE x TILE). Its copies go by iterators with run-time sizes (a tap walk moved BLOCK_K
+  at a time, no division a copy), so it wants channels-last activations with whole 16-byte copies of a
+  group's channels: the entry stages a dense NCHW input (forward; with the weight, (filter, tap,
+  channel)) or grad_output (data gradient) channels-last in its workspace by a tiled transpose, and the
+  data gradient reads a copy of the weight in its reduction's order. The data gradient folds the stride
+  phases into its reduction (taps off the stride's grid read zeros; remainders compared, no division a
+  copy); the weight gradient splits the batch's pixels as the specialised kernels do, partials summed in
+  split order, and on ldmatrix (16-bit CUDA) copies both operands along filters and channels into tiles
+  of reduction rows (WGRAD_MN's scheme, the operands staged channels-last where dense NCHW), else copies
+  a dense NCHW grad_output along its pixels and gathers the input. What no copy can read is gathered
+  element by element, its index decoded (slow, but correct for any strides). The workspace is the
+  entry's own, stream-ordered (convgen_malloc_async);
 - the direct kernel (templates/gpu/direct.cu.j2, one thread per result element, every sum in double)
   for the rest -- depthwise and other narrow groups, whose tiles would be a few rows of TILE -- and for
   the bias gradient asked alone.

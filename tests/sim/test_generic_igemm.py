@@ -44,7 +44,7 @@ def _runs() -> list:
     for case in CASES:
         variants = variants_of(case)
         for dtype in DTYPE_NAMES:
-            vendor, variant = "hip" if i % 4 == 1 else "cuda", variants[i % len(variants)]
+            vendor, variant = "hip" if i % 5 == 1 else "cuda", variants[i % len(variants)]   # (every dtype on both)
             params.append(pytest.param(vendor, case, dtype, variant, id=f"{vendor}-{case.id}-{dtype}-{variant}"))
             i += 1
     return params
