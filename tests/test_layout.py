@@ -243,6 +243,7 @@ CODEGEN_FLOORS = (
     ("pipeline", "emit"),                        # lower(problem, target) -> plan; emit(plan) -> source
     ("passes",),                                 # the passes, which ask the families
     ("cpu", "gpu"),                              # a module per kernel family: fit, rules, tile, context, template
+    ("sizes",),                                  # the shape-generic tiers' size array (CPU and GPU alike)
     ("render",),                                 # the Jinja environment, operand strides
     ("plan", "source"),                          # the plan the passes build; the source emit returns
     ("target",),                                 # a code-generation target

@@ -5,7 +5,8 @@ that kernel op at once, while the kernel specialised for the problem is built (r
 Every pass is an implicit GEMM with run-time sizes (the way library kernels such as oneDNN's, cuDNN's or
 CUTLASS's take their sizes), on a register tile fixed at compile time by the target's vectors. The
 caller gives the plan it would have built (the problem lowered as usual: its kernel op, normal
-geometry and internal layouts), and `sizes(plan)` turns it into the kernel's size array.
+geometry and internal layouts), and `sizes(plan)` (codegen/sizes.py, the GPU's generic tier's too)
+turns it into the kernel's size array.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import dataclasses
 from ..ir import DType
 from ..keys import sha256_text
 from ..plan import KOp, Plan
-from ..render import operand_strides, render
+from ..render import render
+from ..sizes import LAYER_WORDS, SIZE_FIELDS, SIZE_WORDS, Layer, kinds, sizes  # noqa: F401 (the tier's names)
 from ..source import KernelSource
 from ..target import Target, TargetKind
 from ..version import generator_version
@@ -24,11 +26,6 @@ from .context import ACCUMULATOR, STORAGE
 NAME = "generic"
 TEMPLATE = "cpu/generic.cpp.j2"
 KOPS = (KOp.FWD, KOp.DGRAD, KOp.WGRAD, KOp.BIAS)
-# the kernel's size array, in the order of the template's `Geo`
-SIZE_FIELDS = ("groups", "cin_g", "cout_g", "x_size[3]", "y_size[3]", "kernel[3]", "stride[3]", "pad_lo[3]",
-               "dilation[3]", "X strides[5]", "Y strides[5]", "W strides[5]", "bias source strides[5]",
-               "bias source (0 none, 1 Y, 2 X)")
-SIZE_WORDS = 42
 # the entry's parameters: the normal convolution's operands by kind, the size array, batch, threads
 SIGNATURE = (("ptr", "X"), ("ptr", "W"), ("ptr", "Y"), ("ptr", "B"), ("ptr", "sizes"), ("i64", "n"),
              ("i32", "nthreads"))
@@ -47,34 +44,6 @@ class GenericContext:
     layer: "Layer | None" = None   # a layer's kernel: its constants (None: every size at run time)
     g: None = None    # no compile-time geometry (templates/cpu/common.h.j2 leaves out its constants)
     t: None = None    # no plan tiling
-
-
-# The words of the size array a layer's kernel has as compile-time constants: groups and channels,
-# taps, strides, padding, dilation, the weight's strides and the bias source (not the spatial sizes
-# nor the activations' strides, which change with them).
-LAYER_WORDS = (0, 1, 2, *range(9, 21), *range(31, 36), 41)
-
-
-@dataclasses.dataclass(frozen=True)
-class Layer:
-    """A layer's constants, read from one of its plans' size arrays (LAYER_WORDS)."""
-    g: int
-    cin_g: int
-    cout_g: int
-    k: tuple[int, ...]
-    s: tuple[int, ...]
-    p: tuple[int, ...]
-    d: tuple[int, ...]
-    ws: tuple[int, ...]
-    bias_from: int
-    words: tuple[int, ...]    # the constants in LAYER_WORDS order, and their places in the size array
-    at: tuple[int, ...] = LAYER_WORDS
-
-    @classmethod
-    def of(cls, plan: Plan) -> "Layer":
-        w = sizes(plan)
-        return cls(g=w[0], cin_g=w[1], cout_g=w[2], k=w[9:12], s=w[12:15], p=w[15:18], d=w[18:21], ws=w[31:36],
-                   bias_from=w[41], words=tuple(w[i] for i in LAYER_WORDS))
 
 
 def tile_rows(target: Target) -> int:
@@ -118,24 +87,3 @@ def source(kop: KOp, dtype: DType, target: Target, layer: Plan | None = None) ->
                              rows=tile_rows(target), layer=constants)
     return KernelSource(name=name, text=render(TEMPLATE, h=header, c=context), entry=entry, signature=SIGNATURE,
                         target=target)
-
-
-def sizes(plan: Plan) -> tuple[int, ...]:
-    """The generic kernel's size array for `plan` (SIZE_FIELDS): its geometry, the element strides of
-    its operands in the caller's layouts (the generic kernel reads the caller's tensors, whatever
-    internal layout the specialised kernel converts them to), and the bias gradient's source."""
-    g, layouts = plan.geometry, plan.caller_layouts()
-    words = [g.groups, g.cin_g, g.cout_g, *g.x_size, *g.y_size, *g.kernel, *g.stride, *g.pad_lo, *g.dilation]
-    shapes = {"X": (g.cin, g.x_size), "Y": (g.cout, g.y_size), "W": (g.cin_g, g.kernel)}
-    for kind in ("X", "Y", "W"):
-        words += operand_strides(layouts[kind], *shapes[kind]) if kind in layouts else (0,) * 5
-    source = plan.bias_from or (("Y" if "Y" in layouts else "X") if plan.kop is KOp.BIAS else None)
-    words += operand_strides(layouts[source], *shapes[source]) if source else (0,) * 5
-    words.append({None: 0, "Y": 1, "X": 2}[source])
-    assert len(words) == SIZE_WORDS
-    return tuple(words)
-
-
-def kinds(plan: Plan) -> dict[str, str]:
-    """The caller's role of each kernel operand kind of `plan` (X, W, Y, B)."""
-    return {op.kind: op.role for op in plan.operands}

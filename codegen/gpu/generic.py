@@ -4,7 +4,7 @@ first use, in the generic tier's own directory) and then serving any problem of 
 while the kernel specialised for the problem builds in the background (runtime/dispatch/tiers.py).
 
 Its entry reads the problem from the size array the CPU's generic tier takes (codegen/cpu/generic.py
-SIZE_FIELDS and `sizes`: the normal convolution's geometry and the operands' strides in the caller's
+(codegen/sizes.py) SIZE_FIELDS and `sizes`: the normal convolution's geometry and the operands' strides in the caller's
 layouts; the runtime makes it with that function for both) and picks, at run time, one of two kernels:
 
 - the implicit GEMM with run-time sizes (templates/gpu/igemm_generic.cu.j2) for the forward, the data
@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..cpu.generic import Layer, sizes
 from ..errors import ConvgenError
 from ..ir import DType
 from ..keys import sha256_text
 from ..plan import KOp, Plan
 from ..render import render
+from ..sizes import Layer, sizes
 from ..source import KernelSource
 from ..target import Target, TargetKind
 from ..version import generator_version

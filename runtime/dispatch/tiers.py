@@ -137,13 +137,13 @@ def describe(plan: Plan, source) -> str:
     if policy == "generic":
         return f"shape-generic ({name}; CONVGEN_JIT=generic)"
     if gpu:
-        how = ("the implicit GEMM with run-time sizes on the matrix instructions, or the direct kernel where a "
-               f"group has fewer than {gpu_generic.MIN_CHANNELS} channels or filters" if plan.kop in gpu_generic.IGEMM_KOPS
-               else "the direct kernel with run-time sizes")
-        dynamic = (f"; a layer seen with more than {DYNAMIC_AFTER} spatial sizes is dynamic: its kernel "
-                   f"({tier.source(plan.kop, plan.problem.dtype, plan.target, layer=plan).name}: the implicit GEMM with "
-                   f"channels and taps compiled in, spatial sizes at run time) serves all its sizes"
-                   if tier.layer_serves(plan) else "")
+        how = ("the implicit GEMM with run-time sizes on the matrix instructions, or the direct kernel where a group "
+               f"has fewer than {gpu_generic.MIN_CHANNELS} channels or filters"
+               if plan.kop in gpu_generic.IGEMM_KOPS else "the direct kernel with run-time sizes")
+        layer = tier.source(plan.kop, plan.problem.dtype, plan.target, layer=plan).name if tier.layer_serves(plan) else ""
+        dynamic = (f"; a layer seen with more than {DYNAMIC_AFTER} spatial sizes is dynamic: its kernel ({layer}: the "
+                   f"implicit GEMM with channels and taps compiled in, spatial sizes at run time) serves all its sizes"
+                   if layer else "")
         return (f"on a device: shape-generic ({name}: {how}) at once, then "
                 f"specialised (its kernel {where}): call {HOT_CALLS} of the problem in a process queues its vendor "
                 f"compile on the background builder (CONVGEN_JIT={policy}){dynamic}; in the simulator the "
