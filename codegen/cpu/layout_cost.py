@@ -48,6 +48,10 @@ FMA_EFFICIENCY = 0.7         # share of that peak the register-tiled kernels rea
 MEMORY_BYTES_PER_S = 12.0e9  # compulsory traffic a core streams (read + write)
 PACK_BYTES_PER_S = 24.0e9    # a kernel's packing of tiles within the caches (read + write)
 COPY_BYTES_PER_S = 4.5e9     # a core's share of converting a whole activation (read + write)
+AMX_MACS_PER_S = 450.0e9     # bf16 multiply-adds a core sustains on the amx kernels' tiles (channels last, kernel
+                             # alone: 3x3 64 -> 64 at 56x56 and 256 -> 256 at 14x14, 510 GMAC/s; stride 2, 300-400)
+STRIDED_STORE_S = 2.2e-9     # a core's time per element of a planar grad_input the amx data gradient writes with a
+                             # stride along W (its phases' pixels apart: one masked store an element)
 CONVERT_GAIN = 0.67          # convert only where kernel + conversions are estimated at most this share
                              # of the kernel in the caller's layout: measured against estimated shares
                              # (Xeon, f32, kernel alone): 0.50 / 0.63, 0.68 / 0.68, 0.40 / 0.33, 0.89 / 0.55,
@@ -128,11 +132,22 @@ def kernel_seconds(plan: Plan, algorithm: str) -> float:
     """The estimated time per image on one core of `algorithm` on `plan`, read in `plan`'s layouts."""
     g = plan.geometry
     macs = g.cout * math.prod(g.y_size) * g.cin_g * math.prod(g.kernel)
-    rate = FMA_PER_CYCLE * vector_lanes(plan) * CLOCK_HZ * FMA_EFFICIENCY * fill(plan, algorithm)
+    rate = (AMX_MACS_PER_S if algorithm == "amx" else
+            FMA_PER_CYCLE * vector_lanes(plan) * CLOCK_HZ * FMA_EFFICIENCY * fill(plan, algorithm))
     traffic = sum(_bytes(plan, kind) for kind in ("X", "W", "Y"))
     packing = sum(2 * _bytes(plan, kind) / PACK_BYTES_PER_S for kind in ("X", "Y")
                   if _strided_in_place(plan, algorithm, plan.layout_of(kind)))
-    return max(macs / rate + packing, traffic / MEMORY_BYTES_PER_S)
+    return max(macs / rate + packing + _scattered_stores(plan, algorithm), traffic / MEMORY_BYTES_PER_S)
+
+
+def _scattered_stores(plan: Plan, algorithm: str) -> float:
+    """The amx data gradient's stores into a planar grad_input at a stride along W: each stride phase's
+    16-pixel tile lands on pixels that far apart, an element a store (STRIDED_STORE_S)."""
+    g = plan.geometry
+    if algorithm != "amx" or plan.kop is not KOp.DGRAD or g.stride[-1] == 1 or \
+            plan.layout_of("X") is Layout.CHANNELS_LAST:
+        return 0.0
+    return g.cin * math.prod(g.x_size) * STRIDED_STORE_S
 
 
 def convert_seconds(plan: Plan, kinds: tuple[str, ...]) -> float:

@@ -41,6 +41,9 @@ CASES = {
     "uneven_pad_f64": dict(n=1, c=5, k=7, size=(6, 8), kernel=(2, 3), pad=((0, 1), (1, 2)), dtype=DType.F64),
     "pointwise": dict(n=2, c=16, k=32, size=(5, 6), kernel=1, pad=0),
     "small_groups": dict(n=2, c=32, k=32, size=(6, 7), kernel=3, pad=1, groups=4),
+    # planes 4 KiB apart (relayout's buffered tiles: two of 64 pixels a row, a partial block of channels)
+    "aliased_planes_bf16": dict(n=1, c=20, k=24, size=(16, 128), kernel=3, pad=1, dtype=DType.BF16),
+    "aliased_planes_f32": dict(n=1, c=20, k=8, size=(8, 128), kernel=(1, 3), pad=(0, 1)),
 }
 OPS = (Op.FWD, Op.BWD_DATA, Op.BWD_WEIGHT)
 
@@ -117,6 +120,21 @@ def test_model_converts_where_the_callers_layout_idles_the_lanes(target):
     assert dict(plan.layouts)["X"] is CL and plan.algorithm == "lanes", plan.reasons
     assert converted.total_s <= layout_cost.CONVERT_GAIN * keep.total_s and converted.converted == ("X", "Y")
     assert not lower(problem, target, algorithm="blocked").conversions
+
+
+AMX = cpu_target("avx512", 48 * 1024, 2 << 20, bf16_dot=True, amx_bf16=True)
+
+
+def test_model_converts_the_amx_data_gradient_strided_along_w():
+    """The amx data gradient writes each stride phase's tiles into a planar grad_input an element a store
+    where the stride along W is above 1; converted to channels last and back it measured 1.2-1.9x faster
+    (BENCHMARKS.md, 2026-12-05 (second session): r50 3x3 128 stride 2 5.08 -> 2.73 ms, kernel alone, 8
+    images). At unit stride (its tiles' pixels adjacent) the caller's layout stays."""
+    for stride, converts in ((2, ("X", "Y")), (1, ())):
+        problem = conv_problem(8, 128, 128, (56, 56), 3, stride=stride, pad=1, op=Op.BWD_DATA, dtype=DType.BF16)
+        plan = lower(problem, AMX)
+        assert plan.algorithm == "amx" and tuple(k for k in ("X", "Y") if dict(plan.layouts)[k] is CL) == converts, \
+            [o.describe() for o in plan.layout_options]
 
 
 ISSUE_LAYERS = [

@@ -1,12 +1,14 @@
 """Two tilings of the same CPU kernels, alternating: what one tiling field is worth, kernel alone.
 
     python tests/tools/ab_tiling.py --field x_inner=true [--isa avx2] [--suites standard,more]
+    python tests/tools/ab_tiling.py --field layout=channels_last --op bwd_data --dtype bf16
                                     [--dtype f32] [--layout nchw] [--op fwd] [--shapes a,b] [--samples 11]
 
 Every shape of the suites (not transposed) is lowered for the CPU code shape `--isa` with the
 heuristic's choices (plan A); where `--field` names a Tiling field that the kernel's plan has at
 another value, plan B is A with that field set (`--field algorithm=NAME`: the problem lowered on
-that algorithm, where it is another). Both kernels are built, run once each on the same
+that algorithm, where it is another; `--field layout=nchw|channels_last`: lowered with the activations
+read in that internal layout, converted in the kernel's scratch, where the layout pass chose another). Both kernels are built, run once each on the same
 operands (their results must agree), then timed alternately (A B, B A, ...; each sample repeated to
 at least 50 ms) on 2 threads. Prints the medians and B / A per shape. Not a test: the figures go to
 BENCHMARKS.md with the host class.
@@ -29,7 +31,7 @@ from convgen.bench.bench import layout_for   # noqa: E402
 from convgen.bench.suites import select   # noqa: E402
 from convgen.codegen.ir import DType, Layout, Op   # noqa: E402
 from convgen.codegen.pipeline import lower   # noqa: E402
-from convgen.codegen.target import cpu_target   # noqa: E402
+from convgen.codegen.target import cpu_target, parse_target   # noqa: E402
 from convgen.dispatch.problem import TORCH_DTYPES, memory_format   # noqa: E402
 from support.builds import load_keyed   # noqa: E402
 from support.problems import conv_problem   # noqa: E402
@@ -45,7 +47,8 @@ def _value(text: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--field", required=True, help="NAME=VALUE of a Tiling field (plan B), or algorithm=NAME")
-    ap.add_argument("--isa", default="avx512")
+    ap.add_argument("--isa", default="avx512", help="a CPU code shape (avx512, avx2, ...), or host: this CPU's "
+                                                     "target with its bf16 dot products and AMX tiles")
     ap.add_argument("--suites", default="standard,more")
     ap.add_argument("--dtype", default="f32")
     ap.add_argument("--layout", default="nchw", choices=sorted(LAYOUTS))
@@ -54,7 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=11)
     a = ap.parse_args(argv)
     name, text = a.field.split("=", 1)
-    value, dtype, target = _value(text), DType(a.dtype), cpu_target(a.isa)
+    value, dtype = _value(text), DType(a.dtype)
+    target = parse_target("cpu") if a.isa == "host" else cpu_target(a.isa)
     only = set(filter(None, a.shapes.split(",")))
     torch.set_num_threads(2)
     keyed = []
@@ -75,6 +79,10 @@ def main(argv=None) -> int:
                         other = lower(problem, target, algorithm=value)
                     except Exception as e:   # (not a candidate for this problem)
                         print(f"{s.name:24s} {value}: {type(e).__name__}: {e}")
+                        continue
+                elif name == "layout":   # plan B: the activations read in another internal layout
+                    other = lower(problem, target, layout=LAYOUTS[value])
+                    if dict(other.layouts) == dict(plan.layouts):
                         continue
                 elif plan.tiling is None or not hasattr(plan.tiling, name) or getattr(plan.tiling, name) == value:
                     continue
