@@ -7,7 +7,9 @@ Everything is per image and per core: the batch is a run-time argument of the ke
 must not depend on it), and kernel and conversions are both spread over the same threads.
 
 - kernel: max(compute, compulsory bytes at the memory bandwidth), compute being the multiply-adds
-  at the core's FMA rate times the fill of the vector lanes, plus the packing of each activation read
+  at the core's FMA rate times the fill of the vector lanes (the amx kernels: at AMX_MACS_PER_S, plus
+  STRIDED_STORE_S an element where their data gradient scatters its stride phases into a planar
+  grad_input; BENCHMARKS.md, "Figures behind codegen's CPU rules"), plus the packing of each activation read
   or written in place along its non-contiguous axis (a channels-in-lanes kernel on NCHW transposes in
   registers or through a copy, a pixels-in-lanes kernel on channels last gathers or copies rows):
   that operand's bytes read and written once more, a tile at a time within the caches
