@@ -1,5 +1,7 @@
-"""The GPU's shape-generic tier (codegen/gpu/generic.py) in the SIMT simulator: the direct kernels
-with every size at run time, against ATen in float64 on every CASES.md case (each in one dtype and
+"""The GPU's shape-generic tier (codegen/gpu/generic.py) in the SIMT simulator: its kernels with every
+size at run time (the implicit GEMM where a case's groups have 8+ channels and filters, the direct
+kernels elsewhere; tests/sim/test_generic_igemm.py takes the implicit GEMM through its paths), against
+ATen in float64 on every CASES.md case (each in one dtype and
 layout, the four dtypes and three layouts in turn), every pass and output mask, forced with
 CONVGEN_JIT=generic and built once for the module; and the background policy on a GPU target: a new
 shape served by the generic kernel with no compiler on its path, its specialised kernel built in the
