@@ -325,8 +325,12 @@ def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: di
     taps = rd * rh * rw
     _, ws_c, ws_d, ws_h, ws_w = read_strides[2]
     fwd, dgrad = tiles.fwd, tiles.dgrad
-    linear = ((ws_c, ws_w, ws_h, ws_d) == (1, cg, rw * cg, rh * rw * cg) if fwd.tap_major
-              else (ws_w, ws_h, ws_d, ws_c) == (1, rw, rh * rw, taps))
+    # an axis of one element (a 1x1 kernel's taps, one channel) has no stride to keep
+    extents = {"c": cg, "w": rw, "h": rh, "d": rd}
+    read = {"c": ws_c, "w": ws_w, "h": ws_h, "d": ws_d}
+    order = (("c", 1), ("w", cg), ("h", rw * cg), ("d", rh * rw * cg)) if fwd.tap_major else \
+        (("w", 1), ("h", rw), ("d", rh * rw), ("c", taps))
+    linear = all(extents[axis] == 1 or read[axis] == stride for axis, stride in order)
     return {"FWD_A": fwd.a_mn or (fwd.vector_a and fwd.tap_major and taps <= MAX_ITERATOR_TAPS),
             "FWD_B": fwd.vector_b and linear,
             "DGRAD_A": dgrad.a_mn or (dgrad.vector_a and dgrad.tap_major and taps <= MAX_ITERATOR_TAPS),

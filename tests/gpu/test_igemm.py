@@ -150,6 +150,9 @@ BY_NAME.update((c[0], c) for c in RANDOM_CASES)
 PARAMS += [(c[0], "bf16" if i % 2 else "f16", "cl" if i % 3 == 0 and len(c[1]) > 3 else "nchw")
            for i, c in enumerate(RANDOM_CASES)]
 PARAMS += [("dpx_1x1", "f16", "nchw_w")]   # grad_output along its pixels, the staged weight along the reduction
+# the input staged alone: the caller's 1x1 weight, contiguous, is read linearly in the staged input's tap-major
+# reduction (a 1x1 has no tap stride to keep)
+PARAMS += [("vec_1x1", "bf16", "nchw_x")]
 
 
 def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
@@ -157,9 +160,9 @@ def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
 
 
 def _staged(layout: str) -> tuple[str, ...] | None:
-    """The operands a layout key stages: all three for nchw_staged, the weight for nchw_w, else the layout
-    pass's rule (None)."""
-    return {"nchw_staged": ("X", "W", "Y"), "nchw_w": ("W",)}.get(layout)
+    """The operands a layout key stages: all three for nchw_staged, the weight for nchw_w, the input for
+    nchw_x, else the layout pass's rule (None)."""
+    return {"nchw_staged": ("X", "W", "Y"), "nchw_w": ("W",), "nchw_x": ("X",)}.get(layout)
 
 
 def _source(vendor: str, arch: str | None = None) -> str:
@@ -469,6 +472,8 @@ def test_the_iterator_cases_take_the_iterators():
                     ("DGRAD_A",) if pixels else ())
             elif layout == "nchw_w":   # CUDA: grad_output along its pixels, the staged weight along the reduction
                 wanted = ("FWD_A", "DGRAD_A", "DGRAD_B") if vendor == "cuda" else ()
+            elif layout == "nchw_x":   # the staged input tap-major, the caller's 1x1 weight read linearly
+                wanted = ("FWD_A", "FWD_B")
             else:
                 wanted = expect.get((name, layout), ())
             assert taken == wanted, (vendor, name, layout, taken)

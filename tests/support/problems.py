@@ -46,10 +46,12 @@ def conv_problem(n: int, c: int, k: int, size, kernel, stride=1, pad=1, dil=1, g
 
 # The GPU kernel tests' names of the operands' layouts, (input, weight, output): "nchw" all contiguous,
 # "cl" all channels-last, "x_cl" the input only; "nchw_staged" is NCHW too (gpu/test_igemm.py stages
-# every GEMM operand that can be staged channels-last), and so is "nchw_w" (it stages the weight alone).
+# every GEMM operand that can be staged channels-last), and so are "nchw_w" (it stages the weight alone) and "nchw_x" (the input
+# alone).
 GPU_LAYOUTS = {"nchw": (Layout.CONTIGUOUS,) * 3, "cl": (Layout.CHANNELS_LAST,) * 3,
                "x_cl": (Layout.CHANNELS_LAST, Layout.CONTIGUOUS, Layout.CONTIGUOUS),
-               "nchw_staged": (Layout.CONTIGUOUS,) * 3, "nchw_w": (Layout.CONTIGUOUS,) * 3}
+               "nchw_staged": (Layout.CONTIGUOUS,) * 3, "nchw_w": (Layout.CONTIGUOUS,) * 3,
+               "nchw_x": (Layout.CONTIGUOUS,) * 3}
 
 
 def case_problem(case: tuple, dtype: DType, layout: str = "nchw") -> ConvProblem:
