@@ -32,7 +32,9 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   output pixels a multiple of it), and so the weight gradient's input too where its pixels are the
   output's (1x1 at unit stride, no padding); on ldmatrix, the weight gradient's channels-last grad_output and
   input along their filters and channels (whole vectors of both, in all and per group), into shared
-  tiles whose rows are the reduction's (mn_major), with (tap, channel) columns. The launch entry
+  tiles whose rows are the reduction's (mn_major), with (tap, channel) columns; on ldmatrix too, the
+  data gradient's weight of a 1x1 along its channels (b_mn: a filter's channels contiguous, whole
+  vectors of them; the caller's weight, in any activation layout). The launch entry
   also checks the pointers' 16-byte alignment at run time; the other operands (and misaligned
   pointers) are gathered element by element, with the same predicates, into the same stages (of
   rows along the reduction).
@@ -143,6 +145,7 @@ class GemmTile:
     mn_major: bool = False   # both operands copied along their rows / columns (filters, channels), not along the
                              # reduction: shared tiles of reduction rows, fragments by ldmatrix.trans
     a_mn: bool = False       # A alone so (the forward's NCHW input along its pixels: 1x1 at unit stride)
+    b_mn: bool = False       # B so (the data gradient's 1x1 weight along its channels), with A either way
 
     @property
     def lds(self) -> int:
@@ -162,8 +165,9 @@ class GemmTile:
         read = "read MN-major by wgmma" if wgmma else "fragments by ldmatrix.trans"
         if self.mn_major:
             copies += f" along filters and channels (reduction rows in shared memory, {read})"
-        elif self.a_mn:
-            copies += f", A along its pixels (reduction rows in shared memory, {read})"
+        elif self.a_mn or self.b_mn:
+            along = [what for what, on in (("A along its pixels", self.a_mn), ("B along its channels", self.b_mn)) if on]
+            copies += f", {' and '.join(along)} (reduction rows in shared memory, {read})"
         return (f"{self.m}x{self.n}x{self.depth}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
                 f"{copies}{', reduction tap-major' if self.tap_major else ''}")
 
@@ -229,11 +233,11 @@ def _stages(target: Target, per_stage: int, steps: int) -> int:
 
 def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction: int, itemsize: int,
           tap_major: bool, vector_a: bool, vector_b: bool, mn_major: bool = False, a_mn: bool = False,
-          pixels: bool = True) -> GemmTile:
+          pixels: bool = True, b_mn: bool = False) -> GemmTile:
     """A GEMM's tile: `rows` of pixels (growing with the batch: the largest side they have) unless not
     `pixels` (filters: _padded_side), `columns` by _padded_side."""
     row_sides = _sides(target, shape, itemsize, pixels, mn_major or a_mn)
-    column_sides = _sides(target, shape, itemsize, False, mn_major)
+    column_sides = _sides(target, shape, itemsize, False, mn_major or b_mn)
     m = _side(row_sides, rows) if pixels else _padded_side(row_sides, rows)
     m, n = _fitted(target, shape, m, _padded_side(column_sides, columns), itemsize)
     steps = max(1, -(-reduction // shape.depth))
@@ -241,7 +245,7 @@ def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction:
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
     return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth,
                     swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE,
-                    a_mn and swizzled and m >= MN_MAJOR_SIDE)
+                    a_mn and swizzled and m >= MN_MAJOR_SIDE, b_mn and swizzled and n >= MN_MAJOR_SIDE)
 
 
 def _contiguous(strides: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
@@ -349,9 +353,18 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     dg_mn = (not dg_tap and on_ldmatrix(target, itemsize) and _pixels_are_outputs(normal)
              and _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0)
     dg_major = dg_tap or dg_mn
-    dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_major, dg_major, dg_major and dgrad_b,
-                  a_mn=dg_mn)
-    if dg_mn and not dgrad.a_mn:   # (never with today's sides: a tile of reduction rows needs 64 of them)
+    # (and, on ldmatrix, B along its channels from the caller's weight of a 1x1 kernel, whose rows (a
+    # filter's channels) are contiguous: each a whole number of 16-byte copies, a group's channels too;
+    # any stride, padding or layout of the activations: B is the same in every phase)
+    dg_b_mn = (not dgrad_b and on_ldmatrix(target, itemsize) and taps == 1 and w_strides[1] == 1
+               and w_strides[0] % vector == 0 and cg % vector == 0)
+    dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_major, dg_major,
+                  (dg_major and dgrad_b) or dg_b_mn, a_mn=dg_mn, b_mn=dg_b_mn)
+    # (never with today's sides, either: a tile of reduction rows needs 64 of them)
+    if dg_b_mn and not dgrad.b_mn:
+        dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_major, dg_major, dg_major and dgrad_b,
+                      a_mn=dg_mn)
+    if dg_mn and not dgrad.a_mn:
         dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, False, False, False)
     # weight gradient: A = grad_output (rows filters, reduction (image, pixel)), B = input gathered
     # (or, both channels-last with whole vectors of filters and channels, on ldmatrix: A along filters and

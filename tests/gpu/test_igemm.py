@@ -96,6 +96,11 @@ CASES = [
     # the data gradient's NCHW grad_output along its pixels (a 1x1 at unit stride, ldmatrix: CUDA): 40
     # filters, the reduction's second step past their end; with the weight staged (nchw_w) too
     ("dpx_1x1", (3, 24, 8, 16), 40, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+    # the data gradient's 1x1 weight along its channels (ldmatrix: CUDA), grad_output channels-last: 40
+    # channels on a 64-wide tile; two groups of 16 channels and 8 filters (one step, past their end), stride
+    # 2 with padding (phases without taps: zeros)
+    ("dmn_1x1", (2, 40, 5, 6), 24, (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+    ("dmn_s2_g2", (2, 32, 7, 6), 16, (1, 1), (2, 2), ((1, 1), (0, 0)), (1, 1), 2),
     ("mn_64", (2, 64, 6, 6), 16, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
     # the epilogue's 16-byte stores along the tile's rows (out_along 2): NCHW output and grad_input of
     # 64-pixel images at unit stride, 3 images (192 rows: the last 128-row tile half past them), 24 filters
@@ -112,9 +117,9 @@ F16_CASES = {"c2", "c19", "c20", "ragged", "s3d2", "s_3d"}
 CHANNELS_LAST_CASES = {"c2": "cl", "c20": "cl", "ragged": "cl", "s3d2": "cl", "s_3d": "cl", "tiles": "x_cl",
                        "vec_cl": "cl", "vec_groups": "cl", "vec_xcl": "x_cl", "it_pad": "cl", "it_groups": "cl",
                        "it_3d": "cl", "mn_64": "cl", "it_c48": "cl", "it_c16": "cl", "it_c8": "cl", "wide96": "cl",
-                       "dec_9x9": "cl"}
+                       "dec_9x9": "cl", "dmn_1x1": "cl", "dmn_s2_g2": "cl"}
 F16_CASES |= {"vec_nchw"}
-NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl"}   # these run in their channels-last layout only
+NCHW_ONLY_IN_LAYOUT = {"vec_cl", "vec_groups", "vec_xcl", "dmn_1x1", "dmn_s2_g2"}   # these run in their channels-last layout only
 STAGED_CASES = {"vec_nchw": "bf16", "vec_groups": "f16", "c19": "bf16", "vec_3d": "bf16", "vec_1x1": "bf16",
                 "it_pad": "bf16", "it_s2": "f16", "it_7x7": "bf16", "it_c48": "f16", "it_c16": "bf16"}
 PARAMS = ([(c[0], d, "nchw") for c in CASES for d in DTYPES
@@ -454,6 +459,7 @@ def test_the_iterator_cases_take_the_iterators():
               ("vec_cl", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("vec_groups", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
               ("it_c48", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("it_c16", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
               ("it_c8", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("wide96", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
+              ("dmn_1x1", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("dmn_s2_g2", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
               ("vec_xcl", "x_cl"): ("FWD_A",),   # the weight in NCHW with a tap-major reduction: decoded
               ("dec_9x9", "cl"): ("FWD_B",)}     # 81 taps: more than a mask holds
     for vendor in sim_build.WARP:
@@ -477,6 +483,26 @@ def test_the_iterator_cases_take_the_iterators():
             else:
                 wanted = expect.get((name, layout), ())
             assert taken == wanted, (vendor, name, layout, taken)
+
+
+def test_1x1_data_gradients_copy_the_callers_weight_along_its_channels():
+    """A 1x1's data gradient reads the caller's weight by 16-byte copies along its channels into tiles of
+    reduction rows (DGRAD_B_MN, fragments by ldmatrix.trans, MN-major for wgmma) where a filter's channels
+    are whole copies, in either activation layout and with grad_output along the reduction (channels-last)
+    or along its pixels (NCHW); not where the layout pass stages the weight (its copy, filters innermost,
+    goes along the reduction), not on HIP (no ldmatrix), not in f32 (tf32 fragments element by element)."""
+    takes = [("dmn_1x1", "bf16", "cl"), ("dmn_s2_g2", "bf16", "cl"), ("dpx_1x1", "bf16", "nchw"),
+             ("px_1x1", "bf16", "nchw"), ("vec_1x1", "bf16", "nchw_x")]
+    for name, dtype, layout in takes + [("dpx_1x1", "f16", "nchw_w"), ("vec_1x1", "bf16", "nchw_staged")]:
+        problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)
+        for target in ("cuda-sm_80", "cuda-sm_90", "cuda-sm_90a", "hip-gfx90a"):
+            dgrad = dict(igemm_context(problem, parse_target(target), "p", staged=_staged(layout)).tiles)["DGRAD"]
+            wanted = (name, dtype, layout) in takes and target.startswith("cuda")
+            assert (dgrad.b_mn, dgrad.vector_b) == (wanted, wanted or dgrad.vector_b), (name, layout, target)
+        f32 = case_problem(BY_NAME[name], DType.F32, layout)
+        assert not dict(igemm_context(f32, parse_target("cuda"), "p", staged=_staged(layout)).tiles)["DGRAD"].b_mn
+    source = render_igemm(case_problem(BY_NAME["dmn_1x1"], DType.BF16, "cl"), parse_target("cuda"), "p")
+    assert "constexpr bool DGRAD_B_MN = true;" in source
 
 
 @pytest.mark.parametrize("vendor", list(sim_build.WARP))
@@ -575,10 +601,10 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
                 continue
             assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
             # (.MT88: transposed, from tiles of reduction rows: the channels-last weight gradient's, the
-            # NCHW 1x1 forward's A; .M88 the others)
-            transposed = gemm == "WGRAD" and tiles[gemm].mn_major
+            # NCHW 1x1's A, the 1x1 data gradient's B; .M88 the others)
+            transposed = (gemm == "WGRAD" and tiles[gemm].mn_major) or (tiles[gemm].a_mn and tiles[gemm].b_mn)
             assert any(x.startswith("LDSM.16.MT88.4 " if transposed else "LDSM.16.M88.4 ") for x in loop), (prefix, symbol)
-            if tiles[gemm].a_mn:
+            if tiles[gemm].a_mn or tiles[gemm].b_mn:
                 assert any(x.startswith("LDSM.16.MT88.4 ") for x in loop), (prefix, symbol)
             assert not [x for x in loop if re.match(r"(@!?U?P\d\s+)?LDS\b", x)], (prefix, symbol)
 

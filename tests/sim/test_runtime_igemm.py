@@ -60,6 +60,9 @@ MATRIX = [
     # tiles of reduction rows MN-major; the NCHW 1x1 forward's A along pixels MN-major), element gathers
     ("cuda-sm_90a", "igemm-staged", "bf16", "channels_last", "shuffle"),
     ("cuda-sm_90a", "igemm-1x1-pixels", "f16", "contiguous", "reverse"),
+    # (the data gradient's 1x1 weight along its channels MN-major: beside A along pixels above, and beside a
+    # channels-last grad_output's K-major A here)
+    ("cuda-sm_90a", "igemm-1x1-pixels", "bf16", "channels_last", "shuffle"),
     ("cuda-sm_90a", "igemm-s3d2-ragged", "bf16", "noncontig_grad", "shuffle"),
     ("cuda-sm_90a", "igemm-3d-groups2", "f16", "channels_last", "forward"),
 ]

@@ -1,8 +1,8 @@
 """The 16-bit implicit GEMM on CUDA reads its fragments without shared-memory bank conflicts (issue 47):
 each fragment is one ldmatrix.x4 from unpadded shared rows whose 16-byte chunks are XOR-swizzled
 (templates/gpu/igemm.cu.j2's tile_at, cuda.h's convgen_mma_load_a_x4 / _b2_x4), and the channels-last
-weight gradient's from tiles of reduction rows whose chunks are swizzled too (tile_mn,
-convgen_mma_load_a_x4_trans / _b2_x4_trans).
+weight gradient's, the NCHW 1x1's A and the 1x1 data gradient's weight from tiles of reduction rows
+whose chunks are swizzled too (tile_mn, convgen_mma_load_a_x4_trans / _b2_x4_trans).
 
 The kernels run in the simulator with its profile on (templates/gpu/sim/checks.h: a warp's shared
 request takes as many wavefronts as the most distinct 4-byte words one bank serves in a phase of
@@ -61,8 +61,12 @@ CASES = {
     "cl_s2": (2, 16, 16, (7, 7), 2, Layout.CHANNELS_LAST, ("W",), ("FWD", "DGRAD", "WGRAD")),   # 4 stride phases
     # NCHW grad_output along 64 pixels: the weight gradient's A by copies
     "nchw": (2, 8, 16, (8, 8), 1, Layout.CONTIGUOUS, (), ("WGRAD",)),
-    # NCHW 1x1: the forward's input along its 64 pixels into tiles of reduction rows (a_mn)
-    "nchw_1x1": (2, 16, 24, (8, 8), 1, Layout.CONTIGUOUS, (), ("FWD",)),
+    # NCHW 1x1: the forward's input and the data gradient's grad_output along their 64 pixels into tiles
+    # of reduction rows (a_mn), the data gradient's weight along its channels (b_mn)
+    "nchw_1x1": (2, 16, 24, (8, 8), 1, Layout.CONTIGUOUS, (), ("FWD", "DGRAD")),
+    # channels-last 1x1: the data gradient's weight along its channels (b_mn) beside grad_output along
+    # the reduction
+    "cl_1x1": (2, 16, 24, (6, 6), 1, Layout.CHANNELS_LAST, (), ("DGRAD",)),
 }
 SWIZZLE = r"const unsigned chunk = \(unsigned\)k / VECTOR \^ \(unsigned\)row / SWIZZLE_ROWS % SWIZZLE_CHUNKS;"
 SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| j >> 1;"
@@ -138,7 +142,8 @@ def test_every_gemm_launch_reads_and_writes_shared_memory_without_bank_conflicts
         # the case is about what it says: copies where rows are contiguous in memory, and the
         # channels-last weight gradient's along filters and channels
         assert tiles[gemm].mn_major == (gemm == "WGRAD" and layout_cl), (gemm, tiles[gemm])
-        assert tiles[gemm].a_mn == (gemm == "FWD" and name == "nchw_1x1"), (gemm, tiles[gemm])
+        assert tiles[gemm].a_mn == (gemm != "WGRAD" and name == "nchw_1x1"), (gemm, tiles[gemm])
+        assert tiles[gemm].b_mn == (gemm == "DGRAD" and name.endswith("_1x1")), (gemm, tiles[gemm])
         assert tiles[gemm].vector_a == (gemm != "WGRAD" or name == "nchw" or layout_cl), (gemm, tiles[gemm])
         assert tiles[gemm].vector_b == (gemm != "WGRAD" or layout_cl), (gemm, tiles[gemm])
         assert launches[gemm], gemm
@@ -178,8 +183,9 @@ def test_every_gemm_launch_stores_whole_sectors(libs, element_lib):
 def test_without_the_swizzle_the_fragment_loads_conflict(libs):
     """tile_at without its XOR: the copies and stores still are conflict-free (a phase of 8 copies
     covers two whole 64-byte rows), the ldmatrix rows are not; tile_mn without its permutation
-    likewise (nchw_1x1's forward, whose A is one)."""
-    for name, dtype in (("cl_s1", "bf16"), ("nchw", "f16"), ("nchw_1x1", "bf16")):
+    likewise (nchw_1x1's forward and data gradient, whose A is one, and whose B is one in the data
+    gradient, as cl_1x1's)."""
+    for name, dtype in (("cl_s1", "bf16"), ("nchw", "f16"), ("nchw_1x1", "bf16"), ("cl_1x1", "f16")):
         launches = _launches(libs[True], name, dtype)
         for gemm in CASES[name][7]:
             for launch in launches[gemm]:
