@@ -185,16 +185,19 @@ def source_lines(library: Path, message: str) -> str:
 
 
 def build(source: str, directory: Path, name: str, vendor: str, *, sanitize: bool = False,
-          pch: Path | None = None, checks: bool = True) -> SimLibrary:
+          pch: Path | None = None, checks: bool = True, debug: bool = False) -> SimLibrary:
     """Write `source` to directory/name.cu, build it for the simulator and load it; with `pch` (a
     directory from building/sim_build.py's precompiled_header for `vendor`) as the runtime builds
     do: the kernel file alone, the simulator's own functions linked from there. checks=False
-    leaves out the checks' instrumentation (to measure what it costs)."""
+    leaves out the checks' instrumentation (to measure what it costs). Line tables only (-g1, as the
+    runtime's builds: what the checks' messages name source lines from) unless `debug` (-g, full
+    debug information: a quarter more compile time, 56 s against 40 s of CPU for the 100,000-line
+    file of every case tests/gpu/test_igemm.py runs) or `sanitize`."""
     directory.mkdir(parents=True, exist_ok=True)
     src, out = directory / f"{name}.cu", directory / f"{name}.{vendor}.so"
     src.write_text(source)
     command = compile_command(str(src), str(out), vendor, sanitize=sanitize, pch=pch, split=pch is not None,
-                              checks=checks)
+                              checks=checks, debug=debug)
     try:
         done = subprocess.run(command, capture_output=True, text=True)
     except FileNotFoundError:

@@ -42,6 +42,11 @@ from support.problems import case_problem
 from support.reference import assert_close, generator_for, in_layout, randn, reduction_terms
 from support.toolchain import cuda_tool, require_fp16, run_sanitized, sim_libraries
 
+# One worker runs this module, whole (pyproject.toml: --dist loadgroup): its `libs` fixture builds one
+# simulator library per vendor of every case of the 16-bit implicit GEMM (a single file of tens of thousands
+# of lines, 20-50 s of CPU each); split across workers, each worker built them all again.
+pytestmark = pytest.mark.xdist_group("gpu_igemm")
+
 
 # (name, input N,C,*spatial, K, kernel, stride, padding (low, high) per axis, dilation, groups)
 CASES = [
