@@ -33,8 +33,9 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   output's (1x1 at unit stride, no padding); on ldmatrix, the weight gradient's channels-last grad_output and
   input along their filters and channels (whole vectors of both, in all and per group), into shared
   tiles whose rows are the reduction's (mn_major), with (tap, channel) columns; on ldmatrix too, the
-  data gradient's weight of a 1x1 along its channels (b_mn: a filter's channels contiguous, whole
-  vectors of them; the caller's weight, in any activation layout). The launch entry
+  data gradient's weight along its channels (b_mn: the caller's weight, a filter's channels contiguous
+  at every tap and whole vectors of them -- channels-last, or any 1x1 -- its rows (tap, filter)
+  tap-major as grad_output's, or one tap; dgrad_weight_along_channels), which then needs no staging. The launch entry
   also checks the pointers' 16-byte alignment at run time; the other operands (and misaligned
   pointers) are gathered element by element, with the same predicates, into the same stages (of
   rows along the reduction).
@@ -305,6 +306,31 @@ def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, 
             operand_strides(lay["W"], normal.channels // g, normal.kernel))
 
 
+def dgrad_weight_along_channels(normal: Normal, w_strides, target: Target, itemsize: int) -> bool:
+    """Whether the data gradient can copy a weight of element strides `w_strides` (filter, channel, d, h,
+    w) along its channels (b_mn, on ldmatrix): a filter's channels contiguous at every tap, each tap's
+    start 16-byte aligned and a group's channels whole 16-byte copies -- a channels-last weight, or any
+    1x1 (its reduction rows must also be tap-major, or one tap: choose_tiles). Its tiles of reduction rows
+    are 64 or 128 wide: where a kernel of several taps has channels that pads more than a 96-wide tile
+    (80 or 96 channels: 128 columns, a third or a half more work), the weight is staged with filters
+    innermost instead, a copy the taps share; a 1x1's copies along channels save its weight's conversion
+    (a launch, most of a small layer's time) for those columns."""
+    vector, cg = vector_of(itemsize), normal.channels // max(normal.groups, 1)
+    if not on_ldmatrix(target, itemsize):
+        return False
+    whole_rows = all(extent == 1 or stride % vector == 0 for extent, stride in zip(normal.kernel, w_strides[2:]))
+    shape = block_tiles(target, itemsize, False)
+    return (w_strides[1] == 1 and w_strides[0] % vector == 0 and whole_rows and cg % vector == 0
+            and (math.prod(normal.kernel) == 1 or _columns(_sides(target, shape, itemsize, False, True), cg)
+                 <= _columns(_sides(target, shape, itemsize, False, False), cg)))
+
+
+def _columns(sides: tuple[int, ...], length: int) -> int:
+    """`length` padded to whole tiles of the side _padded_side takes among `sides`."""
+    side = _padded_side(sides, length)
+    return -(-length // side) * side
+
+
 def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
                  fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False,
                  wgrad_staged: bool = False, gemm: str | None = None) -> IgemmTiles:
@@ -353,11 +379,11 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     dg_mn = (not dg_tap and on_ldmatrix(target, itemsize) and _pixels_are_outputs(normal)
              and _contiguous(y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0)
     dg_major = dg_tap or dg_mn
-    # (and, on ldmatrix, B along its channels from the caller's weight of a 1x1 kernel, whose rows (a
-    # filter's channels) are contiguous: each a whole number of 16-byte copies, a group's channels too;
-    # any stride, padding or layout of the activations: B is the same in every phase)
-    dg_b_mn = (not dgrad_b and on_ldmatrix(target, itemsize) and taps == 1 and w_strides[1] == 1
-               and w_strides[0] % vector == 0 and cg % vector == 0)
+    # (and, on ldmatrix, B along its channels from the caller's weight where a filter's channels are
+    # contiguous at every tap and whole 16-byte copies (a group's too, each tap's start aligned): a
+    # channels-last weight, or any 1x1; its reduction rows (tap, filter) tap-major as A's, or one tap --
+    # a 1x1 at any stride, padding or layout of the activations)
+    dg_b_mn = not dgrad_b and (taps == 1 or dg_tap) and dgrad_weight_along_channels(normal, w_strides, target, itemsize)
     dgrad = _tile(target, shape, positions, cg, kg * tap_phase, itemsize, dg_major, dg_major,
                   (dg_major and dgrad_b) or dg_b_mn, a_mn=dg_mn, b_mn=dg_b_mn)
     # (never with today's sides, either: a tile of reduction rows needs 64 of them)

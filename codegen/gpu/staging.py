@@ -8,8 +8,10 @@ for the forward's input and the data gradient's grad_output that is channels-las
 counts a multiple of the copy's elements, the reduction ordered (tap, channel); for the forward's
 weight, channels-last too once its reduction is tap-major; for the data gradient's weight, whose
 reduction runs over (tap, filter), filters innermost -- a layout no caller holds: (group, channel,
-tap, filter), or (group, tap, channel, filter) from a channels-last weight. In the caller's NCHW
-the same operand is gathered element by element. The layout pass may instead convert it: a
+tap, filter), or (group, tap, channel, filter) from a channels-last weight -- unless the kernel
+copies it along its channels instead, where they are contiguous at every tap (channels-last, or a
+1x1; 16-bit operands on CUDA: ldmatrix.trans). In the caller's NCHW the same operand is gathered
+element by element. The layout pass may instead convert it: a
 transpose kernel (32 x 32 tiles through shared memory, both sides coalesced) writes the copy into
 the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue
 writes through strides). The weight gradient copies along channels (both operands channels-last,
@@ -51,7 +53,8 @@ import math
 from ..arch.gpu import GPU_ARCHS, Peaks
 from ..ir import ConvProblem, Layout, Op
 from ..target import Target
-from .igemm_tiles import choose_tiles, kernel_strides, on_f64_matrix, on_fma, vector_of, wgrad_copies_along_channels
+from .igemm_tiles import (choose_tiles, dgrad_weight_along_channels, kernel_strides, on_f64_matrix, on_fma, vector_of,
+                          wgrad_copies_along_channels)
 from .normal import Normal
 
 GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
@@ -145,10 +148,18 @@ def _stageable(problem: ConvProblem, normal: Normal, target: Target, gemm: str) 
         if a_channels % vector or (a_channels // g) % vector:
             return Staging((), f"{a_kind} has {a_channels} channels ({a_channels // g} a group): not whole 16-byte copies "
                                f"of {vector} elements, so channels-last would not give vector loads; no conversion")
-        # the data gradient's weight is gathered in either caller layout (its reduction runs over filters):
-        # its copy has filters innermost whatever the caller's layout
+        # the data gradient's reduction runs over filters: its weight is copied along its channels where they
+        # are contiguous at every tap (channels-last, or a 1x1; on ldmatrix: igemm_tiles.py
+        # dgrad_weight_along_channels), else gathered in either caller layout, so its copy has filters
+        # innermost whatever the caller's layout
+        along = gemm == "DGRAD" and dgrad_weight_along_channels(normal, kernel_strides(normal, ())[2], target,
+                                                                problem.dtype.itemsize)
         kinds = tuple(k for k, lay in ((a_kind, a_layout), ("W", w_layout))
-                      if lay is not Layout.CHANNELS_LAST or (k == "W" and gemm == "DGRAD"))
+                      if (lay is not Layout.CHANNELS_LAST or (k == "W" and gemm == "DGRAD"))
+                      and not (k == "W" and along))
+        if not kinds:
+            return Staging((), "grad_output already channels-last, and the data gradient copies the weight along its "
+                               "channels (contiguous at every tap) 16 bytes at a time: no conversion")
     return kinds
 
 

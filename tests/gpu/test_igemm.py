@@ -398,7 +398,8 @@ def test_the_vector_cases_take_the_16_byte_copies():
         staged = dict(igemm_context(case_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)
         assert staged["FWD"].vector_a and staged["FWD"].vector_b and staged["FWD"].tap_major
         assert staged["DGRAD"].vector_a and staged["DGRAD"].vector_b and staged["DGRAD"].tap_major
-        assert not tiles["vec_cl"]["DGRAD"].vector_b
+        # (the caller's channels-last weight along its channels, by ldmatrix.trans: CUDA; gathered on HIP)
+        assert tiles["vec_cl"]["DGRAD"].vector_b == tiles["vec_cl"]["DGRAD"].b_mn == (vendor == "cuda")
         cuda = vendor == "cuda"
         if cuda:
             assert staged["WGRAD"].mn_major and staged["WGRAD"].vector_a and staged["WGRAD"].vector_b
@@ -490,19 +491,27 @@ def test_the_iterator_cases_take_the_iterators():
             assert taken == wanted, (vendor, name, layout, taken)
 
 
-def test_1x1_data_gradients_copy_the_callers_weight_along_its_channels():
-    """A 1x1's data gradient reads the caller's weight by 16-byte copies along its channels into tiles of
+def test_data_gradients_copy_the_callers_weight_along_its_channels():
+    """The data gradient reads the caller's weight by 16-byte copies along its channels into tiles of
     reduction rows (DGRAD_B_MN, fragments by ldmatrix.trans, MN-major for wgmma) where a filter's channels
-    are whole copies, in either activation layout and with grad_output along the reduction (channels-last)
-    or along its pixels (NCHW); not where the layout pass stages the weight (its copy, filters innermost,
-    goes along the reduction), not on HIP (no ldmatrix), not in f32 (tf32 fragments element by element)."""
+    are contiguous at every tap and whole copies: a channels-last weight with grad_output channels-last
+    (the reduction tap-major), or a 1x1 in either activation layout with grad_output along the
+    reduction or along its pixels (NCHW); not an NCHW weight of more than one tap, not where the layout
+    pass stages the weight (its copy, filters innermost, goes along the reduction), not a group of 2
+    channels (c2), not 96 channels of a 3x3 where a 96-wide tile of the staged copy pads less than tiles of
+    reduction rows (wide96; wgmma's tiles are all 64 or 128 wide), not on HIP (no ldmatrix), not in f32
+    (tf32 fragments element by element)."""
     takes = [("dmn_1x1", "bf16", "cl"), ("dmn_s2_g2", "bf16", "cl"), ("dpx_1x1", "bf16", "nchw"),
-             ("px_1x1", "bf16", "nchw"), ("vec_1x1", "bf16", "nchw_x")]
-    for name, dtype, layout in takes + [("dpx_1x1", "f16", "nchw_w"), ("vec_1x1", "bf16", "nchw_staged")]:
+             ("px_1x1", "bf16", "nchw"), ("vec_1x1", "bf16", "nchw_x"), ("it_pad", "bf16", "cl"),
+             ("it_3d", "bf16", "cl"), ("it_c16", "bf16", "cl")]
+    others = [("dpx_1x1", "f16", "nchw_w"), ("vec_1x1", "bf16", "nchw_staged"), ("vec_xcl", "bf16", "x_cl"),
+              ("c2", "bf16", "cl"), ("vec_nchw", "bf16", "nchw"), ("wide96", "bf16", "cl")]
+    for name, dtype, layout in takes + others:
         problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)
         for target in ("cuda-sm_80", "cuda-sm_90", "cuda-sm_90a", "hip-gfx90a"):
             dgrad = dict(igemm_context(problem, parse_target(target), "p", staged=_staged(layout)).tiles)["DGRAD"]
-            wanted = (name, dtype, layout) in takes and target.startswith("cuda")
+            wanted = ((name, dtype, layout) in takes and target.startswith("cuda")) or (
+                name == "wide96" and target == "cuda-sm_90a")
             assert (dgrad.b_mn, dgrad.vector_b) == (wanted, wanted or dgrad.vector_b), (name, layout, target)
         f32 = case_problem(BY_NAME[name], DType.F32, layout)
         assert not dict(igemm_context(f32, parse_target("cuda"), "p", staged=_staged(layout)).tiles)["DGRAD"].b_mn

@@ -102,10 +102,18 @@ def test_what_staging_cannot_help_is_not_staged_and_says_why():
     assert already.kinds == () and "already channels-last" in already.reason
     # an input already channels-last with a contiguous weight: only the weight, so that B copies 16 bytes too
     assert staging(_layer(layouts=(CL, NCHW, NCHW)), cuda).kinds == ("W",)
-    # grad_output already channels-last: the data gradient's weight is still gathered in any caller
-    # layout, so it alone is staged (filters innermost), from a channels-last weight too
+    # grad_output already channels-last: the data gradient's NCHW weight is still gathered, so it alone is
+    # staged (filters innermost); a channels-last one the kernel copies along its channels (16-bit on
+    # CUDA), elsewhere (HIP) it is staged too
     assert staging(_layer(op=Op.BWD_DATA, layouts=(NCHW, NCHW, CL)), cuda).kinds == ("W",)
-    assert staging(_layer(op=Op.BWD_DATA, layouts=(CL, CL, CL)), cuda).kinds == ("W",)
+    along = staging(_layer(op=Op.BWD_DATA, layouts=(CL, CL, CL)), cuda)
+    assert along.kinds == () and "copies the weight along its channels" in along.reason
+    # (80 channels of a 3x3: one 96-wide tile of the staged weight, where tiles of reduction rows would take
+    # 128 columns; a 1x1's copies along channels save the conversion)
+    assert staging(_layer(op=Op.BWD_DATA, c=80, k=80, size=(28, 28), layouts=(CL, CL, CL), n=32), cuda).kinds == ("W",)
+    assert staging(_layer(op=Op.BWD_DATA, c=80, k=80, kernel=(1, 1), layouts=(CL, CL, CL)), cuda).kinds == ()
+    assert staging(_layer(op=Op.BWD_DATA, layouts=(CL, CL, CL)), parse_target("hip-gfx90a")).kinds == ("W",)
+    assert staging(_layer(op=Op.BWD_DATA, layouts=(CL, CL, CL), dtype=DType.F32), cuda).kinds == ("W",)
 
 
 def test_the_conversion_is_weighed_against_what_it_saves():
