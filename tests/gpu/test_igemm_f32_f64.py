@@ -42,12 +42,12 @@ from support.problems import case_problem
 from support.reference import generator_for, randn
 from support.toolchain import cuda_tool
 from test_igemm import BY_NAME, CASES, CHANNELS_LAST_CASES, NCHW_ONLY_IN_LAYOUT, ORDERS, RANDOM_CASES, _run, \
+    check_every_pass, hipcc_functions
 
 # One worker runs this module, whole (pyproject.toml: --dist loadgroup): its `libs` fixture builds one
 # simulator library per vendor of every case of the f32/f64 implicit GEMM (a single file of tens of thousands
 # of lines, 20-50 s of CPU each); split across workers, each worker built them all again.
 pytestmark = pytest.mark.xdist_group("gpu_igemm_f32_f64")
-    check_every_pass, hipcc_functions
 
 DTYPES = {"f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64)}
 F64_CASES = {"c2", "c19", "c20", "ragged", "tiles", "s3d2", "s_3d", "split", "vec_nchw", "empty"}
