@@ -146,7 +146,7 @@ class GemmTile:
     mn_major: bool = False   # both operands copied along their rows / columns (filters, channels), not along the
                              # reduction: shared tiles of reduction rows, fragments by ldmatrix.trans
     a_mn: bool = False       # A alone so (the forward's NCHW input along its pixels: 1x1 at unit stride)
-    b_mn: bool = False       # B so (the data gradient's 1x1 weight along its channels), with A either way
+    b_mn: bool = False       # B so (the data gradient's weight along its channels: channels-last or 1x1), A either way
 
     @property
     def lds(self) -> int:
