@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+import torch
 
 import convgen
 from convgen.codegen.gpu import generic as gpu_generic
@@ -23,6 +24,7 @@ from convgen.dispatch import tiers
 from convgen.stats import reset
 
 from support.cases import DTYPES, Case, check_case, operands, variants_of
+from support.reference import assert_close
 from support.tables import forget_tables
 
 CASES = [
@@ -131,3 +133,30 @@ def test_gpu_layer_kernels_match_aten(name, layer, vendor, dtype, layout, generi
     check_case(case, DTYPES[dtype], ops_, masks=[(True, True, True)])
     assert convgen.stats()["layer_calls"] >= calls + 3
     assert convgen.stats()["background_builds"] == 3   # the layer's kernels, one per kernel op; nothing specialised
+
+
+
+def test_a_1x1_weight_is_copied_whatever_its_unit_axes_strides(generic_built, monkeypatch):
+    """The forward entry's check that the weight is linear in the reduction (igemm_generic.cu.j2
+    stride_as) ignores the strides of axes with one index, which torch leaves arbitrary: a 1x1 weight
+    beside a channels-last input comes as (C, 1, 1, 1) whether contiguous or channels-last (torch keeps
+    those strides for both), and is read by 16-byte copies as with channels-last's (C, 1, C, C) or any
+    other. Each form against ATen in float64, and each form's launch in as many requests as the others
+    (a gathered weight takes a third more here: 80 against 59)."""
+    monkeypatch.setenv("CONVGEN_SIM", "cuda")
+    monkeypatch.setenv("CONVGEN_JIT", "generic")
+    gen = torch.Generator().manual_seed(47)
+    x = torch.randn((2, 32, 6, 5), generator=gen).bfloat16().contiguous(memory_format=torch.channels_last)
+    w = torch.randn((24, 32, 1, 1), generator=gen).bfloat16()
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    ref = torch.ops.aten.convolution(x.double(), w.double(), None, *args)
+    reads = {}
+    for strides in ((32, 1, 1, 1), (32, 1, 32, 32), (32, 1, 7919, 1)):
+        form = w.as_strided(w.shape, strides)
+        reset()
+        with convgen.sim_profile() as launches:
+            y = convgen.convolution(x, form, None, *args)
+        assert convgen.stats()["generic_calls"] == 1
+        assert_close(y, ref, torch.bfloat16, f"forward, weight strides {strides}", terms=32)
+        reads[strides] = [(launch["kernel"], launch["global_requests"], launch["bytes_read"]) for launch in launches]
+    assert len(set(map(tuple, reads.values()))) == 1, reads
