@@ -198,6 +198,33 @@ def gemm_cols(nr: int, kc: int, t: Target, acc_bytes: int) -> int:
     return max(nr, min(POINTWISE_MAX_COLS, (t.l2_bytes // 4) // (kc * acc_bytes)) // nr * nr)
 
 
+def item_split(tiling, out_channels: int, groups: int, pixels: int) -> tuple[int, int]:
+    """The kernel's split at run time (templates/cpu/pointwise.cpp.j2, the entry): an item's channels
+    and pixels for `pixels` columns of the whole batch. Of the splits of a group's `out_channels` into
+    blocks of whole MR-channel panels (at most ksb channels), each with its runs of whole strips (at most
+    cols pixels, fewer where that leaves fewer than min_items items), the one whose items read the fewest
+    values over the reduction (an item reads its channels' packed weights and its pixels' values once),
+    where that is at most two thirds of what the fewest blocks read."""
+    mr, nr = tiling.kb, tiling.nv * tiling.vector_lanes
+    op, strips = math.ceil(out_channels / mr), math.ceil(pixels / nr)
+    splits, last = [], 0
+    for ob in range(math.ceil(out_channels / tiling.ksb), op + 1):
+        np_ = math.ceil(op / ob)
+        blocks = math.ceil(op / np_)
+        if blocks == last:
+            continue
+        last = blocks
+        want = math.ceil(tiling.min_items / (groups * blocks))
+        runs = max(math.ceil(strips * nr / tiling.cols), min(want, strips))
+        ns = math.ceil(strips / runs)
+        splits.append((math.ceil(strips / ns) * blocks * (np_ * mr + ns * nr), np_ * mr, ns * nr))
+    best = splits[0]
+    for split in splits[1:]:
+        if split[0] < best[0] and 3 * split[0] <= 2 * splits[0][0]:
+            best = split
+    return best[1], best[2]
+
+
 def tile(plan: Plan) -> Plan:
     """1x1 forward or data gradient as a packed GEMM: out channels x pixels, reduced over channels."""
     g, t, p = plan.geometry, plan.target, plan.problem
