@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import DType
+from ..ir import DType, Layout
 from ..plan import KOp, Plan, Tiling
 from .family import Family
 
@@ -60,12 +60,30 @@ def _wgrad(plan: Plan) -> Plan:
                                                                    "tiles of output channels)", pc=qb))
 
 
+def _in_place(plan: Plan) -> tuple[str, ...]:
+    """The operand the forward (input) or data gradient (grad_output) reads in place: where its
+    zero-padded channels-last copy would be the operand itself -- a 1x1 kernel of unit strides without
+    padding, the operand channels-last, a group's channels whole tiles of 32. The copy of a large
+    operand (a 1x1 data gradient's 256-channel grad_output at 56x56: 12.8 MB read and written) cost
+    about as much as the products (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", amx:
+    1x1 operands in place)."""
+    g = plan.geometry
+    kind, channels = ("X", g.cin_g) if plan.kop is KOp.FWD else ("Y", g.cout_g)
+    plain = (all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad_lo) and
+             g.x_size == g.y_size)
+    return (kind,) if plain and channels % 32 == 0 and plan.layout_of(kind) is Layout.CHANNELS_LAST else ()
+
+
 def tile(plan: Plan) -> Plan:
     if plan.kop is KOp.WGRAD:
         return _wgrad(plan)
-    return plan.decide("tiling", "AMX tiles: 2 x 2 accumulator tiles (32 pixels x 32 output channels) per step; "
-                                 "work items of two 16-pixel tiles, each over every output channel",
-                       tiling=Tiling(vector_lanes=16, threads_hint="(image, group, two tiles of 16 pixels)"))
+    in_place = _in_place(plan)
+    read = ({"X": "the input read in place", "Y": "grad_output read in place"}[in_place[0]] if in_place else
+            f"{'the input' if plan.kop is KOp.FWD else 'grad_output'} copied zero-padded, channels last")
+    return plan.decide("tiling", f"AMX tiles: 2 x 2 accumulator tiles (32 pixels x 32 output channels) per step; "
+                                 f"work items of two 16-pixel tiles, each over every output channel; {read}",
+                       tiling=Tiling(vector_lanes=16, threads_hint="(image, group, two tiles of 16 pixels)",
+                                     in_place=in_place))
 
 
 def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:

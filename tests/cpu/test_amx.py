@@ -48,7 +48,9 @@ CASES = {
     "groups_7x7": dict(n=1, c=64, k=48, size=(7, 7), kernel=3, groups=2),            # an odd number of output tiles
     "tails_3d": dict(n=2, c=17, k=33, size=(4, 5, 6), kernel=3),                     # channels not whole tiles
     "dilated_1d": dict(n=2, c=32, k=16, size=(40,), kernel=5, stride=3, pad=2, dil=2),
-    "pointwise": dict(n=2, c=48, k=64, size=(6, 7), kernel=1, pad=0),
+    "pointwise": dict(n=2, c=48, k=64, size=(6, 7), kernel=1, pad=0),               # data gradient in place
+    "pointwise_in_place": dict(n=3, c=64, k=40, size=(5, 7), kernel=1, pad=0),      # forward in place, a tail
+    "pointwise_groups_whole": dict(n=2, c=64, k=64, size=(4, 8), kernel=1, pad=0, groups=2),   # tiles end images
     "uneven_pad": dict(n=1, c=70, k=18, size=(8, 9), kernel=(2, 3), pad=((3, 0), (0, 2)), dil=(2, 1)),
     "window_in_padding": dict(n=2, c=16, k=16, size=(3, 4), kernel=3, pad=4),       # first windows all zeros
     "strided_tall": dict(n=1, c=24, k=40, size=(20, 37), kernel=(3, 1), stride=(1, 2), pad=(1, 0)),
@@ -191,6 +193,25 @@ def test_amx_weight_gradient_over_several_blocks(blocked_kernels, name, which):
     terms = p.n * math.prod(p.output_shape[2:])
     assert rel_err(gw, ref) <= tolerance(torch.bfloat16, terms), f"grad_weight rel err {rel_err(gw, ref):.2e}"
     assert rel_err(gb, ref_b) <= tolerance(torch.bfloat16, terms), f"grad_bias rel err {rel_err(gb, ref_b):.2e}"
+
+
+@pytest.mark.parametrize("layout", [Layout.CONTIGUOUS, Layout.CHANNELS_LAST], ids=["nchw", "channels_last"])
+def test_1x1_operands_read_in_place(layout):
+    """The forward's input and the data gradient's grad_output are read in place (not copied) where the
+    copy would be the operand itself: channels last, 1x1, unit strides, no padding, a group's channels
+    whole tiles of 32. In place: the cases above whose last image's last tile reaches past the operand
+    (35 and 42 pixels an image: rows from a zero-padded copy of that tile) and whose images end on a tile
+    (32 pixels, groups of 32). Their results are test_amx_matches_aten's."""
+    expected = {("pointwise", Op.BWD_DATA): "Y", ("pointwise_in_place", Op.FWD): "X",
+                ("pointwise_groups_whole", Op.FWD): "X", ("pointwise_groups_whole", Op.BWD_DATA): "Y"}
+    for name, op in OPS:
+        if op is Op.BWD_WEIGHT:
+            continue
+        plan = lower(_problem(**CASES[name], layout=layout, op=op, bias=False), cpu_target("avx512", amx_bf16=True),
+                     algorithm="amx")
+        wanted = (expected[(name, op)],) if (name, op) in expected and layout is Layout.CHANNELS_LAST else ()
+        assert plan.tiling.in_place == wanted, (name, op, plan.tiling.in_place)
+        assert ("IN_PLACE = true;" in emit(plan).text) == bool(wanted)
 
 
 def test_amx_where_it_is_chosen():
