@@ -46,7 +46,8 @@ def _value(text: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--field", required=True, help="NAME=VALUE of a Tiling field (plan B), or algorithm=NAME")
+    ap.add_argument("--field", required=True, help="NAME=VALUE of a Tiling field (plan B; several joined by '+'), "
+                                                   "or algorithm=NAME, or layout=nchw|channels_last")
     ap.add_argument("--isa", default="avx512", help="a CPU code shape (avx512, avx2, ...), or host: this CPU's "
                                                      "target with its bf16 dot products and AMX tiles")
     ap.add_argument("--suites", default="standard,more")
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     name, text = a.field.split("=", 1)
     value, dtype = _value(text), DType(a.dtype)
+    # Tiling fields: NAME=VALUE, several joined by "+" (kb=12+nv=2)
+    fields = {f: _value(v) for f, v in (pair.split("=", 1) for pair in a.field.split("+"))}
     target = parse_target("cpu") if a.isa == "host" else cpu_target(a.isa)
     only = set(filter(None, a.shapes.split(",")))
     torch.set_num_threads(2)
@@ -84,10 +87,11 @@ def main(argv=None) -> int:
                     other = lower(problem, target, layout=LAYOUTS[value])
                     if dict(other.layouts) == dict(plan.layouts):
                         continue
-                elif plan.tiling is None or not hasattr(plan.tiling, name) or getattr(plan.tiling, name) == value:
+                elif plan.tiling is None or not all(hasattr(plan.tiling, f) for f in fields) or \
+                        all(getattr(plan.tiling, f) == v for f, v in fields.items()):
                     continue
                 else:
-                    other = dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, **{name: value}))
+                    other = dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, **fields))
                 keyed += [((s.name, "A"), plan), ((s.name, "B"), other)]
     kernels = load_keyed(keyed)
     tdt = TORCH_DTYPES[dtype]
