@@ -60,10 +60,21 @@ CASES = [
     ("3d", 16, (3, 4, 14), (3, 3, 3), (1, 1, 1), ((1, 1), (1, 1), (1, 1)), None, None),
     ("groups_of_4", 16, (3, 15), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 4),  # the per-pair step, tails of tiles
 ]
+# A group a whole vector (its channel m broadcast from memory: add_spread in templates/cpu/grouplanes.j2):
+# groups of 8 (AVX2 f32, AVX-512 f64) and of 16 (AVX-512 f32), strided for the stride phases (groups_of_4
+# above is AVX2 f64's); bf16 takes the shuffles. (name, channels, ..., groups) as CASES, and the
+# (dtype, code shape) pairs where the group is a vector (or bf16's where it fits)
+VECTOR_CASES = [
+    ("groups_of_8", 32, (3, 11), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 4),
+    ("groups_of_16_s2", 48, (5, 12), (3, 3), (2, 2), ((1, 1), (0, 2)), None, 3),
+]
+VECTOR_RUNS = [("groups_of_8", DType.F32, "avx2"), ("groups_of_8", DType.F64, "avx512"),
+               ("groups_of_8", DType.BF16, "avx512"), ("groups_of_16_s2", DType.F32, "avx512"),
+               ("groups_of_16_s2", DType.BF16, "avx512")]
 DTYPES = [DType.F32, DType.BF16, DType.F64]
 OPS = [Op.FWD, Op.BWD_DATA]
 SHAPES = ["avx512", "avx2"]
-BY_NAME = {case[0]: case for case in CASES}
+BY_NAME = {case[0]: case for case in CASES + VECTOR_CASES}
 
 
 def _case_problem(name, op, dtype) -> ConvProblem:
@@ -91,6 +102,22 @@ def test_tiles_match_aten(kernels, case, op, dtype, shape):
     assert plan.algorithm == "grouplanes", plan.reasons
     check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
         zlib.crc32(f"{case[0]}-{op.value}-{dtype.value}-{shape}".encode())))
+
+
+@pytest.fixture(scope="module")
+def vector_kernels():
+    keys = [(name, op, dtype, shape) for name, dtype, shape in VECTOR_RUNS for op in OPS]
+    return kernels_by_key(keys, lambda name, op, dtype, shape: lower(_case_problem(name, op, dtype),
+                                                                     x86_shape(shape), algorithm="grouplanes"))
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.value)
+@pytest.mark.parametrize("name, dtype, shape", VECTOR_RUNS, ids=[f"{n}-{d.value}-{s}" for n, d, s in VECTOR_RUNS])
+def test_a_group_a_vector_matches_aten(vector_kernels, name, op, dtype, shape):
+    plan, kernel = vector_kernels[(name, op, dtype, shape)]
+    assert plan.algorithm == "grouplanes", plan.reasons
+    check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
+        zlib.crc32(f"{name}-{op.value}-{dtype.value}-{shape}".encode())))
 
 
 def test_depthwise_takes_sliding_tiles():
