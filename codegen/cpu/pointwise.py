@@ -44,6 +44,10 @@ POINTWISE_MIN_STRIDED_DGRAD = 512
 PATCH_POINTWISE_TAPS = 16
 PATCH_LANES_MIN_IN = 32
 PATCH_MIN_REDUCED = 32
+# Below AVX-512, forward patches into channels last of at most this many taps take lanes (2x2 to 8x8;
+# pointwise kept ViT's 16x16). (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules",
+# PATCH_CL_LANES_MAX_TAPS)
+PATCH_CL_LANES_MAX_TAPS = 64
 # On AVX-512 (tiles of 14 channels x 2 vectors of 16 pixels), NCHW: fewer reduced channels than
 # this go to blocked or lanes by their scores, and images of at most PLANE_POINTWISE_WASTES pixels
 # (7x7), which leave the pixel vectors a quarter empty, to lanes where its channel blocks are whole.
@@ -98,18 +102,21 @@ def _expanding_channels_last(plan: Plan) -> bool:
 
 
 def _over_patches(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str]:
-    """Forward patches (PATCH_POINTWISE_TAPS, PATCH_LANES_MIN_IN, PATCH_MIN_REDUCED); on AVX-512
+    """Forward patches (PATCH_POINTWISE_TAPS, PATCH_LANES_MIN_IN, PATCH_MIN_REDUCED, PATCH_CL_LANES_MAX_TAPS); on AVX-512
     pointwise's tile of 14 channels x 2 vectors of pixels lost the patch embeddings measured to lanes
     in channels last, and in NCHW to blocked or lanes by their scores (`choice`) but where output
     rows are shorter than a vector (ViT's 16x16 patches: 14 columns), which keep the rules below.
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", PATCH_POINTWISE_TAPS)"""
     g = plan.geometry
+    written_cl = plan.layout_of("Y") is Layout.CHANNELS_LAST
     if plan.target.isa == "avx512":
-        written_cl = plan.layout_of("Y") is Layout.CHANNELS_LAST
         if written_cl:
             return lanes.NAME, f"{lanes.WHY}; not pointwise: non-overlapping patches into channels last on AVX-512"
         if g.y_size[2] >= vector_lanes(plan):
             return choice, f"{why}; not pointwise: non-overlapping patches on AVX-512"
+    elif written_cl and math.prod(g.kernel) <= PATCH_CL_LANES_MAX_TAPS:
+        return lanes.NAME, (f"{lanes.WHY}; not pointwise: non-overlapping patches of {math.prod(g.kernel)} taps "
+                            f"into channels last")
     if plan.problem.rank > 1 and math.prod(g.kernel) < PATCH_POINTWISE_TAPS:
         if g.cin_g >= PATCH_LANES_MIN_IN:
             return lanes.NAME, f"{lanes.WHY}; non-overlapping {'x'.join(map(str, g.kernel[-2:]))} patches"

@@ -116,3 +116,30 @@ def test_lanes_on_strided_transposed_channels_last_matches_aten(op):
         ref = torch.ops.aten.convolution_backward(gy.double(), x.double(), w.double(), None, *args,
                                                   (True, False, False))[0]
     assert rel_err(out, ref) <= tolerance(torch.float32, 16 * 9), rel_err(out, ref)
+
+
+# Forward patches (kernel = stride) into channels last below AVX-512 (codegen/cpu/pointwise.py,
+# PATCH_CL_LANES_MAX_TAPS): lanes up to 8x8 taps, pointwise for ViT's 16x16; channel planes keep the
+# rules measured on Zen 3 (pointwise for these)
+PATCHES = [("4x4_3_96", (3, 96, (224, 224), 4), "lanes"), ("8x8_3_256", (3, 256, (256, 256), 8), "lanes"),
+           ("16x16_3_768", (3, 768, (224, 224), 16), "pointwise"), ("2x2_3_128", (3, 128, (128, 128), 2), "lanes")]
+
+
+@pytest.mark.parametrize("name,spec,taken", PATCHES, ids=[p[0] for p in PATCHES])
+def test_patches_into_channels_last_below_avx512(name, spec, taken):
+    c, k, size, kernel = spec
+    problem = conv_problem(8, c, k, size, kernel, kernel, 0, layout=Layout.CHANNELS_LAST)
+    assert lower(problem, AVX2).algorithm == taken
+    assert lower(problem, AVX512).algorithm == "lanes"
+    if kernel in (4, 8):
+        assert lower(conv_problem(8, c, k, size, kernel, kernel, 0), AVX2).algorithm == "pointwise"
+
+
+def test_lanes_on_patches_into_channels_last_matches_aten():
+    from support.code_shapes import x86_shape
+    from support.reference import check_forward_or_data_gradient
+    problem = conv_problem(2, 3, 24, (13, 18), 4, 4, 0, layout=Layout.CHANNELS_LAST, bias=True)
+    plan = lower(problem, x86_shape("avx2"))
+    assert plan.algorithm == "lanes", plan.reasons
+    (kernel,) = load_keyed([("k", plan)]).values()
+    check_forward_or_data_gradient(kernel[1], problem, torch.Generator().manual_seed(4))
