@@ -59,6 +59,9 @@ PLANE_POINTWISE_WASTES = 64
 # its tile leaves partly empty, and strided data gradients. (figures: BENCHMARKS.md, "Figures behind
 # codegen's CPU rules", CL_LANES_MAX_REDUCED)
 CL_LANES_MAX_REDUCED = 512
+# Below AVX-512 (AVX2's 16 registers), channels-last 1x1 kernels reducing at most this many channels
+# take lanes too. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", CL_LANES_MAX_REDUCED_AVX2)
+CL_LANES_MAX_REDUCED_AVX2 = 144
 WIDE_LANES_BLOCK = 64   # channels of lanes' AVX-512 tile (4 vectors of 16)
 # A channels-last 1x1 forward from at most EXPAND_MAX_IN channels to EXPAND_RATIO times as many
 # writes far more than it reads: lanes writes each pixel's channels as whole vectors (past the
@@ -143,8 +146,8 @@ def _lanes_kept(plan: Plan, choice: str, why: str) -> tuple[str, str] | None:
 
 
 def _avx512(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str] | None:
-    """The AVX-512 boundaries (CL_LANES_MAX_REDUCED, PLANE_POINTWISE_WASTES, POINTWISE_WIDE_MIN_REDUCED),
-    or None where they do not decide."""
+    """The AVX-512 boundaries (CL_LANES_MAX_REDUCED, PLANE_POINTWISE_WASTES, POINTWISE_WIDE_MIN_REDUCED)
+    and the channels-last one below it (CL_LANES_MAX_REDUCED_AVX2), or None where they do not decide."""
     g = plan.geometry
     nchw = all(plan.layout_of(kind) is not Layout.CHANNELS_LAST for kind in ("X", "Y"))
     lanes_channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
@@ -153,6 +156,9 @@ def _avx512(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str] 
             and (reduced <= CL_LANES_MAX_REDUCED or lanes.fills_lanes(plan))):
         return lanes.NAME, (f"{lanes.WHY}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
                             f"{f' in each of {g.groups} groups' if g.groups > 1 else ''}")
+    if (plan.target.isa != "avx512" and not nchw and not bf16_pairs(plan) and not strided_dgrad
+            and reduced <= CL_LANES_MAX_REDUCED_AVX2):
+        return lanes.NAME, f"{lanes.WHY}; not pointwise: channels last, {reduced} channels reduced"
     if plan.target.isa == "avx512" and g.stride == (1, 1, 1) and nchw:
         plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
         if plane <= PLANE_POINTWISE_WASTES and lanes_channels % WIDE_LANES_BLOCK == 0:

@@ -143,3 +143,23 @@ def test_lanes_on_patches_into_channels_last_matches_aten():
     assert plan.algorithm == "lanes", plan.reasons
     (kernel,) = load_keyed([("k", plan)]).values()
     check_forward_or_data_gradient(kernel[1], problem, torch.Generator().manual_seed(4))
+
+
+# Channels-last 1x1 kernels below AVX-512 (codegen/cpu/pointwise.py, CL_LANES_MAX_REDUCED_AVX2): lanes
+# where at most 144 channels are reduced (the forward's input channels, the data gradient's output
+# channels), pointwise from 256, and strided data gradients keep their rule. (layer's c, k, size, stride)
+CL_1X1 = [("k1_c3_dgrad", (3, 16, (128, 128), 1), Op.BWD_DATA, "lanes"),
+          ("mb_pw_16_96_dgrad", (16, 96, (112, 112), 1), Op.BWD_DATA, "lanes"),
+          ("r50_1x1_256_64_dgrad", (256, 64, (56, 56), 1), Op.BWD_DATA, "lanes"),
+          ("c3d_1x1_fwd", (128, 64, (28, 28), 1), Op.FWD, "lanes"),
+          ("mb_pw_144_24_fwd", (144, 24, (56, 56), 1), Op.FWD, "lanes"),
+          ("r50_1x1_64_256_dgrad", (64, 256, (56, 56), 1), Op.BWD_DATA, "pointwise"),
+          ("r50_1x1_256_64_fwd", (256, 64, (56, 56), 1), Op.FWD, "pointwise"),
+          ("r50_ds_256_512_s2_dgrad", (256, 512, (56, 56), 2), Op.BWD_DATA, "pointwise")]
+
+
+@pytest.mark.parametrize("name,spec,op,taken", CL_1X1, ids=[r[0] for r in CL_1X1])
+def test_channels_last_1x1_below_avx512(name, spec, op, taken):
+    c, k, size, stride = spec
+    problem = conv_problem(8, c, k, size, 1, stride, 0, op=op, layout=Layout.CHANNELS_LAST)
+    assert lower(problem, AVX2).algorithm == taken, lower(problem, AVX2).reasons
