@@ -17,7 +17,7 @@
 // output channels and q the pixels of every image (with strides above 1, the grad_output
 // pixels, each written to the input pixel it reaches; the input gradient's other pixels are zeroed
 // first). A (the weights) is packed once per call
-// into panels of MR rows; each work item (group, block of MC channels, block of NC pixels) packs
+// into panels of MR rows; each work item (group, block of up to MC channels, of up to NC pixels) packs
 // its pixels of B into panels of NR columns, one chunk of KC reduced channels at a time, and a
 // register tile of MR channels x NR pixels (NR / V vectors) runs down a chunk with MR broadcasts
 // and NR / V vector loads per step. The chunk's sums are added to the item's totals in order
@@ -498,7 +498,7 @@ static void zero_unreached(T* __restrict dst, int64_t n, int nthreads) {
 // A[o][r] of group g: the weight of output channel r and input channel o
 static inline T weight_at(const T* w, int64_t g, int64_t o, int64_t r) { return w[(g * COUT_G + r) * W_SN + o * W_SC]; }
 constexpr int64_t OP = (O + MR - 1) / MR;                                  // panels of MR channels per group
-constexpr int64_t OB = (O + MC - 1) / MC;                                  // channel blocks per group
+constexpr int64_t OB = (O + MC - 1) / MC;                                  // channel blocks per group, at least
 
 // A packed once per call: [g][panel][r][MR] in ACC, zero rows past O.
 static void pack_a(const T* __restrict w, ACC* __restrict ap, int nthreads) {
@@ -602,14 +602,31 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
   if (!ap) return 1;
   pack_a(w, ap, nthreads);
   if (BY_GY) zero_unreached(dst, n, nthreads);
-  // pixels per item: whole strips, as evenly as the strips allow, at most NC, and fewer when that
-  // leaves fewer than MIN_ITEMS items
-  const int64_t strips_all = (n * PIX + NR - 1) / NR, want = (MIN_ITEMS + G * OB - 1) / (G * OB);
-  int64_t runs = (strips_all * NR + NC - 1) / NC;
-  runs = runs > want ? runs : (want < strips_all ? want : strips_all);
-  const int64_t nc = (strips_all + runs - 1) / runs * NR;
+  // An item's block of channels (whole panels, at most MC) and run of pixels (whole strips, at most NC,
+  // as evenly as the strips allow, and fewer when that leaves fewer than MIN_ITEMS items). Each item
+  // reads its channels' packed weights and its pixels' values once over the whole reduction (R of each):
+  // of the splits into channel blocks, the one whose items read the fewest values in all, where it reads
+  // at most two thirds of the fewest blocks' (a weight past the L2 with few pixels, a late layer's 1x1,
+  // is then split in channel blocks, not read whole by runs shrunk to a strip; smaller savings of this
+  // model were noise or slower when timed. Figures: BENCHMARKS.md, "Figures behind codegen's CPU rules",
+  // pointwise: channel blocks by the reads). codegen/cpu/pointwise.py item_split says the same.
+  const int64_t strips_all = (n * PIX + NR - 1) / NR;
+  int64_t mc = MC, nc = NR, first = -1, cost = -1;
+  for (int64_t ob = OB, last = 0; ob <= OP; ++ob) {
+    const int64_t np = (OP + ob - 1) / ob, obs = (OP + np - 1) / np;   // panels a block, blocks
+    if (obs == last) continue;                                          // the same split as the last
+    last = obs;
+    const int64_t want = (MIN_ITEMS + G * obs - 1) / (G * obs);
+    int64_t runs = (strips_all * NR + NC - 1) / NC;
+    runs = runs > want ? runs : (want < strips_all ? want : strips_all);
+    const int64_t ns = (strips_all + runs - 1) / runs, rs = (strips_all + ns - 1) / ns;
+    const int64_t reads = rs * obs * (np * MR + ns * NR);
+    if (first < 0) first = reads;
+    if (cost < 0 || (reads < cost && 3 * reads <= 2 * first)) cost = reads, mc = np * MR, nc = ns * NR;
+  }
+  const int64_t ob_all = (O + mc - 1) / mc;
   const int64_t qblocks = (n * PIX + nc - 1) / nc;
-  const int64_t items = G * qblocks * OB;
+  const int64_t items = G * qblocks * ob_all;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
@@ -622,9 +639,9 @@ extern "C" int cg_conv2d_bwdd_c256_k512_14x14_r1x1_s2_f32_pointwise(const T* __r
     #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       if (!bp || !tot || !at) continue;
-      const int64_t ob = item % OB, qb = (item / OB) % qblocks, g = item / (OB * qblocks);
+      const int64_t ob = item % ob_all, qb = (item / ob_all) % qblocks, g = item / (ob_all * qblocks);
       const int64_t q0 = qb * nc, nq = n * PIX - q0 < nc ? n * PIX - q0 : nc, strips = (nq + NR - 1) / NR;
-      const int64_t o0 = ob * MC, no = O - o0 < MC ? O - o0 : MC, panels = (no + MR - 1) / MR;
+      const int64_t o0 = ob * mc, no = O - o0 < mc ? O - o0 : mc, panels = (no + MR - 1) / MR;
       for (int64_t i = 0; i < nq; ++i) {
         at[i] = read_at((q0 + i) / PIX, g, (q0 + i) % PIX);
         at[NC + i] = write_at((q0 + i) / PIX, g, (q0 + i) % PIX);

@@ -15,7 +15,7 @@
 // 1x1 forward convolution (or one of non-overlapping patches) as a packed GEMM per group:
 // out[o][q] = sum over r of A[o][r] * B[r][q], with o the output channels, r the
 // input channels and q the pixels of every image. A (the weights) is packed once per call
-// into panels of MR rows; each work item (group, block of MC channels, block of NC pixels) packs
+// into panels of MR rows; each work item (group, block of up to MC channels, of up to NC pixels) packs
 // its pixels of B into panels of NR columns, one chunk of KC reduced channels at a time, and a
 // register tile of MR channels x NR pixels (NR / V vectors) runs down a chunk with MR broadcasts
 // and NR / V vector loads per step. The chunk's sums are added to the item's totals in order
@@ -461,7 +461,7 @@ static inline T weight_at(const T* w, int64_t g, int64_t o, int64_t r) {
   return w[(g * COUT_G + o) * W_SN + channel_tap_offset(r, W_SC, W_SD, W_SH, W_SW)];
 }
 constexpr int64_t OP = (O + MR - 1) / MR;                                  // panels of MR channels per group
-constexpr int64_t OB = (O + MC - 1) / MC;                                  // channel blocks per group
+constexpr int64_t OB = (O + MC - 1) / MC;                                  // channel blocks per group, at least
 
 // A packed once per call: [g][panel][r][MR] in ACC, zero rows past O.
 static void pack_a(const T* __restrict w, ACC* __restrict ap, int nthreads) {
@@ -564,14 +564,31 @@ extern "C" int cg_conv2d_fwd_c64_k128_56x56_r1x1_s2_f32_pointwise(const T* __res
   ACC* ap = (ACC*)acquire((((size_t)G * OP * R * MR + 1) * sizeof(ACC) + 63) & ~(size_t)63);
   if (!ap) return 1;
   pack_a(w, ap, nthreads);
-  // pixels per item: whole strips, as evenly as the strips allow, at most NC, and fewer when that
-  // leaves fewer than MIN_ITEMS items
-  const int64_t strips_all = (n * PIX + NR - 1) / NR, want = (MIN_ITEMS + G * OB - 1) / (G * OB);
-  int64_t runs = (strips_all * NR + NC - 1) / NC;
-  runs = runs > want ? runs : (want < strips_all ? want : strips_all);
-  const int64_t nc = (strips_all + runs - 1) / runs * NR;
+  // An item's block of channels (whole panels, at most MC) and run of pixels (whole strips, at most NC,
+  // as evenly as the strips allow, and fewer when that leaves fewer than MIN_ITEMS items). Each item
+  // reads its channels' packed weights and its pixels' values once over the whole reduction (R of each):
+  // of the splits into channel blocks, the one whose items read the fewest values in all, where it reads
+  // at most two thirds of the fewest blocks' (a weight past the L2 with few pixels, a late layer's 1x1,
+  // is then split in channel blocks, not read whole by runs shrunk to a strip; smaller savings of this
+  // model were noise or slower when timed. Figures: BENCHMARKS.md, "Figures behind codegen's CPU rules",
+  // pointwise: channel blocks by the reads). codegen/cpu/pointwise.py item_split says the same.
+  const int64_t strips_all = (n * PIX + NR - 1) / NR;
+  int64_t mc = MC, nc = NR, first = -1, cost = -1;
+  for (int64_t ob = OB, last = 0; ob <= OP; ++ob) {
+    const int64_t np = (OP + ob - 1) / ob, obs = (OP + np - 1) / np;   // panels a block, blocks
+    if (obs == last) continue;                                          // the same split as the last
+    last = obs;
+    const int64_t want = (MIN_ITEMS + G * obs - 1) / (G * obs);
+    int64_t runs = (strips_all * NR + NC - 1) / NC;
+    runs = runs > want ? runs : (want < strips_all ? want : strips_all);
+    const int64_t ns = (strips_all + runs - 1) / runs, rs = (strips_all + ns - 1) / ns;
+    const int64_t reads = rs * obs * (np * MR + ns * NR);
+    if (first < 0) first = reads;
+    if (cost < 0 || (reads < cost && 3 * reads <= 2 * first)) cost = reads, mc = np * MR, nc = ns * NR;
+  }
+  const int64_t ob_all = (O + mc - 1) / mc;
   const int64_t qblocks = (n * PIX + nc - 1) / nc;
-  const int64_t items = G * qblocks * OB;
+  const int64_t items = G * qblocks * ob_all;
   int failed = 0;
   #pragma omp parallel num_threads(nthreads) reduction(|| : failed)
   {
@@ -584,9 +601,9 @@ extern "C" int cg_conv2d_fwd_c64_k128_56x56_r1x1_s2_f32_pointwise(const T* __res
     #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       if (!bp || !tot || !at) continue;
-      const int64_t ob = item % OB, qb = (item / OB) % qblocks, g = item / (OB * qblocks);
+      const int64_t ob = item % ob_all, qb = (item / ob_all) % qblocks, g = item / (ob_all * qblocks);
       const int64_t q0 = qb * nc, nq = n * PIX - q0 < nc ? n * PIX - q0 : nc, strips = (nq + NR - 1) / NR;
-      const int64_t o0 = ob * MC, no = O - o0 < MC ? O - o0 : MC, panels = (no + MR - 1) / MR;
+      const int64_t o0 = ob * mc, no = O - o0 < mc ? O - o0 : mc, panels = (no + MR - 1) / MR;
       for (int64_t i = 0; i < nq; ++i) {
         at[i] = read_at((q0 + i) / PIX, g, (q0 + i) % PIX);
         at[NC + i] = write_at((q0 + i) / PIX, g, (q0 + i) % PIX);
