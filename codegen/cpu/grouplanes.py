@@ -109,7 +109,7 @@ def tile(plan: Plan) -> Plan:
     lanes = vector_lanes(plan)
     if plan.kop is KOp.WGRAD:
         return _wgrad(plan, lanes)
-    vectors = math.ceil(g.groups / lanes)
+    vectors = math.ceil(g.groups * g.cin_g / lanes)   # channel vectors (groups of M channels: M per group)
     nb, pb = grouplanes_tile(vectors, t.vector_registers)
     rows = math.prod(g.y_size[:2]) if plan.kop is KOp.FWD else math.prod(g.x_size[:2])
     # rows of one image x channel chunks: at least MIN_ITEMS items per image when the channels allow
