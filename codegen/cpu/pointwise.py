@@ -145,21 +145,21 @@ def _lanes_kept(plan: Plan, choice: str, why: str) -> tuple[str, str] | None:
     return None
 
 
-def _avx512(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str] | None:
+def _isa_bounds(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str] | None:
     """The AVX-512 boundaries (CL_LANES_MAX_REDUCED, PLANE_POINTWISE_WASTES, POINTWISE_WIDE_MIN_REDUCED)
-    and the channels-last one below it (CL_LANES_MAX_REDUCED_AVX2), or None where they do not decide."""
+    and the channels-last one below AVX-512 (CL_LANES_MAX_REDUCED_AVX2), or None where they do not decide."""
     g = plan.geometry
     nchw = all(plan.layout_of(kind) is not Layout.CHANNELS_LAST for kind in ("X", "Y"))
     lanes_channels = g.cout_g if plan.kop is KOp.FWD else g.cin_g
     strided_dgrad = plan.kop is KOp.DGRAD and g.stride != (1, 1, 1)
-    if (plan.target.isa == "avx512" and not nchw and not bf16_pairs(plan) and not strided_dgrad
-            and (reduced <= CL_LANES_MAX_REDUCED or lanes.fills_lanes(plan))):
-        return lanes.NAME, (f"{lanes.WHY}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
-                            f"{f' in each of {g.groups} groups' if g.groups > 1 else ''}")
-    if (plan.target.isa != "avx512" and not nchw and not bf16_pairs(plan) and not strided_dgrad
-            and reduced <= CL_LANES_MAX_REDUCED_AVX2):
-        return lanes.NAME, f"{lanes.WHY}; not pointwise: channels last, {reduced} channels reduced"
-    if plan.target.isa == "avx512" and g.stride == (1, 1, 1) and nchw:
+    avx512 = plan.target.isa == "avx512"
+    if not nchw and not bf16_pairs(plan) and not strided_dgrad:
+        if avx512 and (reduced <= CL_LANES_MAX_REDUCED or lanes.fills_lanes(plan)):
+            return lanes.NAME, (f"{lanes.WHY}; not pointwise: channels last on AVX-512, {reduced} channels reduced"
+                                f"{f' in each of {g.groups} groups' if g.groups > 1 else ''}")
+        if not avx512 and reduced <= CL_LANES_MAX_REDUCED_AVX2:
+            return lanes.NAME, f"{lanes.WHY}; not pointwise: channels last, {reduced} channels reduced"
+    if avx512 and g.stride == (1, 1, 1) and nchw:
         plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
         if plane <= PLANE_POINTWISE_WASTES and lanes_channels % WIDE_LANES_BLOCK == 0:
             return lanes.NAME, f"{lanes.WHY}; not pointwise: {plane} pixels per image fill few 16-pixel vectors"
@@ -178,7 +178,7 @@ def over(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return _over_patches(plan, choice, why, reduced)
     if plan.kop is KOp.DGRAD and g.stride != (1, 1, 1) and reduced < POINTWISE_MIN_STRIDED_DGRAD:
         return choice, why
-    decided = _lanes_kept(plan, choice, why) or _avx512(plan, choice, why, reduced)
+    decided = _lanes_kept(plan, choice, why) or _isa_bounds(plan, choice, why, reduced)
     if decided:
         return decided
     if reduced >= POINTWISE_MIN_REDUCED:
