@@ -25,8 +25,10 @@ The cost model, per image of a batch of REFERENCE_BATCH (the batch is a run-time
 kernel serves every batch, so the decision is made for one typical of training; the weight's
 conversion and the launches' latency are shared by the batch's images):
 
-- conversion: 2 x the operand's bytes (read once, written once) at the arch's memory bandwidth,
-  plus LAUNCH_SECONDS for the extra launch (the gap a dependent kernel leaves on a stream);
+- conversion: 2 x the operands' bytes (read once, written once) at the arch's memory bandwidth,
+  plus LAUNCH_SECONDS for the extra launch (the gap a dependent kernel leaves on a stream): one
+  launch converts every staged operand (to_channels_last.cu.j2's jobs), so staging the weight
+  beside an activation costs its bytes alone;
 - the kernel's time with and without staging: max(multiplies at the units' peak, compulsory bytes at
   the memory bandwidth, instruction issue), the issue from the operands' element loads at
   GATHER_INSTRUCTIONS per element gathered or COPY_INSTRUCTIONS per 16-byte copy, issued at one
@@ -213,11 +215,10 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
                                f"{us(issue)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element gathered, "
                                f"~{COPY_INSTRUCTIONS} a 16-byte copy)")
         converted = sum(image[k] for k in staged) * problem.dtype.itemsize
-        conversion = (2 * converted / bandwidth + len(staged) * LAUNCH_SECONDS) / REFERENCE_BATCH
+        conversion = (2 * converted / bandwidth + LAUNCH_SECONDS) / REFERENCE_BATCH   # (one launch for all)
         return conversion + gemm_time, (f"{'+'.join(staged)} staged {us(conversion + gemm_time)} (conversion "
                                         f"{us(conversion)}: 2 x {converted} B at {peaks.memory:g} TB/s and "
-                                        f"{len(staged)} launch{'es' if len(staged) > 1 else ''}, over "
-                                        f"{REFERENCE_BATCH} images; GEMM {us(gemm_time)}, loads {us(issue)})")
+                                        f"1 launch, over {REFERENCE_BATCH} images; GEMM {us(gemm_time)}, loads {us(issue)})")
 
     # every subset of what could be staged (an activation alone, the weight alone, both); the weight
     # gradient's: all of its non-channels-last activations or none (it copies along channels only
@@ -232,6 +233,6 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
     if chosen:
         copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last"
                   for k in chosen]
-        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (a transpose kernel each, before the "
+        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (one transpose launch before the "
                                f"GEMM) so that they move by 16-byte copies, the fastest option: {numbers}")
     return Staging((), f"no conversion: it would not pay for itself: {numbers}")
