@@ -15,7 +15,9 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   reduction rows; whole 16-byte copies a thread). A side is taken down to the smallest until two
   stages fit a block's shared memory.
 - Reduction step: the arch's depth (32), or 64 on ldmatrix where the reduction is long enough and
-  no more padded by it (step_depth).
+  no more padded by it (step_depth); the weight gradient's 64 on ldmatrix, 128 where its filters and
+  columns are one 64 x 64 tile (its warps' quarters are 32 x 32: a step twice as deep weighs its fixed
+  costs against twice the matrix instructions).
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
   while the tensor cores work on the current one; up to the arch's max_stages while two blocks
   still fit an SM's shared memory, fewer when the reduction has fewer steps: sm_80's 128x128 bf16
@@ -64,6 +66,8 @@ from .normal import Normal
 WARPS = 4   # warps (waves) a block, each a quarter of its tile: the template's 2 x 2 layout
 MN_MAJOR_SIDE = 64   # a tile of reduction rows (mn_major) swizzles 8 chunks of 8 elements a row
 DEEP_STEP = 64       # the reduction step on ldmatrix where the launched GEMM's reduction is whole such steps
+WIDE_STEP = 128      # the weight gradient's where filters and (channel, tap) columns are one 64 x 64 tile: its
+                     # warps' 32 x 32 quarters do half the matrix instructions a step of a 128-wide tile's
 
 
 def on_f64_matrix(problem: ConvProblem, target: Target) -> bool:
@@ -270,12 +274,14 @@ def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, 
     more than the arch's `depth` does (a tap's channels whole steps of it pad nothing); else `depth`.
     A step twice as deep halves what a k-step's fixed costs (barrier, wait, the stage ring, the
     iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit tiles are 64 deep as
-    well), for half the stages in the same shared memory."""
+    well), for half the stages in the same shared memory. The weight gradient's is WIDE_STEP where its
+    GEMM is one 64 x 64 tile (a group's filters and (channel, tap) columns 64 at most)."""
     if gemm is None or not on_ldmatrix(target, itemsize):
         return depth
     g = max(normal.groups, 1)
-    if gemm == "WGRAD":
-        return DEEP_STEP
+    if gemm == "WGRAD":   # (64 x 64 tiles: twice as deep, see WIDE_STEP)
+        small = normal.filters // g <= MN_MAJOR_SIDE and normal.channels // g * math.prod(normal.kernel) <= MN_MAJOR_SIDE
+        return WIDE_STEP if small else DEEP_STEP
     per_tap, taps = ((normal.channels // g, math.prod(normal.kernel)) if gemm == "FWD"
                      else (normal.filters // g, _phase_taps(normal)))
     reduction = per_tap * taps
