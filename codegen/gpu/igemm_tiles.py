@@ -275,13 +275,14 @@ def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, 
     A step twice as deep halves what a k-step's fixed costs (barrier, wait, the stage ring, the
     iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit tiles are 64 deep as
     well), for half the stages in the same shared memory. The weight gradient's is WIDE_STEP where its
-    GEMM is one 64 x 64 tile (a group's filters and (channel, tap) columns 64 at most)."""
+    GEMM is one 64 x 64 tile (a group's filters and (channel, tap) columns 64 at most) on mma.sync;
+    wgmma's K-major operands are rows of at most 128 bytes (its widest swizzle), 64 elements."""
     if gemm is None or not on_ldmatrix(target, itemsize):
         return depth
     g = max(normal.groups, 1)
-    if gemm == "WGRAD":   # (64 x 64 tiles: twice as deep, see WIDE_STEP)
+    if gemm == "WGRAD":   # (64 x 64 tiles: twice as deep, see WIDE_STEP; not on wgmma, whose swizzles span 128 bytes)
         small = normal.filters // g <= MN_MAJOR_SIDE and normal.channels // g * math.prod(normal.kernel) <= MN_MAJOR_SIDE
-        return WIDE_STEP if small else DEEP_STEP
+        return WIDE_STEP if small and not on_wgmma(target, itemsize) else DEEP_STEP
     per_tap, taps = ((normal.channels // g, math.prod(normal.kernel)) if gemm == "FWD"
                      else (normal.filters // g, _phase_taps(normal)))
     reduction = per_tap * taps
