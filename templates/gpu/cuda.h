@@ -48,6 +48,20 @@ __device__ __forceinline__ void convgen_keep(int& v) {
     (void)v;
 #endif
 }
+__device__ __forceinline__ void convgen_keep(unsigned& v) {   // a tap mask likewise
+#if !defined(CONVGEN_SIM)
+    asm volatile("" : "+r"(v));
+#else
+    (void)v;
+#endif
+}
+__device__ __forceinline__ void convgen_keep(unsigned long long& v) {
+#if !defined(CONVGEN_SIM)
+    asm volatile("" : "+l"(v));
+#else
+    (void)v;
+#endif
+}
 template <class P> __device__ __forceinline__ void convgen_keep(P*& p) {   // a pointer likewise
 #if !defined(CONVGEN_SIM)
     asm volatile("" : "+l"(p));

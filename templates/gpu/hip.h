@@ -46,6 +46,8 @@ inline int convgen_free_async(void* p, convgen_stream_t stream) { return static_
 __device__ __forceinline__ void convgen_keep(int& v) {
     (void)v;
 }
+__device__ __forceinline__ void convgen_keep(unsigned& v) { (void)v; }
+__device__ __forceinline__ void convgen_keep(unsigned long long& v) { (void)v; }
 template <class P> __device__ __forceinline__ void convgen_keep(P*& p) { (void)p; }
 
 // --- staged copies global -> shared, 16 bytes at a time: registers, then LDS ---------------------
