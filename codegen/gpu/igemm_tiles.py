@@ -66,6 +66,8 @@ from .normal import Normal
 WARPS = 4   # warps (waves) a block, each a quarter of its tile: the template's 2 x 2 layout
 MN_MAJOR_SIDE = 64   # a tile of reduction rows (mn_major) swizzles 8 chunks of 8 elements a row
 DEEP_STEP = 64       # the reduction step on ldmatrix where the launched GEMM's reduction is whole such steps
+STATIC_SHARED = 1024  # a block's static shared memory beside its stages: the tap tables (two of 33 8-byte entries
+                      # at most, CUDA) and the epilogue's warp sums
 WIDE_STEP = 128      # the weight gradient's where filters and (channel, tap) columns are one 64 x 64 tile: its
                      # warps' 32 x 32 quarters do half the matrix instructions a step of a 128-wide tile's
 
@@ -232,7 +234,7 @@ def _stages(target: Target, per_stage: int, steps: int) -> int:
     gpu = target.gpu
     if target.kind is not TargetKind.CUDA or not gpu.async_copy:
         return 2
-    fit = min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) // per_stage
+    fit = (min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) - STATIC_SHARED) // per_stage
     return max(2, min(gpu.igemm.max_stages, fit, steps))
 
 
