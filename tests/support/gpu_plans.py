@@ -23,15 +23,16 @@ def launches_of(problem: ConvProblem, vendor: str) -> int:
     """Launches of one non-empty problem's plan entry: direct launches one kernel per pass; igemm and
     depthwise one per stride phase for a data gradient; igemm, depthwise and stem two (partials,
     ordered sum) for a weight gradient, its bias gradient fused into them (no launch of its own);
-    and one before them per operand the layout pass converts to channels-last (igemm's staging)."""
+    and one before them where the layout pass converts operands to channels-last (igemm's staging:
+    one launch converts them all)."""
     plan = lower(problem, parse_target(vendor))
     if plan.algorithm == "empty":
         return 0
-    conversions = len(plan.conversions)
+    conversions = 1 if plan.conversions else 0
     if plan.kop is KOp.DGRAD:   # igemm and depthwise: a launch per stride phase
         return conversions + (len(Normal.of(problem).phases()) if plan.algorithm in ("igemm", "depthwise") else 1)
     if plan.kop is KOp.WGRAD:   # igemm, depthwise, stem: split-K partials, then their ordered sum
-        return 1 if plan.algorithm == "direct" else 2
+        return conversions + (1 if plan.algorithm == "direct" else 2)
     return conversions + 1
 
 
