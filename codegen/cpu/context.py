@@ -40,6 +40,7 @@ class KernelContext:
     row_classes: tuple = ()   # lanes tiles within rows (Tiling.row_split): (the row's tiles, and per kw tap
                               # the pixels of each that read inside) for each pattern (lanes_rows.row_tile_taps)
     amx_native: bool = False  # AMX kernels use the tile instructions (else their C emulation; Target.amx_native)
+    bf16_narrow: bool = False  # bf16 results rounded by AVX512-BF16's vcvtneps2bf16 (narrow_by_instruction)
 
 
 def build(plan: Plan, entry: str, evex: bool | None = None, row_classes: tuple = ()) -> KernelContext:
@@ -71,7 +72,17 @@ def build(plan: Plan, entry: str, evex: bool | None = None, row_classes: tuple =
                          x_in_place=bool(plan.tiling and "X" in plan.tiling.in_place), strides=tuple(strides),
                          layout_note=note, bias_from=plan.bias_from, bias_channels=channels, bias_size=size,
                          fma_asm=fma_suffix(plan), evex=wide_tiles(plan) if evex is None else evex,
-                         l2_bytes=plan.target.l2_bytes, row_classes=row_classes, amx_native=plan.target.amx_native)
+                         l2_bytes=plan.target.l2_bytes, row_classes=row_classes, amx_native=plan.target.amx_native,
+                         bf16_narrow=narrow_by_instruction(plan))
+
+
+def narrow_by_instruction(plan: Plan) -> bool:
+    """Whether a bf16 kernel rounds its f32 results to bf16 with vcvtneps2bf16 (one instruction a vector)
+    instead of integer vector code (about nine): x86 code shapes of hosts with AVX512-BF16 (`bf16_dot`,
+    where the tiles already reduce on vdpbf16ps). Both round to nearest even and keep NaNs (quiet);
+    the instruction, like vdpbf16ps and AMX's stores, flushes subnormal results to zero."""
+    t = plan.target
+    return plan.problem.dtype is DType.BF16 and t.bf16_dot and t.fma_asm
 
 
 def _lanes(plan: Plan) -> int:
