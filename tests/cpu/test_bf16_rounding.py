@@ -1,7 +1,9 @@
 """bf16 outputs are rounded exactly as torch rounds f32 to bf16: to nearest, ties to even, NaN kept.
 
 Every CPU kernel accumulates bf16 problems in f32 and rounds once when it stores (from_acc lane by
-lane, or vstore_t a vector at a time: templates/cpu/common.h.j2, vector.h.j2). The other tests compare
+lane, or vstore_t a vector at a time: templates/cpu/common.h.j2, vector.h.j2; on AVX512-BF16 hosts
+vstore_t is one vcvtneps2bf16, the same rounding, whose flush of subnormal results no product here
+meets). The other tests compare
 bf16 results with a relative tolerance, which a rounding that truncates or breaks ties upwards would
 pass. Here each output is a single product of two bf16 values (weights zero except the kernel's
 centre, so every other term is an exact zero): a product of two 8-bit significands is exact in f32,
