@@ -77,7 +77,7 @@ X_INNER_MIN_CHANNELS = 128
 
 
 def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
-               pairs: bool = False, capped: bool = False) -> tuple[int, int, float]:
+               pairs: bool = False, capped: bool = False, nv_step: int = 1) -> tuple[int, int, float]:
     """Best (NV, PB, score) for a tile of NV vectors of channels x PB pixels: NV x PB accumulators,
     NV weight vectors and one broadcast in registers, LANES_SPARE_REGISTERS left free. Per tap it
     does NV x PB FMAs for NV aligned loads and PB broadcasts; the score is the fraction of useful
@@ -93,6 +93,8 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
     `capped`: the intensity counts at most 1 (FMA-bound) whatever the tile, for a score to compare
     with blocked's (over_blocked).
 
+    `nv_step`: only NV that are multiples of it (whole-line channel blocks: line_tile).
+
     With 32 registers (and not `capped`, whose score over_blocked compares with blocked's as before)
     tiles of 5 to LANES_WIDEST vectors are taken where they fill more lanes than the best of at most 4.
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes.lanes_tile)"""
@@ -101,7 +103,7 @@ def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
 
     widest = LANES_WIDEST if registers >= 32 and not capped else 4
     best = (1, 1, -1.0)
-    for nv in range(1, widest + 1):
+    for nv in range(nv_step, widest + 1, nv_step):
         if nv > 4 and filled(nv) <= filled(best[0]):
             continue
         for pb in range(1, 15):
@@ -425,8 +427,29 @@ def result_tile(plan: Plan) -> tuple[int, int, float]:
     g, t = plan.geometry, plan.target
     pairs = bf16_pairs(plan)
     registers = t.tile_registers if pairs else t.vector_registers
-    return lanes_tile(g.cout_g if plan.kop is KOp.FWD else g.cin_g, vector_lanes(plan), registers, asm=t.fma_asm,
-                      pairs=pairs)
+    channels, lanes = (g.cout_g if plan.kop is KOp.FWD else g.cin_g), vector_lanes(plan)
+    best = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs)
+    step = _line_step(plan, lanes)
+    if step > 1 and best[0] % step:
+        lined = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs, nv_step=step)
+        if channels % (lined[0] * lanes) == 0:
+            return lined
+    return best
+
+
+def _line_step(plan: Plan, lanes: int) -> int:
+    """The forward's tile widths (in vectors) whose channel blocks are whole 64-byte lines of a
+    channels-last output, where the tile's own best may not be: bf16 results (a vector's 16 values
+    are half a line), so that the output may be stored past the caches (_stream_bytes, whole lines
+    at a time). 1 elsewhere. Zen 4, bf16 channels last, kernel alone, 2 threads, ms: a 1x1 from 16 to 96
+    channels at 112x112, batch 8 (19 MB of output), 3 x 9 cached 1.35, 6 x 4 streamed 1.09 (2 x 12
+    streamed 1.28-1.35).
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes._line_step)"""
+    item = plan.problem.dtype.itemsize
+    if (plan.kop is not KOp.FWD or plan.layout_of("Y") is not Layout.CHANNELS_LAST
+            or (lanes * item) % 64 == 0 or 64 % (lanes * item)):
+        return 1
+    return 64 // (lanes * item)
 
 
 def fills_lanes(plan: Plan) -> bool:
