@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import DType
+from ..ir import DType, Layout
 from ..plan import KOp, Plan, Tiling
 from .family import Family
 from .lanes_wgrad import NAME as LANES
@@ -78,6 +78,11 @@ def _over_1x1(plan: Plan, choice: str, why: str) -> tuple[str, str]:
         return choice, f"{why}; not gemm: a 1x1 of {g.cin_g} input channels to only {g.cout_g} output channels"
     if g.cin_g >= GEMM_WGRAD_MIN_IN:
         return NAME, f"{WHY}; 1x1 with {g.cin_g} input channels"
+    if bf16_pairs(plan) and g.stride == (1, 1, 1) and plan.layout_of("X") is Layout.CHANNELS_LAST:
+        # lanes' pair copy of a channels-last input is made in vectorised runs; gemm packs grad_output
+        # value by value (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", gemm.over:
+        # bf16 1x1 channels last)
+        return choice, f"{why}; not gemm: a bf16 1x1 from a channels-last input, copied in pairs in runs"
     if bf16_pairs(plan):
         # no im2col to pack, and both sides reduce in pairs
         # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", gemm.over: bf16 1x1)

@@ -439,15 +439,15 @@ def result_tile(plan: Plan) -> tuple[int, int, float]:
 
 def _line_step(plan: Plan, lanes: int) -> int:
     """The forward's tile widths (in vectors) whose channel blocks are whole 64-byte lines of a
-    channels-last output, where the tile's own best may not be: bf16 results (a vector's 16 values
-    are half a line), so that the output may be stored past the caches (_stream_bytes, whole lines
-    at a time). 1 elsewhere. Zen 4, bf16 channels last, kernel alone, 2 threads, ms: a 1x1 from 16 to 96
+    channels-last output, where the tile's own best may not be: bf16 results reduced in pairs on the
+    AVX-512 shape (a vector's 16 values are half a line), so that the output may be stored past the
+    caches (_stream_bytes, whole lines at a time). 1 elsewhere (AVX2's bf16 unmeasured). Zen 4, bf16 channels last, kernel alone, 2 threads, ms: a 1x1 from 16 to 96
     channels at 112x112, batch 8 (19 MB of output), 3 x 9 cached 1.35, 6 x 4 streamed 1.09 (2 x 12
     streamed 1.28-1.35).
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes._line_step)"""
     item = plan.problem.dtype.itemsize
-    if (plan.kop is not KOp.FWD or plan.layout_of("Y") is not Layout.CHANNELS_LAST
-            or (lanes * item) % 64 == 0 or 64 % (lanes * item)):
+    if (plan.kop is not KOp.FWD or plan.layout_of("Y") is not Layout.CHANNELS_LAST or not bf16_pairs(plan)
+            or plan.target.isa != "avx512" or (lanes * item) % 64 == 0 or 64 % (lanes * item)):
         return 1
     return 64 // (lanes * item)
 
