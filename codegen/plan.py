@@ -107,6 +107,8 @@ class Tiling:
                              # channels-last one is (each pixel's channels in a row of the copy)
     tap_rows: bool = False   # lanes weight gradient: each register tile is the kh x kw taps of one (input
                              # channel, kd) (kb = kh * kw), read at compile-time offsets from one pointer
+    edge_tiles: bool = False   # grouplanes forward: the columns at each end of a row that meet its padding
+                             # in one tile per side (else one tile per column)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,16 +117,42 @@ def tile(plan: Plan) -> Plan:
     cch = math.ceil(math.ceil(vectors / chunks) / nb) * nb
     what = "output" if plan.kop is KOp.FWD else "input-gradient"
     stream = _stream(plan)
-    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nb, ksb=cch, stream_bytes=stream,
+    edges = _edge_tiles(plan, pb)
+    tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nb, ksb=cch, stream_bytes=stream, edge_tiles=edges,
                     threads_hint=f"parallel over (batch, {what} row, chunk of {cch} channel vectors)")
     slide = ("; one channel per group: the tile slides along the row, each column it reads loaded once for "
              "every pixel and tap it serves" if g.cin_g == 1 else "")
     streamed = (f"; results of {stream >> 20} MB or more per call written with non-temporal stores (a cached "
                 f"store first reads each line)" if stream else "")
     pixels = "output pixels" if plan.kop is KOp.FWD else "input-gradient columns of one stride phase"
+    slide += ("; the columns meeting the padding at each end of a row in one tile a side" if edges else "")
     return plan.decide("tiling", f"register tile {nb} vectors of {lanes} channels x {pb} {pixels} "
                                  f"({nb * pb} of {t.vector_registers} registers accumulate){slide}; input and output "
                                  f"read and written in place{streamed}; {tiling.threads_hint}", tiling=tiling)
+
+
+def _edge_columns(plan: Plan) -> tuple[int, int]:
+    """The forward's output columns at the start and at the end of a row whose window meets the
+    padding (OW_LO and YW - OW_HI of templates/cpu/grouplanes.j2)."""
+    g = plan.geometry
+    (x, y), (s, p, k, d) = (g.x_size[2], g.y_size[2]), (g.stride[2], g.pad_lo[2], g.kernel[2], g.dilation[2])
+    lo = min(y, max(-((kw * d - p) // s) for kw in range(k)))
+    hi = max(lo, min(y, min((x - 1 + p - kw * d) // s + 1 for kw in range(k))))
+    return lo, y - hi
+
+
+def _edge_tiles(plan: Plan, pb: int) -> bool:
+    """Whether the depthwise forward takes the columns meeting the padding at each end of a row in one
+    tile a side (each tap tested per pixel) rather than a tile per column: where a side has 2 to PB
+    of them (5x5 taps and wider with unit strides). One column at a time, each tile loaded every tap's
+    weights for one pixel. Zen 4, channels last, kernel alone, 2 threads, edge tiles / a tile a
+    column: eff_dw5_1152_7 (5x5 at 7x7) f32 0.78, bf16 0.82; eff_dw5_240 (5x5 at 28x28) 0.89, 0.94;
+    3x3 taps (one column a side) 0.94-1.03, and small groups (M = 8) 1.08-1.15: neither takes them.
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", grouplanes._edge_tiles)"""
+    if plan.kop is not KOp.FWD or plan.geometry.cin_g != 1:
+        return False
+    sides = _edge_columns(plan)
+    return max(sides) >= 2 and max(sides) <= pb
 
 
 def join(plan: Plan, candidates: tuple[str, ...]) -> tuple[str, ...]:

@@ -59,6 +59,11 @@ CASES = [
     ("kw1", 16, (6, 19), (3, 1), (1, 2), ((1, 1), (0, 0)), None, None),      # one tap a row: nothing shared
     ("3d", 16, (3, 4, 14), (3, 3, 3), (1, 1, 1), ((1, 1), (1, 1), (1, 1)), None, None),
     ("groups_of_4", 16, (3, 15), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 4),  # the per-pair step, tails of tiles
+    # the forward's edge tiles (grouplanes._edge_tiles): 2 or 3 columns a side meet the padding
+    ("5x5_w7_edges", 24, (3, 7), (5, 5), (1, 1), ((2, 2), (2, 2)), None, None),
+    ("7x7_w9_edges", 20, (2, 9), (7, 7), (1, 1), ((3, 3), (3, 3)), None, None),
+    ("5x5_w3_edges", 16, (4, 3), (5, 5), (1, 1), ((2, 2), (2, 2)), None, None),      # no interior column
+    ("5x5_asym_edges", 16, (3, 10), (3, 5), (1, 1), ((1, 1), (1, 3)), None, None),
 ]
 # A group a whole vector (its channel m broadcast from memory: add_spread in templates/cpu/grouplanes.j2):
 # groups of 8 (AVX2 f32, AVX-512 f64) and of 16 (AVX-512 f32), strided for the stride phases (groups_of_4
@@ -118,6 +123,18 @@ def test_a_group_a_vector_matches_aten(vector_kernels, name, op, dtype, shape):
     assert plan.algorithm == "grouplanes", plan.reasons
     check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
         zlib.crc32(f"{name}-{op.value}-{dtype.value}-{shape}".encode())))
+
+
+def test_depthwise_forward_takes_edge_tiles_where_a_side_has_several_columns():
+    def edges(name, op=Op.FWD):
+        return lower(_case_problem(name, op, DType.F32), cpu_target("avx512"), algorithm="grouplanes").tiling.edge_tiles
+    assert edges("5x5_w7_edges") and edges("7x7_w9_edges") and edges("5x5_w3_edges") and edges("5x5_asym_edges")
+    assert not edges("3x3_w13"), "one column a side: a tile a column"
+    assert not edges("5x5_w7_edges", Op.BWD_DATA), "the forward's only"
+    assert not edges("groups_of_4"), "small groups keep a tile a column"
+    text = emit(lower(_case_problem("5x5_w7_edges", Op.FWD, DType.F32), cpu_target("avx512"),
+                      algorithm="grouplanes")).text
+    assert "constexpr bool EDGE_TILES = true" in text
 
 
 def test_depthwise_takes_sliding_tiles():
