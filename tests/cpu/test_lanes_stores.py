@@ -128,6 +128,9 @@ PLANE_CASES = [
     ("dgrad_3x3", Op.BWD_DATA, dict(n=2, c=7, k=9, size=(6, 10), kernel=(3, 3))),
     ("dgrad_s2_phases", Op.BWD_DATA, dict(n=2, c=9, k=5, size=(9, 8), kernel=(3, 3), stride=2)),
     ("dgrad_3d", Op.BWD_DATA, dict(n=1, c=4, k=6, size=(3, 5, 6), kernel=(3, 3, 3))),
+    # stride-2 phases with runs of V pixels along a row: every other pixel by masked stores (vstore_t_step2)
+    ("dgrad_s2_wide_rows", Op.BWD_DATA, dict(n=2, c=20, k=6, size=(3, 70), kernel=(3, 3), stride=2)),
+    ("dgrad_1d_s2", Op.BWD_DATA, dict(n=2, c=18, k=8, size=(75,), kernel=(4,), stride=2, pad=1)),
 ]
 
 
