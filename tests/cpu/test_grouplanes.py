@@ -27,11 +27,11 @@ from convgen.codegen.emit import emit
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.cpu.work import STREAM_L2S
 from convgen.codegen.pipeline import lower
-from convgen.codegen.target import cpu_target
+from convgen.codegen.target import ISA_WIDTHS, TargetKind, cpu_target, host_bf16_dot, host_isas
 from convgen.dispatch.problem import TORCH_DTYPES, memory_format
 
 from support.builds import kernels_by_key
-from support.code_shapes import x86_shape
+from support.code_shapes import ShapeForThisHost, x86_shape
 from support.problems import conv_problem
 from support.reference import check_forward_or_data_gradient, rel_err, tolerance
 
@@ -123,6 +123,62 @@ def test_a_group_a_vector_matches_aten(vector_kernels, name, op, dtype, shape):
     assert plan.algorithm == "grouplanes", plan.reasons
     check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
         zlib.crc32(f"{name}-{op.value}-{dtype.value}-{shape}".encode())))
+
+
+# bf16 in pairs of a group's channels (grouplanes._pairs: even M, targets with AVX512-BF16): M = 2 with a
+# channel tail, 4, 8 (two groups a vector) and 16 (a group a vector), strides, edges and uneven padding.
+# The portable target (the AVX-512 shape in C vector code for this host, vdpbf16ps emulated) runs on any host; the zmm and ymm shapes step the
+# instruction, where the CPU has it.
+PAIR_CASES = [
+    ("pairs_m2_tail", 24, (3, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 12),
+    ("pairs_m4_s2", 32, (5, 12), (3, 3), (2, 2), ((1, 1), (0, 2)), None, 8),
+    ("pairs_m8_5x5", 64, (4, 11), (5, 5), (1, 1), ((2, 2), (2, 2)), None, 8),
+    ("pairs_m16", 48, (3, 10), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 3),
+]
+BY_NAME.update({case[0]: case for case in PAIR_CASES})
+PAIR_TARGETS = {"portable": ShapeForThisHost(TargetKind.CPU, "avx512", ISA_WIDTHS["avx512"], 32, bf16_dot=True),
+                "zmm": cpu_target("avx512", bf16_dot=True), "ymm": cpu_target("avx2", bf16_dot=True)}
+
+
+def _pair_target_runs(which: str) -> bool:
+    return which == "portable" or (host_bf16_dot() and PAIR_TARGETS[which].isa in host_isas())
+
+
+def _pair_fits(name: str, which: str) -> bool:
+    """(groups of 16 fill no whole vector of the ymm shape's 8 lanes: not grouplanes there)"""
+    return "grouplanes" in lower(_case_problem(name, Op.FWD, DType.BF16), PAIR_TARGETS[which]).candidates
+
+
+@pytest.fixture(scope="module")
+def pair_kernels():
+    keys = [(case[0], op, which) for case in PAIR_CASES for op in OPS for which in PAIR_TARGETS
+            if _pair_target_runs(which) and _pair_fits(case[0], which)]
+    return kernels_by_key(keys, lambda name, op, which: lower(_case_problem(name, op, DType.BF16),
+                                                              PAIR_TARGETS[which], algorithm="grouplanes"))
+
+
+PAIR_RUNS = [(case[0], op, which) for case in PAIR_CASES for op in OPS for which in PAIR_TARGETS
+             if _pair_fits(case[0], which)]
+
+
+@pytest.mark.parametrize("name, op, which", PAIR_RUNS, ids=[f"{n}-{o.value}-{w}" for n, o, w in PAIR_RUNS])
+def test_bf16_pairs_of_group_channels_match_aten(pair_kernels, name, op, which):
+    if not _pair_target_runs(which):
+        pytest.skip("this CPU has no AVX512-BF16 for this shape: the portable target runs the same pairs")
+    case = BY_NAME[name]
+    plan, kernel = pair_kernels[(case[0], op, which)]
+    assert plan.algorithm == "grouplanes" and plan.tiling.pairs, plan.reasons
+    check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
+        zlib.crc32(f"{case[0]}-{op.value}-{which}".encode())))
+
+
+def test_pairs_only_for_bf16_on_bf16_targets_with_even_groups():
+    def pairs(name, dtype=DType.BF16, target=PAIR_TARGETS["zmm"], op=Op.FWD):
+        return lower(_case_problem(name, op, dtype), target, algorithm="grouplanes").tiling.pairs
+    assert pairs("pairs_m8_5x5") and pairs("pairs_m8_5x5", op=Op.BWD_DATA)
+    assert not pairs("pairs_m8_5x5", dtype=DType.F32)
+    assert not pairs("pairs_m8_5x5", target=cpu_target("avx512")), "no AVX512-BF16: no pairs"
+    assert not pairs("3x3_w13"), "depthwise (M = 1) keeps its sliding tiles"
 
 
 def test_depthwise_forward_takes_edge_tiles_where_a_side_has_several_columns():
