@@ -5,6 +5,8 @@ kernels faster, each checked for the plan it makes and against ATen in float64.
   AVX512-BF16; integer vector code on every other target.
 - A forward into channels last takes a tile of whole-line channel blocks where one fills the
   channels (lanes._line_step), so that a large output is stored past the caches.
+- bf16 pairs read a channels-last operand of an even number of channels a group in place
+  (lanes._pairs_in_place), as words that are already pairs.
 - The lanes weight gradient copies a channels-last input's pixel pairs channels innermost, in runs
   (CH_INNER in its source), and takes bf16 1x1 weight gradients of fewer than 256 input channels
   with unit strides from gemm (gemm._over_1x1).
@@ -38,6 +40,14 @@ CL = Layout.CHANNELS_LAST
 CASES = [
     ("fwd_1x1_96_streamed", Op.FWD, dict(n=2, c=16, k=96, size=(112, 112), kernel=1, pad=0)),   # 4.8 MB out
     ("fwd_3x3_96_pad", Op.FWD, dict(n=2, c=10, k=96, size=(9, 13), kernel=3)),
+    # the reduced operand read in place as words of pairs (lanes._pairs_in_place): 1x1, tiles within rows
+    # (the padding never read), groups of an even count, a strided data gradient's phases
+    ("fwd_1x1_in_place", Op.FWD, dict(n=2, c=64, k=48, size=(9, 11), kernel=1, pad=0)),
+    ("fwd_3x3_rows_in_place", Op.FWD, dict(n=2, c=32, k=64, size=(6, 40), kernel=3)),
+    ("fwd_grouped_in_place", Op.FWD, dict(n=2, c=20, k=64, size=(5, 7), kernel=1, pad=0, groups=2)),
+    ("dgrad_1x1_in_place", Op.BWD_DATA, dict(n=2, c=40, k=96, size=(7, 9), kernel=1, pad=0)),
+    ("dgrad_3x3_rows_in_place", Op.BWD_DATA, dict(n=2, c=64, k=32, size=(6, 40), kernel=3)),
+    ("dgrad_s2_in_place", Op.BWD_DATA, dict(n=2, c=48, k=64, size=(9, 12), kernel=1, pad=0, stride=2)),
     ("wgrad_1x1_lanes", Op.BWD_WEIGHT, dict(n=3, c=24, k=64, size=(7, 9), kernel=1, pad=0)),
     ("wgrad_1x1_odd_width", Op.BWD_WEIGHT, dict(n=2, c=40, k=96, size=(5, 7), kernel=1, pad=0, groups=2)),
     ("wgrad_3x3_pad_stride2", Op.BWD_WEIGHT, dict(n=2, c=18, k=64, size=(11, 9), kernel=3, stride=2)),
@@ -74,6 +84,14 @@ def test_bf16_channels_last_matches_aten(kernels, name, op, kw):
         assert rel_err(y, ref) <= tolerance(torch.bfloat16, terms), f"output rel err {rel_err(y, ref):.2e}"
         return
     gy = in_channels_last(torch.randn(p.output_shape, generator=gen, dtype=torch.float64).to(torch.bfloat16))
+    if op is Op.BWD_DATA:
+        gx = in_channels_last(torch.full(p.input_shape, float("nan"), dtype=torch.bfloat16))
+        kernel({"grad_output": gy, "weight": w, "grad_input": gx}, p.n, 2)
+        ref = torch.ops.aten.convolution_backward(gy.double(), x.double(), w.double(), None, *args,
+                                                  [True, False, False])[0]
+        terms = p.k // p.groups * torch.Size(p.kernel).numel()
+        assert rel_err(gx, ref) <= tolerance(torch.bfloat16, terms), f"grad_input rel err {rel_err(gx, ref):.2e}"
+        return
     gw = in_channels_last(torch.full(p.weight_shape, float("nan"), dtype=torch.bfloat16))
     gb = torch.full((p.k,), float("nan"), dtype=torch.bfloat16)
     kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, p.n, 2)
@@ -92,6 +110,20 @@ def test_bf16_results_rounded_by_the_instruction_only_on_bf16_hosts(name, op, kw
         assert "vcvtneps2bf16" not in emit(_plan(op, kw, target)).text, target.name()
     f32 = lower(conv_problem(**kw, op=op, layout=CL), ZMM_PAIRS)
     assert "vcvtneps2bf16" not in emit(f32).text
+
+
+@pytest.mark.parametrize("name, op, kw", [c for c in CASES if c[0].endswith("_in_place")],
+                         ids=[c[0] for c in CASES if c[0].endswith("_in_place")])
+def test_pairs_read_in_place_where_channels_pair(name, op, kw):
+    plan = _plan(op, kw)
+    assert plan.algorithm == "lanes" and plan.tiling.pairs, (plan.algorithm, plan.reasons)
+    assert ("X" if op is Op.FWD else "Y") in plan.tiling.in_place, plan.reasons
+    # an odd number of channels a group: its pairs are made by the copy
+    odd = dict(kw, c=kw["c"] - 1 if op is Op.FWD else kw["c"], k=kw["k"] - 1 if op is Op.BWD_DATA else kw["k"])
+    if op is Op.FWD and kw.get("groups", 1) > 1:
+        odd = dict(kw, c=kw["c"] + kw["groups"])   # (groups of 11: odd)
+    other = _plan(op, odd)
+    assert not other.tiling.in_place, other.reasons
 
 
 def test_forward_tile_of_whole_lines_streams_the_output():
