@@ -419,8 +419,11 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
 // The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
 // (another stride phase's, perhaps being written by another thread). AVX-512 f32:
 // each half of v spread over every other lane and written by one masked store (masked-off lanes are
-// neither written nor faulted); elsewhere value by value (STORE_STEP2 false: callers then store
-// such runs as they did before, one pixel at a time).
+// neither written nor faulted); bf16 (AVX512-BW) likewise, its 16 values rounded, spread over every
+// other of 32 16-bit lanes and written by one masked store (value by value, the stores of a
+// transposed convolution's stride-2 phases took half of c1d_tconv's bf16 forward, Zen 4); elsewhere
+// value by value (STORE_STEP2 false: callers then store such runs as they did before, one pixel at a
+// time).
 constexpr bool STORE_STEP2 = false;
 static inline void vstore_t_step2(T* out, vec v) {
   ACC vals[V];   // (callers take this only where STORE_STEP2; it keeps the other builds well-formed)
@@ -500,11 +503,15 @@ constexpr bool CH_INNER = Y_SC == 1 && Y_SW > 1;
 // odd_asym's 17 channels 1.13x without, Xeon, channels last).
 constexpr int64_t YGC = G * RC, LINE = 64 / (int64_t)sizeof(ACC);   // words per pixel, per cache line
 constexpr int64_t YGS = YGC > 2 * LINE ? (((YGC + LINE - 1) / LINE) | 1) * LINE : YGC;   // a pixel's stride
-constexpr int64_t RB_SW = IN_PLACE ? Y_SW : CH_INNER ? YGS : 1,
-                  RB_SH = IN_PLACE ? Y_SH : CH_INNER ? EXW * YGS : EXW,
-                  RB_SD = IN_PLACE ? Y_SD : EXH * EXW * (CH_INNER ? YGS : 1),
+// In place with pairs (a channels-last grad_output of an even number of channels a group): read as 32-bit
+// words, each a pair of stored channels, so its strides count words (YPW values a word).
+constexpr int64_t YPW = IN_PLACE && PAIRS ? 2 : 1;
+static_assert(YPW == 1 || (Y_SC == 1 && COUT_G % 2 == 0 && Y_SW % 2 == 0), "pairs in place: channels last, even groups");
+constexpr int64_t RB_SW = IN_PLACE ? Y_SW / YPW : CH_INNER ? YGS : 1,
+                  RB_SH = IN_PLACE ? Y_SH / YPW : CH_INNER ? EXW * YGS : EXW,
+                  RB_SD = IN_PLACE ? Y_SD / YPW : EXH * EXW * (CH_INNER ? YGS : 1),
                   RB_SC = IN_PLACE ? Y_SC : CH_INNER ? 1 : EXD * EXH * EXW,
-                  RB_SN = IN_PLACE ? Y_SN : (CH_INNER ? YGS : G * RC) * EXD * EXH * EXW, RB_SG = RC * RB_SC;
+                  RB_SN = IN_PLACE ? Y_SN / YPW : (CH_INNER ? YGS : G * RC) * EXD * EXH * EXW, RB_SG = RC * RB_SC;
 constexpr int64_t OUT_SC = X_SC;
 
 // A part's phase per axis, and its pixels per axis and per image.
@@ -692,7 +699,7 @@ extern "C" int cg_conv2d_bwdd_c512_k512_7x7_r3x3_p1_f32_lanes(const T* __restric
   // (rows_each: each thread's rows, in the work loop). In place, the padded copy's position o + LO is at
   // gy + o: tiles within rows step only the taps and pixels that read inside gy, so where there is a
   // border no read falls outside gy (without one, LO is 0)
-  const ACC* rs = IN_PLACE ? (const ACC*)gy - (LOD * Y_SD + LOH * Y_SH + LOW * Y_SW) : yp;
+  const ACC* rs = IN_PLACE ? (const ACC*)gy - (LOD * RB_SD + LOH * RB_SH + LOW * RB_SW) : yp;
   T* out = gx;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   auto tile_first = [](int64_t t) { return t * PB; };

@@ -420,8 +420,11 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
 // The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
 // (another stride phase's, perhaps being written by another thread). AVX-512 f32:
 // each half of v spread over every other lane and written by one masked store (masked-off lanes are
-// neither written nor faulted); elsewhere value by value (STORE_STEP2 false: callers then store
-// such runs as they did before, one pixel at a time).
+// neither written nor faulted); bf16 (AVX512-BW) likewise, its 16 values rounded, spread over every
+// other of 32 16-bit lanes and written by one masked store (value by value, the stores of a
+// transposed convolution's stride-2 phases took half of c1d_tconv's bf16 forward, Zen 4); elsewhere
+// value by value (STORE_STEP2 false: callers then store such runs as they did before, one pixel at a
+// time).
 constexpr bool STORE_STEP2 = false;
 static inline void vstore_t_step2(T* out, vec v) {
   ACC vals[V];   // (callers take this only where STORE_STEP2; it keeps the other builds well-formed)
@@ -503,11 +506,15 @@ constexpr bool CH_INNER = true;   // (an input in channel planes too: Tiling.x_i
 // odd_asym's 17 channels 1.13x without, Xeon, channels last).
 constexpr int64_t XGC = G * XCP, LINE = 64 / (int64_t)sizeof(ACC);   // words per pixel, per cache line
 constexpr int64_t XGS = XGC > 2 * LINE ? (((XGC + LINE - 1) / LINE) | 1) * LINE : XGC;   // a pixel's stride
-constexpr int64_t RB_SW = IN_PLACE ? X_SW : CH_INNER ? XGS : 1,
-                  RB_SH = IN_PLACE ? X_SH : CH_INNER ? XWP * XGS : XWP,
-                  RB_SD = IN_PLACE ? X_SD : XHP * XWP * (CH_INNER ? XGS : 1),
+// In place with pairs (a channels-last input of an even number of channels a group): the input read as
+// 32-bit words, each a pair of stored channels, so its strides count words (XPW values a word).
+constexpr int64_t XPW = IN_PLACE && false ? 2 : 1;
+static_assert(XPW == 1 || (X_SC == 1 && CIN_G % 2 == 0 && X_SW % 2 == 0), "pairs in place: channels last, even groups");
+constexpr int64_t RB_SW = IN_PLACE ? X_SW / XPW : CH_INNER ? XGS : 1,
+                  RB_SH = IN_PLACE ? X_SH / XPW : CH_INNER ? XWP * XGS : XWP,
+                  RB_SD = IN_PLACE ? X_SD / XPW : XHP * XWP * (CH_INNER ? XGS : 1),
                   RB_SC = IN_PLACE ? X_SC : CH_INNER ? 1 : XDP * XHP * XWP,
-                  RB_SN = IN_PLACE ? X_SN : (CH_INNER ? XGS : G * XCP) * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
+                  RB_SN = IN_PLACE ? X_SN / XPW : (CH_INNER ? XGS : G * XCP) * XDP * XHP * XWP, RB_SG = XCP * RB_SC;
 
 // Padded row r (of n * XDP * XHP) of the channels-innermost copy, to dst (XWP * XGS words).
 static inline void pad_row(const T* __restrict x, ACC* __restrict dst, int64_t r) {
@@ -715,7 +722,7 @@ extern "C" int cg_conv2d_fwd_c128_k128_28x28_r3x3_p1_f32_lanes(const T* __restri
   // (rows_each: each thread's rows, in the work loop). In place, padded position p is at x + p - the
   // padding's offset: tiles within rows step only the taps and pixels that read inside x, so where
   // there is padding no read falls outside x
-  const ACC* rs = IN_PLACE ? (const ACC*)x - (PD * X_SD + PH * X_SH + PW * X_SW) : xp;
+  const ACC* rs = IN_PLACE ? (const ACC*)x - (PD * RB_SD + PH * RB_SH + PW * RB_SW) : xp;
   T* out = y;
   constexpr int64_t TILES = (QB + PB - 1) / PB;
   auto tile_first = [](int64_t t) { return t * PB; };

@@ -421,8 +421,11 @@ static inline void store_strided(T* __restrict dst, int64_t stride, const ACC* _
 // The V values of v stored as T at out[0], out[2], ..., out[2V - 2], the odd places left untouched
 // (another stride phase's, perhaps being written by another thread). AVX-512 f32:
 // each half of v spread over every other lane and written by one masked store (masked-off lanes are
-// neither written nor faulted); elsewhere value by value (STORE_STEP2 false: callers then store
-// such runs as they did before, one pixel at a time).
+// neither written nor faulted); bf16 (AVX512-BW) likewise, its 16 values rounded, spread over every
+// other of 32 16-bit lanes and written by one masked store (value by value, the stores of a
+// transposed convolution's stride-2 phases took half of c1d_tconv's bf16 forward, Zen 4); elsewhere
+// value by value (STORE_STEP2 false: callers then store such runs as they did before, one pixel at a
+// time).
 constexpr bool STORE_STEP2 = false;
 static inline void vstore_t_step2(T* out, vec v) {
   ACC vals[V];   // (callers take this only where STORE_STEP2; it keeps the other builds well-formed)
