@@ -7,7 +7,7 @@ Bottom to top (a module imports only from those above it in this list, and from 
 - work.py      work items, reduction parts, register budget, shared geometry tests
 - context.py   the context every CPU template is rendered with
 - family.py    `Family`, what a family module exports as FAMILY
-- families:    blocked, lanes_rows, lanes (forward, data gradient; lanes over blocked), lanes_wgrad,
+- families:    blocked, lanes_rows, lanes_operands, lanes (forward, data gradient; lanes over blocked), lanes_wgrad,
                direct, pointwise (forward, data gradient; the GEMM tile gemm shares), pointwise_wgrad,
                gemm, grouplanes, depthwise (planes forward and data gradient, depthwise weight
                gradient), planes (weight gradient over planes), amx, reduce (the bias gradient)

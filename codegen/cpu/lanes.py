@@ -14,13 +14,12 @@ import math
 
 from ..ir import Layout
 from ..plan import Geometry, KOp, Plan, Tiling
-from ..target import TargetKind
 from . import blocked
 from .context import KernelContext, build
 from .family import Family
+from . import lanes_operands as operands
 from .lanes_rows import ROW_TILES_MIN_REGISTERS, row_classes, row_split
-from .work import (ASM_FMA_PER_LOAD, FMA_PER_LOAD, STREAM_L2S, asm_tile_registers, bf16_pairs, vector_lanes,
-                   windows_inside)
+from .work import ASM_FMA_PER_LOAD, FMA_PER_LOAD, asm_tile_registers, bf16_pairs, vector_lanes, windows_inside
 
 NAME = "lanes"
 WHY = ("channels in the vector lanes, pixels broadcast (weight gradient: input values broadcast, no "
@@ -69,11 +68,6 @@ WIDE_LANES_MIN_CHANNELS = 128
 # its shape stores whole vectors (vstore_t); not from 32 channels nor on wider rows.
 # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS)
 WIDE_LANES_FOUR_VECTORS_MIN_CHANNELS = 64
-# A channel-plane (NCHW) input the forward copies (zero-padded) is copied channels innermost, as a
-# channels-last one is, where it has at least this many channels a group, unit strides, a window of
-# several taps and no depth window (`_x_inner`).
-# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", X_INNER_MIN_CHANNELS)
-X_INNER_MIN_CHANNELS = 128
 
 
 def lanes_tile(channels: int, lanes: int, registers: int, asm: bool = False,
@@ -354,47 +348,10 @@ def _copy_per_item(plan: Plan, qb: int, pairs: bool, in_place: tuple[str, ...], 
                           and g.groups * g.cout_g > 1) else 0
 
 
-def _pairs_in_place(plan: Plan, pairs: bool) -> bool:
-    """Whether bf16 pairs read the operand they reduce over (the forward's input, the data gradient's
-    grad_output) in place, as f32 does: channels last with an even number of channels a group, so that
-    each 32-bit word of it is already a pair (pair_of's layout: the even channel in the low half).
-    Elsewhere its copy interleaves the pairs. Zen 4, bf16 channels last, kernel alone, 2 threads, in
-    place against copied: forwards 0.94-1.28x faster (shuffle_g3 1.74x, r50_1x1_256_64 1.28x), data
-    gradients 0.97-1.20x (mb_pw_16_96 1.49x).
-    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes._pairs_in_place)"""
-    g = plan.geometry
-    fwd = plan.kop is KOp.FWD
-    reduced = g.cin_g if fwd else g.cout_g
-    return pairs and plan.layout_of("X" if fwd else "Y") is Layout.CHANNELS_LAST and reduced % 2 == 0
 
 
-def _x_inner(plan: Plan) -> bool:
-    """Whether the forward's copy of a channel-plane (NCHW) input holds each pixel's channels together
-    (channels innermost, as a channels-last input's copy does) rather than in planes: with at least
-    X_INNER_MIN_CHANNELS channels a group, unit strides, several taps and no depth window, where it
-    measured faster (up to 1.65x on the AVX2 shape; why planes run slower there is not established:
-    a chunk's tiles then read CC x KH streams of lines, channels innermost KH). Strided windows
-    (which skip the copy's pixels), depth windows, 1x1 kernels and fewer channels measured no gain
-    or a loss.
-    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", X_INNER_MIN_CHANNELS)"""
-    g = plan.geometry
-    return (plan.layout_of("X") is Layout.CONTIGUOUS and g.cin_g >= X_INNER_MIN_CHANNELS
-            and all(s == 1 for s in g.stride) and g.kernel[0] == 1 and math.prod(g.kernel) > 1)
 
 
-def _stream_bytes(plan: Plan, nvv: int) -> int:
-    """The output bytes per call from which the lanes forward stores past the caches (0: never):
-    x86 targets, a channels-last output whose every tile store covers whole 64-byte lines (channel
-    blocks of whole vectors, a line-multiple block and pixel stride). The data gradient and channel
-    planes keep cached stores (STREAM_L2S)."""
-    g, t, p = plan.geometry, plan.target, plan.problem
-    item = p.dtype.itemsize
-    if (t.kind is not TargetKind.CPU or t.isa not in ("avx2", "avx512")
-            or plan.layout_of("Y") is not Layout.CHANNELS_LAST):
-        return 0
-    if g.cout_g % nvv or (nvv * item) % 64 or (g.cout_g * g.groups * item) % 64:
-        return 0
-    return STREAM_L2S * t.l2_bytes
 
 
 def _reason(plan: Plan, tiling: Tiling, score: float, registers: int, weight_bytes: int, border: bool) -> str:
@@ -443,7 +400,7 @@ def result_tile(plan: Plan) -> tuple[int, int, float]:
     registers = t.tile_registers if pairs else t.vector_registers
     channels, lanes = (g.cout_g if plan.kop is KOp.FWD else g.cin_g), vector_lanes(plan)
     best = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs)
-    step = _line_step(plan, lanes)
+    step = operands.line_step(plan, lanes)
     if step > 1 and best[0] % step:
         lined = lanes_tile(channels, lanes, registers, asm=t.fma_asm, pairs=pairs, nv_step=step)
         if channels % (lined[0] * lanes) == 0:
@@ -451,19 +408,6 @@ def result_tile(plan: Plan) -> tuple[int, int, float]:
     return best
 
 
-def _line_step(plan: Plan, lanes: int) -> int:
-    """The forward's tile widths (in vectors) whose channel blocks are whole 64-byte lines of a
-    channels-last output, where the tile's own best may not be: bf16 results reduced in pairs on the
-    AVX-512 shape (a vector's 16 values are half a line), so that the output may be stored past the
-    caches (_stream_bytes, whole lines at a time). 1 elsewhere (AVX2's bf16 unmeasured). Zen 4, bf16 channels last, kernel alone, 2 threads, ms: a 1x1 from 16 to 96
-    channels at 112x112, batch 8 (19 MB of output), 3 x 9 cached 1.35, 6 x 4 streamed 1.09 (2 x 12
-    streamed 1.28-1.35).
-    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes._line_step)"""
-    item = plan.problem.dtype.itemsize
-    if (plan.kop is not KOp.FWD or plan.layout_of("Y") is not Layout.CHANNELS_LAST or not bf16_pairs(plan)
-            or plan.target.isa != "avx512" or (lanes * item) % 64 == 0 or 64 % (lanes * item)):
-        return 1
-    return 64 // (lanes * item)
 
 
 def fills_lanes(plan: Plan) -> bool:
@@ -506,11 +450,11 @@ def tile(plan: Plan) -> Plan:
     # Tiles within rows read no padding: the operand is then read in place too, its copy left out
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes.tile: read in place)
     in_place = ("X" if fwd else "Y",) if (not border or split) and (p.dtype.accumulator is p.dtype
-                                                                   or _pairs_in_place(plan, pairs)) else ()
-    x_inner = fwd and not in_place and _x_inner(plan)
+                                                                   or operands.pairs_in_place(plan, pairs)) else ()
+    x_inner = fwd and not in_place and operands.x_inner(plan)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
                     x_inner=x_inner,
-                    pairs=pairs, stream_bytes=_stream_bytes(plan, nv * lanes) if fwd else 0,
+                    pairs=pairs, stream_bytes=operands.stream_bytes(plan, nv * lanes) if fwd else 0,
                     copy_per_item=_copy_per_item(plan, qb, pairs, in_place, channel_major), row_split=split,
                     threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")

@@ -4,9 +4,9 @@ kernels faster, each checked for the plan it makes and against ATen in float64.
 - Results rounded to bf16 by vcvtneps2bf16 (context.narrow_by_instruction) on x86 targets with
   AVX512-BF16; integer vector code on every other target.
 - A forward into channels last takes a tile of whole-line channel blocks where one fills the
-  channels (lanes._line_step), so that a large output is stored past the caches.
+  channels (lanes_operands.line_step), so that a large output is stored past the caches.
 - bf16 pairs read a channels-last operand of an even number of channels a group in place
-  (lanes._pairs_in_place), as words that are already pairs.
+  (lanes_operands.pairs_in_place), as words that are already pairs.
 - The lanes weight gradient copies a channels-last input's pixel pairs channels innermost, in runs
   (CH_INNER in its source), and takes bf16 1x1 weight gradients of fewer than 256 input channels
   with unit strides from gemm (gemm._over_1x1).
@@ -40,7 +40,7 @@ CL = Layout.CHANNELS_LAST
 CASES = [
     ("fwd_1x1_96_streamed", Op.FWD, dict(n=2, c=16, k=96, size=(112, 112), kernel=1, pad=0)),   # 4.8 MB out
     ("fwd_3x3_96_pad", Op.FWD, dict(n=2, c=10, k=96, size=(9, 13), kernel=3)),
-    # the reduced operand read in place as words of pairs (lanes._pairs_in_place): 1x1, tiles within rows
+    # the reduced operand read in place as words of pairs (lanes_operands.pairs_in_place): 1x1, tiles within rows
     # (the padding never read), groups of an even count, a strided data gradient's phases
     ("fwd_1x1_in_place", Op.FWD, dict(n=2, c=64, k=48, size=(9, 11), kernel=1, pad=0)),
     ("fwd_3x3_rows_in_place", Op.FWD, dict(n=2, c=32, k=64, size=(6, 40), kernel=3)),

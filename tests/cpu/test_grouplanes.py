@@ -127,8 +127,8 @@ def test_a_group_a_vector_matches_aten(vector_kernels, name, op, dtype, shape):
 
 # bf16 in pairs of a group's channels (grouplanes._pairs: even M, targets with AVX512-BF16): M = 2 with a
 # channel tail, 4, 8 (two groups a vector) and 16 (a group a vector), strides, edges and uneven padding.
-# The portable target (the AVX-512 shape in C vector code for this host, vdpbf16ps emulated) runs on any host; the zmm and ymm shapes step the
-# instruction, where the CPU has it.
+# The portable target (the AVX-512 shape in C vector code for this host, vdpbf16ps emulated) runs on
+# any host; the zmm and ymm shapes step the instruction, where the CPU has it.
 PAIR_CASES = [
     ("pairs_m2_tail", 24, (3, 9), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 12),
     ("pairs_m4_s2", 32, (5, 12), (3, 3), (2, 2), ((1, 1), (0, 2)), None, 8),

@@ -2,7 +2,7 @@
 
 The lanes forward reads its zero-padded copy of the input one value at a time (broadcast to every
 lane of output channels). A channels-last input is copied channels innermost; a channel-plane input
-was copied into planes, and where the layout rule says so (codegen/cpu/lanes.py `_x_inner`) it is now
+was copied into planes, and where the layout rule says so (codegen/cpu/lanes_operands.py `x_inner`) it is now
 copied channels innermost too: a transpose in the copy the kernel makes anyway. These cases force the
 channels-innermost copy on channel-plane inputs (and the rule's own choice on the suite's shapes) and
 check the results against ATen in float64, on every x86 code shape this CPU runs: every dtype (bf16 in
