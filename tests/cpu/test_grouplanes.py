@@ -59,7 +59,9 @@ CASES = [
     ("kw1", 16, (6, 19), (3, 1), (1, 2), ((1, 1), (0, 0)), None, None),      # one tap a row: nothing shared
     ("3d", 16, (3, 4, 14), (3, 3, 3), (1, 1, 1), ((1, 1), (1, 1), (1, 1)), None, None),
     ("groups_of_4", 16, (3, 15), (3, 3), (1, 1), ((1, 1), (1, 1)), None, 4),  # the per-pair step, tails of tiles
-    # the forward's edge tiles (grouplanes._edge_tiles): 2 or 3 columns a side meet the padding
+]
+# The forward's edge tiles (grouplanes._edge_tiles, the forward's only): 2 or 3 columns a side meet the padding
+EDGE_CASES = [
     ("5x5_w7_edges", 24, (3, 7), (5, 5), (1, 1), ((2, 2), (2, 2)), None, None),
     ("7x7_w9_edges", 20, (2, 9), (7, 7), (1, 1), ((3, 3), (3, 3)), None, None),
     ("5x5_w3_edges", 16, (4, 3), (5, 5), (1, 1), ((2, 2), (2, 2)), None, None),      # no interior column
@@ -79,7 +81,7 @@ VECTOR_RUNS = [("groups_of_8", DType.F32, "avx2"), ("groups_of_8", DType.F64, "a
 DTYPES = [DType.F32, DType.BF16, DType.F64]
 OPS = [Op.FWD, Op.BWD_DATA]
 SHAPES = ["avx512", "avx2"]
-BY_NAME = {case[0]: case for case in CASES + VECTOR_CASES}
+BY_NAME = {case[0]: case for case in CASES + VECTOR_CASES + EDGE_CASES}
 
 
 def _case_problem(name, op, dtype) -> ConvProblem:
@@ -107,6 +109,23 @@ def test_tiles_match_aten(kernels, case, op, dtype, shape):
     assert plan.algorithm == "grouplanes", plan.reasons
     check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
         zlib.crc32(f"{case[0]}-{op.value}-{dtype.value}-{shape}".encode())))
+
+
+@pytest.fixture(scope="module")
+def edge_kernels():
+    keys = [(case[0], dtype, shape) for case in EDGE_CASES for dtype in DTYPES for shape in SHAPES]
+    return kernels_by_key(keys, lambda name, dtype, shape: lower(_case_problem(name, Op.FWD, dtype),
+                                                                 x86_shape(shape), algorithm="grouplanes"))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+@pytest.mark.parametrize("case", EDGE_CASES, ids=[c[0] for c in EDGE_CASES])
+def test_edge_tiles_match_aten(edge_kernels, case, dtype, shape):
+    plan, kernel = edge_kernels[(case[0], dtype, shape)]
+    assert plan.algorithm == "grouplanes" and plan.tiling.edge_tiles, plan.reasons
+    check_forward_or_data_gradient(kernel, plan.problem, torch.Generator().manual_seed(
+        zlib.crc32(f"{case[0]}-{dtype.value}-{shape}".encode())))
 
 
 @pytest.fixture(scope="module")
