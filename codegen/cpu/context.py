@@ -9,7 +9,7 @@ import dataclasses
 from ..ir import DType
 from ..plan import Geometry, KOp, Plan, Tiling
 from ..render import operand_strides
-from .work import vector_lanes
+from .work import bf16_pairs, vector_lanes
 
 STORAGE = {DType.F32: "float", DType.F64: "double", DType.BF16: "uint16_t", DType.F16: "uint16_t"}
 ACCUMULATOR = {DType.F32: "float", DType.F64: "double", DType.BF16: "float", DType.F16: "float"}
@@ -81,8 +81,7 @@ def narrow_by_instruction(plan: Plan) -> bool:
     instead of integer vector code (about nine): x86 code shapes of hosts with AVX512-BF16 (`bf16_dot`,
     where the tiles already reduce on vdpbf16ps). Both round to nearest even and keep NaNs (quiet);
     the instruction, like vdpbf16ps and AMX's stores, flushes subnormal results to zero."""
-    t = plan.target
-    return plan.problem.dtype is DType.BF16 and t.bf16_dot and t.fma_asm
+    return bf16_pairs(plan) and plan.target.fma_asm
 
 
 def _lanes(plan: Plan) -> int:

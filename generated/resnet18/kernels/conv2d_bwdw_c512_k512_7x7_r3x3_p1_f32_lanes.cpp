@@ -562,6 +562,10 @@ constexpr bool PER_ITEM = false;
 constexpr bool GY_IN_PLACE = false;
 constexpr bool GY_RUNS = !GY_IN_PLACE && !PAIRS && (YW == 1 || Y_SW == 1) && (YH == 1 || Y_SH == YW) &&
                          (YD == 1 || Y_SD == YH * YW);
+// Channel j's bias sum among a block's NV vectors of sums in double (lo[v], hi[v]: the halves of vector v).
+static inline double& block_sum(dhalf* lo, dhalf* hi, int64_t j) {
+  return j % V < V / 2 ? lo[j / V][j % V] : hi[j / V][j % V - V / 2];
+}
 static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double* __restrict bs, int64_t n,
                              int nthreads) {
   #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -591,7 +595,7 @@ static void pack_grad_output(const T* __restrict gy, ACC* __restrict gyt, double
         for (int64_t v = 0; v < NV; ++v) add_double(lo[v], hi[v], vload(src + v * V));
       }
       for (int64_t j = 0; j < NVV && kblk * NVV + j < COUT_G; ++j)
-        bs[(g * COUT_G + kblk * NVV + j) * n + b] = j % V < V / 2 ? lo[j / V][j % V] : hi[j / V][j % V - V / 2];
+        bs[(g * COUT_G + kblk * NVV + j) * n + b] = block_sum(lo, hi, j);
       continue;
     }
     double sum[NVV] = {};
