@@ -32,7 +32,11 @@ conversion and the launches' latency are shared by the batch's images):
 - the kernel's time with and without staging: max(multiplies at the units' peak, compulsory bytes at
   the memory bandwidth, instruction issue), the issue from the operands' element loads at
   GATHER_INSTRUCTIONS per element gathered or COPY_INSTRUCTIONS per 16-byte copy, issued at one
-  instruction per lane and cycle (the f32 FMA peak / 2: instructions are per thread);
+  instruction per lane and cycle (the f32 FMA peak / 2: instructions are per thread), plus the
+  gathers' exposed latency: an element gather is a load whose value is stored to shared memory in
+  the same k-step, outside the copies' pipeline, so each round of GATHER_BATCH elements a thread
+  waits one MEMORY_LATENCY, hidden only by the other RESIDENT_BLOCKS blocks of its SM (a k-step's
+  16-byte copies land stages later and hide theirs);
 - each subset of the stageable operands (an activation, the weight, both) weighed, the fastest
   taken; none when the caller's layouts are the fastest. Small problems stage nothing: the launches
   cost more than the gathers.
@@ -41,7 +45,13 @@ GATHER_INSTRUCTIONS and COPY_INSTRUCTIONS come from the sm_90 machine code of th
 cuobjdump -sass, a 256 -> 256 3x3 bf16 forward): the element-gather loop is about 200 instructions
 for 4 elements (division by constants for pixel, tap and channel, the padding predicates, a 2-byte
 load and a shared store each), the main loop of the 16-byte path ~640 instructions besides its 64
-HMMA and 80 LDS for 8 copies. The same source compiles for AMD; its counts there are assumed alike.
+HMMA and 80 LDS for 8 copies; the gather loop is unrolled by 4 there (GATHER_BATCH: its loads issue
+together). MEMORY_LATENCY is a round figure for a DRAM load on sm_80/sm_90 (about 600 clocks at
+1.7 GHz: an assumption, not measured here), RESIDENT_BLOCKS the two blocks of 128 threads an SM holds
+at this kernel's register count (convgen explain's occupancy line). Without that term the model took
+the gathers for the cheaper side of MobileNetV2's NCHW 1x1 96 -> 576 at 14x14 (0.173 us an image
+against 0.196 staged); with it, 0.417 (0.244 of it the latency), and the input is staged. The same source
+compiles for AMD; its counts there are assumed alike.
 Peaks are the arch's datasheet figures (codegen/arch/gpu.py; archs without figures use sm_80's).
 These are estimates for a decision, not measurements of a device: no GPU has run them.
 """
@@ -55,14 +65,17 @@ import math
 from ..arch.gpu import GPU_ARCHS, Peaks
 from ..ir import ConvProblem, Layout, Op
 from ..target import Target
-from .igemm_tiles import (choose_tiles, dgrad_weight_along_channels, kernel_strides, on_f64_matrix, on_fma, vector_of,
-                          wgrad_copies_along_channels)
+from .igemm_tiles import (WARPS, choose_tiles, dgrad_weight_along_channels, kernel_strides, on_f64_matrix, on_fma,
+                          vector_of, wgrad_copies_along_channels)
 from .normal import Normal
 
 GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
 COPY_INSTRUCTIONS = 80     # per 16-byte copy
 REFERENCE_BATCH = 32       # images the weight's conversion and the launches are shared by
 LAUNCH_SECONDS = 3e-6      # a dependent launch's gap on a stream: a few microseconds on current GPUs
+GATHER_BATCH = 4           # element gathers whose loads issue together (the loop's unrolling)
+MEMORY_LATENCY = 3.5e-7    # seconds a gather round waits for its loads (about 600 clocks; an assumption)
+RESIDENT_BLOCKS = 2        # blocks an SM holds to hide one block's waits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +137,17 @@ def _loads(normal, tile, gemm: str) -> tuple[int, int]:
 def _issue(elements: int, vector: bool, per_copy: int) -> float:
     """Instructions (per lane) of loading `elements` elements."""
     return elements * (COPY_INSTRUCTIONS / per_copy if vector else GATHER_INSTRUCTIONS)
+
+
+def _exposed(elements: int, vector: bool, target: Target) -> float:
+    """Seconds of memory latency the GPU's blocks wait out gathering `elements` elements (none for
+    copies): a block's threads gather in rounds of GATHER_BATCH each, a latency a round, the SM's
+    RESIDENT_BLOCKS blocks overlapping, every SM of the arch at work."""
+    if vector:
+        return 0.0
+    sms = (target.gpu or GPU_ARCHS[target.isa]).sm_count
+    threads = WARPS * (target.gpu or GPU_ARCHS[target.isa]).warp_size
+    return elements / (threads * GATHER_BATCH) * MEMORY_LATENCY / (sms * RESIDENT_BLOCKS)
 
 
 def _stageable(problem: ConvProblem, normal: Normal, target: Target, gemm: str) -> tuple[str, ...] | Staging:
@@ -191,15 +215,17 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
         if gemm == "WGRAD":   # the weight gradient reads the copies (both channels-last: mn_major) or the caller's
             tile = choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, fma, f64_matrix,
                                 staged=kernel_strides(normal, staged), wgrad_staged=bool(staged)).wgrad
-            a, b = _loads(normal, tile, gemm)
-            issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
-            return max(multiply, memory, issue), issue
+            return bound(tile)
         tiles = choose_tiles(normal, *kernel_strides(normal, staged), target, problem.dtype.itemsize, fma, f64_matrix,
                              dgrad_b="W" in staged)
-        tile = tiles.fwd if gemm == "FWD" else tiles.dgrad
+        return bound(tiles.fwd if gemm == "FWD" else tiles.dgrad)
+
+    def bound(tile) -> tuple[float, float]:
+        """(the GEMM's time, its operand loads': issue and the gathers' exposed latency)"""
         a, b = _loads(normal, tile, gemm)
         issue = (_issue(a, tile.vector_a, vector) + _issue(b, tile.vector_b, vector)) / issue_rate
-        return max(multiply, memory, issue), issue
+        loads = issue + _exposed(a, tile.vector_a, target) + _exposed(b, tile.vector_b, target)
+        return max(multiply, memory, loads), loads
 
     # elements converted for a batch of REFERENCE_BATCH images
     image = {"X": REFERENCE_BATCH * normal.channels * math.prod(normal.in_size),
@@ -212,8 +238,8 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
         gemm_time, issue = kernel_time(staged)
         if not staged:
             return gemm_time, (f"{gemm.lower()} GEMM in the caller's layouts {us(gemm_time)} (operand loads "
-                               f"{us(issue)} of issue at ~{GATHER_INSTRUCTIONS} instructions an element gathered, "
-                               f"~{COPY_INSTRUCTIONS} a 16-byte copy)")
+                               f"{us(issue)}: issue at ~{GATHER_INSTRUCTIONS} instructions an element gathered, "
+                               f"~{COPY_INSTRUCTIONS} a 16-byte copy, and the gathers' exposed latency)")
         converted = sum(image[k] for k in staged) * problem.dtype.itemsize
         conversion = (2 * converted / bandwidth + LAUNCH_SECONDS) / REFERENCE_BATCH   # (one launch for all)
         return conversion + gemm_time, (f"{'+'.join(staged)} staged {us(conversion + gemm_time)} (conversion "
