@@ -15,7 +15,7 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   reduction rows; whole 16-byte copies a thread). A side is taken down to the smallest until two
   stages fit a block's shared memory.
 - Reduction step: the arch's depth (32), or 64 on ldmatrix where the reduction is long enough and
-  no more padded by it (step_depth); the weight gradient's 64 on ldmatrix, 128 where its filters and
+  little more padded by it (a sixth; a third where the GEMM has NARROW_COLUMNS columns or fewer: step_depth); the weight gradient's 64 on ldmatrix, 128 where its filters and
   columns are one 64 x 64 tile (its warps' quarters are 32 x 32: a step twice as deep weighs its fixed
   costs against twice the matrix instructions).
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
@@ -65,6 +65,7 @@ from .normal import Normal
 
 WARPS = 4   # warps (waves) a block, each a quarter of its tile: the template's 2 x 2 layout
 MN_MAJOR_SIDE = 64   # a tile of reduction rows (mn_major) swizzles 8 chunks of 8 elements a row
+NARROW_COLUMNS = 32  # a GEMM's columns (a group's filters or channels) that leave its warps few matrix instructions
 DEEP_STEP = 64       # the reduction step on ldmatrix where the launched GEMM's reduction is whole such steps
 STATIC_SHARED = 1024  # a block's static shared memory beside its stages: the tap tables (two of 33 8-byte entries
                       # at most, CUDA) and the epilogue's warp sums
@@ -276,6 +277,14 @@ def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, 
     more than the arch's `depth` does (a tap's channels whole steps of it pad nothing; 24 channels of
     a 3x3, 216 deep: 256 against 224, whose 32-deep steps issue 24 matrix instructions a warp against
     the same fixed costs, 3.2 non-tensor instructions per HMMA against 2.2 on sm_90); else `depth`.
+    Where the GEMM's columns (a group's filters; the data gradient's channels) are NARROW_COLUMNS or
+    fewer, a warp's step issues a matrix instruction a live 8-column fragment only (nvcc drops those
+    of columns past the end: 24 filters, 3 of 4 a warp, the other warp column none), so the step's
+    fixed costs weigh the more: the deeper step is taken from two steps of the arch's on, padding a
+    third more at most (sm_90, bf16, nvcc 13.0 machine code, non-tensor per 2048 multiply-adds:
+    MobileNetV2's 1x1 144 -> 24 forward 2.7 -> 2.0 channels-last, 3.1 -> 2.4 NCHW; 16 <- 96 data
+    gradient 2.0 -> 1.5, 4.4 -> 3.5 NCHW; 24 <- 144 2.2 -> 1.6, 3.4 -> 2.5; read, not timed). Such
+    layers are bound by memory: the padded multiplies cost issue slots the loop has.
     A step twice as deep halves what a k-step's fixed costs (barrier, wait, the stage ring, the
     iterators' steps) weigh against its matrix instructions (CUTLASS's 16-bit tiles are 64 deep as
     well), for half the stages in the same shared memory. The weight gradient's is WIDE_STEP where its
@@ -290,10 +299,12 @@ def step_depth(normal: Normal, target: Target, itemsize: int, gemm: str | None, 
     per_tap, taps = ((normal.channels // g, math.prod(normal.kernel)) if gemm == "FWD"
                      else (normal.filters // g, _phase_taps(normal)))
     reduction = per_tap * taps
-    if reduction < 2 * DEEP_STEP or per_tap % vector_of(itemsize):   # (one step: no pipeline, no loop)
-        return depth
+    columns = normal.filters // g if gemm == "FWD" else normal.channels // g
+    narrow = columns <= NARROW_COLUMNS
+    if reduction < (DEEP_STEP + depth if narrow else 2 * DEEP_STEP) or per_tap % vector_of(itemsize):
+        return depth   # (one step: no pipeline, no loop)
     deep, arch = (-(-reduction // step) * step for step in (DEEP_STEP, depth))   # the reductions padded
-    return DEEP_STEP if 6 * deep <= 7 * arch else depth
+    return DEEP_STEP if (3 * deep <= 4 * arch if narrow else 6 * deep <= 7 * arch) else depth
 
 
 def _phase_taps(normal: Normal) -> int:
