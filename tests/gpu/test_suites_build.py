@@ -73,7 +73,9 @@ def _ninja_rules(nvcc: str | None, hipcc: str | None) -> str:
         rules.append(f"rule nvcc\n  command = {nvcc} -cubin -arch=$arch -Xptxas -v -Xptxas -warn-spills "
                      f"-Xptxas -Werror $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n")
     if hipcc:
-        rules.append(f"rule hipcc\n  command = HIP_PLATFORM=amd {hipcc} -x hip --offload-arch=$arch -c -O3 "
+        # (the device code alone, to assembly: no host compile -- tests/gpu/test_igemm.py's hipcc_functions)
+        rules.append(f"rule hipcc\n  command = HIP_PLATFORM=amd {hipcc} -x hip --offload-arch=$arch --cuda-device-only -S -O3 "
+                     f"-Wno-unused-command-line-argument "
                      f"-Rpass-analysis=kernel-resource-usage $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n")
     return "\n".join(rules)
 
