@@ -109,6 +109,9 @@ class Tiling:
                              # channel, kd) (kb = kh * kw), read at compile-time offsets from one pointer
     edge_tiles: bool = False   # grouplanes forward: the columns at each end of a row that meet its padding
                              # in one tile per side (else one tile per column)
+    rows_at_once: bool = False   # grouplanes weight gradient: an output row's input rows summed in one walk
+                             # of its pixels (grad_output loaded once a pixel; at unit stride a sliding window
+                             # of each input row), where the sums fit the vector registers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,14 +92,17 @@ def _wgrad(plan: Plan, lanes: int) -> Plan:
     per = (f"{g.kernel[2]} vectors of partial sums (one per kernel column)" if m == 1 else
            f"{m} x {g.kernel[2]} vectors of partial sums (one per group channel of grad_output, spread across "
            f"the group's lanes once per pixel, and kernel column)")
-    tiling = Tiling(vector_lanes=lanes, splits=splits, part_pixels=GROUPLANES_PART_PIXELS,
+    tiling = Tiling(vector_lanes=lanes, splits=splits, part_pixels=GROUPLANES_PART_PIXELS, rows_at_once=True,
                     threads_hint=f"parallel over up to {splits} fixed parts of the output rows (one per "
                                  f"{GROUPLANES_PART_PIXELS} output pixels of the batch); each part keeps its "
                                  f"own sums, added in order at the end, so results do not depend on the thread "
                                  f"count")
     return plan.decide("tiling", f"{math.ceil(g.groups * m / lanes)} vectors of {lanes} channels; per output "
                                  f"row, channel vector and input row, {per} in registers, added to the part's "
-                                 f"sums in double; {tiling.threads_hint}",
+                                 f"sums in double (the row's input rows in one walk of its pixels where their sums "
+                                 f"fit three quarters of the vector registers: grad_output loaded once a pixel, "
+                                 f"and at unit stride and dilation each input pixel once a row, by a sliding "
+                                 f"window); {tiling.threads_hint}",
                        tiling=tiling)
 
 
