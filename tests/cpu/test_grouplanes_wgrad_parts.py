@@ -85,3 +85,45 @@ def test_results_do_not_depend_on_the_threads(kernels, name):
         results.append((gw, gb))
     for gw, gb in results[1:]:
         assert torch.equal(gw, results[0][0]) and torch.equal(gb, results[0][1])
+
+
+# Tiling.rows_at_once: an output row's input rows in one walk of its pixels (templates/cpu/
+# grouplanes_wgrad.cpp.j2's span_rows: a sliding window a row at unit stride and dilation). Each sum takes
+# the same products in the same order as the row-by-row walk, so both give the same bits; on this
+# host's code shape and the AVX2 one (whose 16 registers hold a 3x3's sums without the windows).
+ROWS = {"unit": dict(c=40, k=40, size=(9, 11), kernel=3, pad=1, groups=40),
+        "stride2_dil": dict(c=20, k=20, size=(9, 12), kernel=3, stride=2, pad=2, dil=2, groups=20),
+        "groups_of_2": dict(c=32, k=32, size=(7, 9), kernel=3, pad=1, groups=16),
+        "bf16": dict(c=40, k=40, size=(6, 13), kernel=3, pad=1, groups=40, dtype=DType.BF16)}
+
+
+@pytest.mark.parametrize("shape", ["host", "avx2"])
+def test_rows_at_once_gives_the_row_walks_bits(shape):
+    from support.code_shapes import x86_shape
+    target = host_cpu() if shape == "host" else x86_shape("avx2")
+    keyed = []
+    for name, args in ROWS.items():
+        plan = lower(conv_problem(2, op=Op.BWD_WEIGHT, layout=Layout.CHANNELS_LAST, **args), target,
+                     algorithm="grouplanes")
+        assert plan.tiling.rows_at_once and "one walk of its pixels" in " ".join(w for _, w in plan.reasons)
+        off = dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, rows_at_once=False))
+        keyed += [((name, True), plan), ((name, False), off)]
+    built = load_keyed(keyed)
+    for on in (True, False):   # the flag reaches the kernel (which also asks that the sums fit)
+        assert f"constexpr bool ALL_ROWS = {'true' if on else 'false'} && KR > 1" in emit(built[("unit", on)][0]).text
+    for name in ROWS:
+        plan, kernel = built[(name, True)]
+        problem = plan.problem
+        check_weight_gradient(kernel, problem, torch.Generator().manual_seed(len(name)))
+        tdt = TORCH_DTYPES[problem.dtype]
+        gen = torch.Generator().manual_seed(5)
+        cl = lambda t: t.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, t.dim()))
+        x = cl(torch.randn(problem.input_shape, generator=gen).to(tdt))
+        gy = cl(torch.randn(problem.output_shape, generator=gen).to(tdt))
+        results = []
+        for at_once in (True, False):
+            gw = cl(torch.full(problem.weight_shape, float("nan"), dtype=tdt))
+            gb = torch.full((problem.k,), float("nan"), dtype=tdt)
+            built[(name, at_once)][1]({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, problem.n, 2)
+            results.append((gw, gb))
+        assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1]), name
