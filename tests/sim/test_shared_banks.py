@@ -69,7 +69,7 @@ CASES = {
     "cl_1x1": (2, 16, 24, (6, 6), 1, Layout.CHANNELS_LAST, (), ("DGRAD",)),
 }
 SWIZZLE = r"const unsigned chunk = \(unsigned\)k / VECTOR \^ \(unsigned\)row / SWIZZLE_ROWS % SWIZZLE_CHUNKS;"
-SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| j >> 1;"
+SWIZZLE_MN = r"swizzle = \(j & 1\) << 2 \| \(j & 2\) \| j >> 2;"
 
 
 def _problem(name: str, dtype: str):
