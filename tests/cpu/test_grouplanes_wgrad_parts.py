@@ -68,21 +68,29 @@ def test_parts_match_aten(kernels, name, n, bias):
     check_weight_gradient(kernel, problem, torch.Generator().manual_seed(n * 7 + len(name)))
 
 
+def _runner(problem, seed: int):
+    """run(kernel, threads) -> (grad_weight, grad_bias) of `kernel` on one random grad_output and input
+    of `problem` (channels last), its results poisoned with NaN first."""
+    tdt = TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(seed)
+    cl = lambda t: t.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, t.dim()))
+    x = cl(torch.randn(problem.input_shape, generator=gen).to(tdt))
+    gy = cl(torch.randn(problem.output_shape, generator=gen).to(tdt))
+
+    def run(kernel, threads: int):
+        gw = cl(torch.full(problem.weight_shape, float("nan"), dtype=tdt))
+        gb = torch.full((problem.k,), float("nan"), dtype=tdt)
+        kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, problem.n, threads)
+        return gw, gb
+    return run
+
+
 @pytest.mark.parametrize("name", ["depthwise", "groups_of_4"])
 def test_results_do_not_depend_on_the_threads(kernels, name):
     plan, kernel = kernels[(name, True)]
     problem = dataclasses.replace(plan.problem, n=3)
-    tdt = TORCH_DTYPES[problem.dtype]
-    gen = torch.Generator().manual_seed(3)
-    cl = lambda t: t.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, t.dim()))
-    x = cl(torch.randn(problem.input_shape, generator=gen).to(tdt))
-    gy = cl(torch.randn(problem.output_shape, generator=gen).to(tdt))
-    results = []
-    for threads in (1, 2, 3):
-        gw = cl(torch.full(problem.weight_shape, float("nan"), dtype=tdt))
-        gb = torch.full((problem.k,), float("nan"), dtype=tdt)
-        kernel({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, problem.n, threads)
-        results.append((gw, gb))
+    run = _runner(problem, 3)
+    results = [run(kernel, threads) for threads in (1, 2, 3)]
     for gw, gb in results[1:]:
         assert torch.equal(gw, results[0][0]) and torch.equal(gb, results[0][1])
 
@@ -115,15 +123,6 @@ def test_rows_at_once_gives_the_row_walks_bits(shape):
         plan, kernel = built[(name, True)]
         problem = plan.problem
         check_weight_gradient(kernel, problem, torch.Generator().manual_seed(len(name)))
-        tdt = TORCH_DTYPES[problem.dtype]
-        gen = torch.Generator().manual_seed(5)
-        cl = lambda t: t.contiguous(memory_format=memory_format(Layout.CHANNELS_LAST, t.dim()))
-        x = cl(torch.randn(problem.input_shape, generator=gen).to(tdt))
-        gy = cl(torch.randn(problem.output_shape, generator=gen).to(tdt))
-        results = []
-        for at_once in (True, False):
-            gw = cl(torch.full(problem.weight_shape, float("nan"), dtype=tdt))
-            gb = torch.full((problem.k,), float("nan"), dtype=tdt)
-            built[(name, at_once)][1]({"grad_output": gy, "input": x, "grad_weight": gw, "grad_bias": gb}, problem.n, 2)
-            results.append((gw, gb))
+        run = _runner(problem, 5)
+        results = [run(built[(name, at_once)][1], 2) for at_once in (True, False)]
         assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1]), name
