@@ -15,9 +15,10 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   reduction rows; whole 16-byte copies a thread). A side is taken down to the smallest until two
   stages fit a block's shared memory.
 - Reduction step: the arch's depth (32), or 64 on ldmatrix where the reduction is long enough and
-  little more padded by it (a sixth; a third where the GEMM has NARROW_COLUMNS columns or fewer: step_depth); the weight gradient's 64 on ldmatrix, 128 where its filters and
-  columns are one 64 x 64 tile (its warps' quarters are 32 x 32: a step twice as deep weighs its fixed
-  costs against twice the matrix instructions).
+  little more padded by it (a sixth; a third where the GEMM has NARROW_COLUMNS columns or fewer:
+  step_depth); the weight gradient's 64 on ldmatrix, 128 where its filters and columns are one 64 x 64
+  tile (its warps' quarters are 32 x 32: a step twice as deep weighs its fixed costs against twice the
+  matrix instructions).
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
   while the tensor cores work on the current one; up to the arch's max_stages while two blocks
   still fit an SM's shared memory, fewer when the reduction has fewer steps: sm_80's 128x128 bf16

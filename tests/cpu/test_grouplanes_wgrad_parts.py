@@ -118,7 +118,7 @@ def test_rows_at_once_gives_the_row_walks_bits(shape):
         keyed += [((name, True), plan), ((name, False), off)]
     built = load_keyed(keyed)
     for on in (True, False):   # the flag reaches the kernel (which also asks that the sums fit)
-        assert f"constexpr bool ALL_ROWS = {'true' if on else 'false'} && KR > 1" in emit(built[("unit", on)][0]).text
+        assert f"constexpr bool ALL_ROWS =\n    {'true' if on else 'false'} && KR > 1" in emit(built[("unit", on)][0]).text
     for name in ROWS:
         plan, kernel = built[(name, True)]
         problem = plan.problem
