@@ -145,9 +145,8 @@ def _exposed(elements: int, vector: bool, target: Target) -> float:
     RESIDENT_BLOCKS blocks overlapping, every SM of the arch at work."""
     if vector:
         return 0.0
-    sms = (target.gpu or GPU_ARCHS[target.isa]).sm_count
-    threads = WARPS * (target.gpu or GPU_ARCHS[target.isa]).warp_size
-    return elements / (threads * GATHER_BATCH) * MEMORY_LATENCY / (sms * RESIDENT_BLOCKS)
+    arch = target.gpu or GPU_ARCHS[target.isa]
+    return elements / (WARPS * arch.warp_size * GATHER_BATCH) * MEMORY_LATENCY / (arch.sm_count * RESIDENT_BLOCKS)
 
 
 def _stageable(problem: ConvProblem, normal: Normal, target: Target, gemm: str) -> tuple[str, ...] | Staging:
