@@ -77,8 +77,8 @@ from ..render import render
 from ..target import Target, TargetKind
 from .context import ENTRIES, TensorContext, bias_rows, check_entries, check_prefix, file_fields, tensor_fields
 from .family import Family
-from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, on_ldmatrix, on_wgmma,
-                          vector_of, wgrad_copies_along_channels)
+from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, forward_normal, kernel_strides, on_f64_matrix, on_fma,
+                          on_ldmatrix, on_wgmma, padded_channels, vector_of, wgrad_copies_along_channels)
 from .normal import Normal, Phase
 from .staging import staging
 
@@ -123,6 +123,8 @@ class IgemmContext(TensorContext):
     out_along: tuple[tuple[str, int], ...] = ()   # ("FWD" | "DGRAD" | "WGRAD", how its epilogue stores: out_along)
     wgrad_weight_order: bool = True   # the weight gradient's columns in the weight's own order (wgrad_weight_order)
     bias_rows: tuple[int, int, int] = (0, 0, 0)   # a fused bias gradient's channels-last reads (context.bias_rows)
+    fwd_channels: int = 0  # a group's input channels as the forward reads them: the channels, or (the layout pass's
+                           # copies padded with zeros to whole 16-byte copies: igemm_tiles.padded_channels) more
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -138,10 +140,11 @@ def tiles_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | Non
     `staged` operands (staged_of) read from their copies."""
     normal = Normal.of(problem)
     staged = staged_of(problem, target, staged)
+    padded = forward_normal(normal, staged, problem.dtype.itemsize)
     return choose_tiles(normal, *kernel_strides(normal, ()), target, problem.dtype.itemsize, on_fma(problem, target),
-                        on_f64_matrix(problem, target), staged=kernel_strides(normal, staged), dgrad_b="W" in staged,
+                        on_f64_matrix(problem, target), staged=kernel_strides(padded, staged), dgrad_b="W" in staged,
                         wgrad_staged=bool(_converts(normal, staged, target, problem.dtype.itemsize)["WGRAD"]),
-                        gemm=launched_gemm(problem))
+                        gemm=launched_gemm(problem), fwd_normal=padded)
 
 
 def launched_gemm(problem: ConvProblem) -> str | None:
@@ -240,12 +243,13 @@ def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
 
 def _converts(normal: Normal, staged: tuple[str, ...], target: Target, itemsize: int) -> dict[str, tuple[str, ...]]:
     """What each GEMM's launch converts: the forward its staged X and W that are not channels-last
-    already, the data gradient its staged Y that is not, and its staged W (filters innermost, which
+    already (both, whatever their layouts, where it pads their channels: padded_channels), the data gradient its staged Y that is not, and its staged W (filters innermost, which
     no caller layout is); the weight gradient its staged X and Y that are not, where with them
     channels-last it copies both along channels (wgrad_copies_along_channels), else nothing."""
     cl = {k: lay is Layout.CHANNELS_LAST for k, lay in zip("XWY", normal.layouts)}
     wgrad = (all(cl[k] or k in staged for k in ("X", "Y")) and wgrad_copies_along_channels(normal, target, itemsize))
-    return {"FWD": tuple(k for k in ("X", "W") if k in staged and not cl[k]),
+    padded = padded_channels(normal, staged, itemsize) != normal.channels   # (both copied, in any layout)
+    return {"FWD": tuple(k for k in ("X", "W") if k in staged and (padded or not cl[k])),
             "DGRAD": tuple(k for k in ("Y", "W") if k in staged and (k == "W" or not cl[k])),
             "WGRAD": tuple(k for k in ("X", "Y") if k in staged and not cl[k]) if wgrad else ()}
 
@@ -285,8 +289,11 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     converts = _converts(normal, staged, target, problem.dtype.itemsize)
     tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
-    read_strides = kernel_strides(normal, staged)
-    iterators = copy_iterators(normal, tiles, read_strides, converts)
+    padded = forward_normal(normal, staged, problem.dtype.itemsize)
+    # (the forward reads the staged copies' strides, their channels padded where padded_channels pads them;
+    # the data gradient the staged grad_output's and its own weight copy, wt_at; y's are the same)
+    read_strides = kernel_strides(padded, staged)
+    iterators = copy_iterators(normal, tiles, read_strides, converts, padded)
     return IgemmContext(
         **file_fields(problem, target, prefix, normal), **tensor_fields(normal), scalar=SCALARS[problem.dtype],
         acc=ACCUMULATORS.get(problem.dtype, "float"), split=_split(normal, target, tiles.wgrad)[0], split_pixels=SPLIT_PIXELS,
@@ -302,6 +309,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         phases=normal.phases(), entries=tuple(entries), wgmma=on_wgmma(target, problem.dtype.itemsize),
         out_along=tuple(out_along(problem, target, tiles).items()), wgrad_weight_order=wgrad_weight_order(normal, tiles),
         bias_rows=bias_rows(normal, problem.transposed, problem.dtype.itemsize, warp),
+        fwd_channels=padded.channels // max(normal.groups, 1),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
 
 
@@ -315,12 +323,14 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
 MAX_ITERATOR_TAPS = 64
 
 
-def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict) -> dict[str, bool]:
+def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict,
+                   fwd_normal: Normal | None = None) -> dict[str, bool]:
     """Which operands' copies go by iterator: FWD_A (the input: channels-last, or along its pixels),
     FWD_B (the weight, read linearly in the reduction's order), DGRAD_A (grad_output: channels-last, or
-    along its pixels), DGRAD_B (the weight's filters-innermost copy)."""
+    along its pixels), DGRAD_B (the weight's filters-innermost copy). `fwd_normal`: the forward's
+    channels where the layout pass pads its copies (forward_normal)."""
     g = normal.groups or 1
-    cg = normal.channels // g
+    cg = (fwd_normal or normal).channels // g
     rd, rh, rw = normal.kernel
     taps = rd * rh * rw
     _, ws_c, ws_d, ws_h, ws_w = read_strides[2]

@@ -319,9 +319,28 @@ def _pixels_are_outputs(normal: Normal) -> bool:
             and all(s == 1 for s in normal.stride) and not any(normal.pad))
 
 
+def padded_channels(normal: Normal, staged: tuple[str, ...], itemsize: int) -> int:
+    """The input channels the forward GEMM reads: the caller's, or, where the layout pass stages both its
+    input and its weight (staging.py) and the channels (a single group) are not whole 16-byte copies,
+    rounded up to them: both copies hold zeros in the channels past the caller's (the products they add
+    are zeros), so that every tap's channels move by 16-byte copies -- an RGB stem's 3 channels as 8 of
+    bf16/f16, 4 of f32 or f64, where they would be gathered element by element."""
+    vector = vector_of(itemsize)
+    if "X" in staged and "W" in staged and max(normal.groups, 1) == 1 and normal.channels % vector:
+        return -(-normal.channels // vector) * vector
+    return normal.channels
+
+
+def forward_normal(normal: Normal, staged: tuple[str, ...], itemsize: int) -> Normal:
+    """`normal` as the forward GEMM reads it: its input channels padded_channels."""
+    channels = padded_channels(normal, staged, itemsize)
+    return normal if channels == normal.channels else dataclasses.replace(normal, channels=channels)
+
+
 def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(x, y, w) element strides the forward and data gradient read: the caller's layouts, channels-last
-    for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at)."""
+    for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at). For
+    the strides of padded copies, pass forward_normal's `normal`."""
     lay = {k: Layout.CHANNELS_LAST if k in staged else v for k, v in zip("XWY", normal.layouts)}
     g = normal.groups or 1
     return (operand_strides(lay["X"], normal.channels, normal.in_size),
@@ -356,7 +375,7 @@ def _columns(sides: tuple[int, ...], length: int) -> int:
 
 def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target, itemsize: int = 2,
                  fma: bool = False, f64_matrix: bool = False, staged=None, dgrad_b: bool = False,
-                 wgrad_staged: bool = False, gemm: str | None = None) -> IgemmTiles:
+                 wgrad_staged: bool = False, gemm: str | None = None, fwd_normal: Normal | None = None) -> IgemmTiles:
     """The three GEMMs' tiles for `normal` on GPU `target`, for operands of `itemsize` bytes in shared
     memory, multiplied on matrix instructions, (`fma`) by each thread's register tile of fused
     multiply-adds, or (`f64_matrix`) f64 on matrix instructions. `staged`: the (x, y, w) strides the
@@ -364,14 +383,18 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     the weight gradient reads the caller's, or (`wgrad_staged`) those copies too. `dgrad_b`: the data
     gradient reads a copy of the weight with filters innermost (16-byte copies of B when its reduction
     is tap-major). `gemm`: the GEMM the kernel file launches ("FWD", "DGRAD", "WGRAD"), whose
-    reduction picks the step's depth (step_depth; None: the arch's)."""
+    reduction picks the step's depth (step_depth; None: the arch's). `fwd_normal`: the problem as the
+    forward reads it where the layout pass pads its copies' channels (forward_normal; `staged`'s x and
+    w strides then those copies')."""
+    fwd_normal = fwd_normal or normal
     wg_x_strides, wg_y_strides = x_strides, y_strides
     if staged is not None:
         x_strides, y_strides, w_strides = staged
         if wgrad_staged:
             wg_x_strides, wg_y_strides = x_strides, y_strides
     shape = block_tiles(target, itemsize, fma)
-    shape = dataclasses.replace(shape, depth=step_depth(normal, target, itemsize, gemm, shape.depth))
+    shape = dataclasses.replace(shape, depth=step_depth(fwd_normal if gemm == "FWD" else normal, target, itemsize,
+                                                        gemm, shape.depth))
     vector = vector_of(itemsize)   # elements of one 16-byte copy
 
     g = max(normal.groups, 1)
@@ -383,17 +406,19 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     aligned_k = normal.filters % vector == 0 and kg % vector == 0
 
     # forward: A = input (rows pixels, reduction (channel, tap)), B = weight (columns filters)
-    fwd_tap = _channels_last(x_strides) and aligned_c
+    # (its channels, cgf, those of the padded copies where the layout pass pads them: fwd_normal)
+    cgf = fwd_normal.channels // g
+    fwd_tap = _channels_last(x_strides) and fwd_normal.channels % vector == 0 and cgf % vector == 0
     fwd_b = (fwd_tap and _channels_last(w_strides)) or (
-        not fwd_tap and _contiguous(w_strides, (cg,) + tuple(normal.kernel)) and (cg * taps) % vector == 0)
+        not fwd_tap and _contiguous(w_strides, (cgf,) + tuple(normal.kernel)) and (cgf * taps) % vector == 0)
     # (or, on ldmatrix, A along its pixels where each input pixel is its output pixel's: a contiguous NCHW
     # input, 1x1 taps at unit stride without padding, whole 16-byte copies of an image's pixels: the rows
     # of A, into tiles of reduction rows)
     fwd_mn = (not fwd_tap and on_ldmatrix(target, itemsize) and _pixels_are_outputs(normal)
-              and _contiguous(x_strides, (normal.channels,) + tuple(normal.in_size)) and ov % vector == 0)
-    fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, fwd_tap, fwd_tap or fwd_mn, fwd_b, a_mn=fwd_mn)
+              and _contiguous(x_strides, (fwd_normal.channels,) + tuple(normal.in_size)) and ov % vector == 0)
+    fwd = _tile(target, shape, ov, kg, cgf * taps, itemsize, fwd_tap, fwd_tap or fwd_mn, fwd_b, a_mn=fwd_mn)
     if fwd_mn and not fwd.a_mn:   # (never with today's sides: a tile of reduction rows needs 64 of them)
-        fwd = _tile(target, shape, ov, kg, cg * taps, itemsize, False, False, fwd_b)
+        fwd = _tile(target, shape, ov, kg, cgf * taps, itemsize, False, False, fwd_b)
     # data gradient: A = grad_output (rows input positions of a phase, reduction (filter, tap))
     dg_tap = _channels_last(y_strides) and aligned_k
     # (or, on ldmatrix, A along its pixels where each input position is its output position, as the

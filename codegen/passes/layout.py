@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from ..cpu import layout_cost
 from ..errors import ConvgenError
-from ..gpu.staging import staging
+from ..gpu.igemm_tiles import padded_channels
+from ..gpu.normal import Normal
+from ..gpu.staging import gemm_of, staging
 from ..ir import Layout
 from . import Pass
 from ..plan import KOp, Plan
@@ -39,9 +41,15 @@ def run(plan: Plan) -> Plan:
         filters_last = plan.kop is KOp.DGRAD
         internal = {kind: Layout.CHANNELS_LAST if kind in staged.kinds and not (kind == "W" and filters_last) else lay
                     for kind, lay in layouts.items()}
+        # (the forward's input and weight copies padded with zero channels to whole 16-byte copies: padded_channels)
+        normal = Normal.of(plan.problem)
+        channels = (padded_channels(normal, staged.kinds, plan.problem.dtype.itemsize)
+                    if gemm_of(plan.problem) == "FWD" else normal.channels)
+        pad = f" with {channels} channels ({channels - normal.channels} of zeros)" if channels != normal.channels else ""
         conversions = tuple(f"{kind}: {layouts[kind].value} -> "
-                            f"{'filters innermost' if kind == 'W' and filters_last else 'channels_last'} "
-                            f"(a transpose kernel into the workspace)" for kind in staged.kinds if kind in layouts)
+                            f"{'filters innermost' if kind == 'W' and filters_last else 'channels_last' + pad} "
+                            f"(a {'transpose' if layouts[kind] is not Layout.CHANNELS_LAST else 'padding'} kernel into "
+                            f"the workspace)" for kind in staged.kinds if kind in layouts)
         return plan.decide("layout", f"the caller holds {described} (the kernel reads any layout through "
                                      f"compile-time strides); {staged.reason}",
                            layouts=tuple(sorted(internal.items())), conversions=conversions, staged=staged.kinds)

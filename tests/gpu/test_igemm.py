@@ -111,6 +111,10 @@ CASES = [
     # the epilogue's 16-byte stores along the tile's rows (out_along 2): NCHW output and grad_input of
     # 64-pixel images at unit stride, 3 images (192 rows: the last 128-row tile half past them), 24 filters
     ("ep_rows", (3, 16, 8, 8), 24, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    # an RGB stem: 3 channels, 7x7 at stride 2 (49 taps, more than a tap table's: the forward's walk by
+    # the tap's index); staged ("cl_staged", and "ragged" in "nchw_staged"), its copies padded to whole
+    # 16-byte copies of channels (igemm_tiles.padded_channels)
+    ("stem", (2, 3, 19, 21), 16, (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), 1),
 ]
 ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d", "it_c48", "it_c16", "it_c8", "dec_9x9"}   # not in NCHW: their layouts below
 BY_NAME = {c[0]: c for c in CASES}
@@ -164,6 +168,9 @@ PARAMS += [("dpx_1x1", "f16", "nchw_w")]   # grad_output along its pixels, the s
 # the input staged alone: the caller's 1x1 weight, contiguous, is read linearly in the staged input's tap-major
 # reduction (a 1x1 has no tap stride to keep)
 PARAMS += [("vec_1x1", "bf16", "nchw_x")]
+# the forward's input and weight staged with their 3 channels padded to 8 (zeros): NCHW with grad_output
+# staged too, and channels-last (the copies made from channels-last tensors)
+PARAMS += [("ragged", "bf16", "nchw_staged"), ("stem", "f16", "cl_staged")]
 
 
 def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
@@ -172,8 +179,14 @@ def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
 
 def _staged(layout: str) -> tuple[str, ...] | None:
     """The operands a layout key stages: all three for nchw_staged, the weight for nchw_w, the input for
-    nchw_x, else the layout pass's rule (None)."""
-    return {"nchw_staged": ("X", "W", "Y"), "nchw_w": ("W",), "nchw_x": ("X",)}.get(layout)
+    nchw_x, the forward's input and weight for cl_staged, else the layout pass's rule (None)."""
+    return {"nchw_staged": ("X", "W", "Y"), "nchw_w": ("W",), "nchw_x": ("X",), "cl_staged": ("X", "W")}.get(layout)
+
+
+def _staged_of_prefix(prefix: str) -> tuple[str, ...] | None:
+    """_staged of the layout key a kernel prefix ends with (_prefix's)."""
+    return next((_staged(key) for key in ("nchw_staged", "nchw_w", "nchw_x", "cl_staged") if prefix.endswith(f"_{key}")),
+                None)
 
 
 def _source(vendor: str, arch: str | None = None) -> str:
@@ -253,9 +266,9 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
                       (problem.weight_shape, problem.weight_layout), ((problem.k,), Layout.CONTIGUOUS)))
     dw_fused, db_fused = torch.full_like(dw, float("nan")), torch.full_like(db, float("nan"))
 
-    def workspace(entry):   # poisoned: every partial is written
+    def workspace(entry):   # poisoned: every partial is written (whole floats: at least the bytes asked)
         lib.lib[f"{prefix}_{entry}_workspace_bytes"].restype = ctypes.c_ulonglong
-        return torch.full((lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // 4,), float("nan"), dtype=torch.float32)
+        return torch.full((-(-lib.lib[f"{prefix}_{entry}_workspace_bytes"](n) // 4),), float("nan"), dtype=torch.float32)
 
     plain, fused = workspace("bwd_weight"), workspace("bwd_weight_bias")
     # the entries that stage operands channels-last take a workspace too (poisoned: what the GEMM
@@ -271,7 +284,7 @@ def _run(lib, prefix, problem, torch_dtype, x, w, b, dy, order, seed=0, keep=Non
              seed=seed)
     # partials and their ordered sum, the bias gradient inside them (after the layout pass's conversions)
     context = igemm_context(problem, parse_target("cuda" if lib.warp_size == 32 else "hip"), "p",
-                            staged=_staged("nchw_staged" if prefix.endswith("_nchw_staged") else ""))
+                            staged=_staged_of_prefix(prefix))
     converted = dict(context.converts)["WGRAD"]
     assert lib.launches() - launches == 2 + (bool(converted) and problem.n > 0)   # (one conversion launch for both)
     # the workspaces: the split's partials (f32 or f64), the bias's (f64) after the weight's from an
@@ -478,13 +491,19 @@ def test_the_iterator_cases_take_the_iterators():
               ("it_c8", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("wide96", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
               ("dmn_1x1", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"), ("dmn_s2_g2", "cl"): ("FWD_A", "FWD_B", "DGRAD_A"),
               ("vec_xcl", "x_cl"): ("FWD_A",),   # the weight in NCHW with a tap-major reduction: decoded
-              ("dec_9x9", "cl"): ("FWD_B",)}     # 81 taps: more than a mask holds
+              ("dec_9x9", "cl"): ("FWD_B",),     # 81 taps: more than a mask holds
+              # the forward's copies padded to 8 channels; ragged's 5 filters: the data gradient's not whole
+              # copies, the stem's 16 (its weight staged filters innermost too: the copy the data gradient reads)
+              ("ragged", "nchw_staged"): ("FWD_A", "FWD_B"),
+              ("stem", "cl_staged"): ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B")}
     for vendor in sim_build.WARP:
         for name, dtype, layout in PARAMS:
             problem = case_problem(BY_NAME[name], DTYPES[dtype][0], layout)
             iterators = dict(igemm_context(problem, parse_target(vendor), "p", staged=_staged(layout)).iterators)
             taken = tuple(k for k, v in iterators.items() if v)
-            if layout == "nchw_staged":   # every operand staged: all four (channels and filters whole copies)
+            if (name, layout) in expect:
+                wanted = expect[name, layout]
+            elif layout == "nchw_staged":   # every operand staged: all four (channels and filters whole copies)
                 wanted = ("FWD_A", "FWD_B", "DGRAD_A", "DGRAD_B")
             elif layout == "nchw":   # the weight linearly where C/g x taps is whole 8-element copies; CUDA's
                 # 1x1 input (and grad_output) along their pixels; what the layout pass stages (the gathers'
@@ -686,7 +705,10 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
                 assert vector or bias_loads or not re.search(r"\bglobal_load_dwordx4\b", body), (arch, prefix, symbol)
                 assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
                 # the epilogue's 16-byte stores where the output is contiguous along the tile's columns or rows
-                assert bool(re.search(r"\bglobal_store_dwordx4\b", body)) == (alongs[gemm] != 0), (arch, prefix, symbol)
+                # (a weight gradient's fused bias with channels-last rows keeps a lane's sums of consecutive
+                # channels, f64 partials, which hipcc stores two a dwordx4: the stem's 16 filters)
+                stores = bool(re.search(r"\bglobal_store_dwordx4\b", body))
+                assert stores == (alongs[gemm] != 0) or (bias_loads and stores), (arch, prefix, symbol)
                 # the main loop (machine_code's reading of hipcc's assembly): every fragment one 16-byte
                 # read (hip.h's packs), the accumulators in ordinary registers (no AGPR copies a k-step:
                 # CONVGEN_LAUNCH_BOUNDS' waves per SIMD), no narrower shared reads

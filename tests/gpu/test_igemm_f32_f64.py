@@ -41,7 +41,7 @@ from convgen.devices import sim
 from support.problems import case_problem
 from support.reference import generator_for, randn
 from support.toolchain import cuda_tool
-from test_igemm import BY_NAME, CASES, CHANNELS_LAST_CASES, NCHW_ONLY_IN_LAYOUT, ORDERS, RANDOM_CASES, _run, \
+from test_igemm import BY_NAME, CASES, CHANNELS_LAST_CASES, NCHW_ONLY_IN_LAYOUT, ORDERS, RANDOM_CASES, _run, _staged, \
     check_every_pass, hipcc_functions
 
 # One worker runs this module, whole (pyproject.toml: --dist loadgroup): its `libs` fixture builds one
@@ -56,7 +56,9 @@ PARAMS = ([(c[0], "f32", "nchw") for c in CASES if c[0] not in NCHW_ONLY_IN_LAYO
           + [(name, "f32", layout) for name, layout in CHANNELS_LAST_CASES.items()]
           + [("vec_cl", "f64", "cl"), ("s_3d", "f64", "cl")]
           + [(c[0], "f64" if i % 2 else "f32", "cl" if i % 3 == 0 and len(c[1]) > 3 else "nchw")
-             for i, c in enumerate(RANDOM_CASES)])
+             for i, c in enumerate(RANDOM_CASES)]
+          # the forward's input and weight staged, their 3 channels padded to 4 (16-byte copies of f32, two of f64)
+          + [("ragged", "f32", "nchw_staged"), ("stem", "f64", "cl_staged")])
 
 
 def _prefix(vendor: str, name: str, dtype: str, layout: str = "nchw") -> str:
@@ -79,7 +81,8 @@ def _forced_fma_source(vendor: str, name: str, layout: str, target) -> str:
 
 def _source(vendor: str, arch: str | None = None) -> str:
     target = parse_target(f"{vendor}-{arch}" if arch else vendor)
-    return ("".join(render_igemm(case_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay))
+    return ("".join(render_igemm(case_problem(BY_NAME[n], DTYPES[d][0], lay), target, _prefix(vendor, n, d, lay),
+                                 staged=_staged(lay))
                     for n, d, lay in PARAMS)
             + "".join(_forced_fma_source(vendor, n, lay, target) for n, lay in FORCED_F64_FMA))
 

@@ -91,7 +91,8 @@ def test_the_staged_weight_gradient_entry_converts_after_its_partials():
 
 def test_what_staging_cannot_help_is_not_staged_and_says_why():
     cuda = parse_target("cuda-sm_90")
-    ragged = staging(_layer(c=12), cuda)   # 12 channels: not whole 16-byte copies of 8 bf16
+    # 12 filters: grad_output not whole 16-byte copies of 8 bf16 (the data gradient pads nothing)
+    ragged = staging(_layer(op=Op.BWD_DATA, k=12), cuda)
     assert ragged.kinds == () and "12 channels" in ragged.reason and "8 elements" in ragged.reason
     grouped = staging(_layer(c=48, k=48, groups=6, size=(56, 56)), cuda)   # 8 a group: whole copies
     assert grouped.kinds == ("X", "W")
@@ -212,3 +213,32 @@ def test_the_cases_md_matrix_reaches_every_staging_path():
         assert {(vendor, "fwd", ("W", "X"), False), (vendor, "dgrad", ("W", "Y"), False)} <= seen, sorted(seen)
     assert ("cuda", "dgrad", ("W", "Y"), True) in seen
     assert {("hip", "fwd", ("W",), False), ("hip", "dgrad", ("W",), False), ("hip", "dgrad", ("W", "Y"), True)} <= seen
+
+
+@pytest.mark.parametrize("layouts", [(NCHW, NCHW, NCHW), (CL, CL, CL)])
+def test_a_forward_of_few_channels_stages_its_input_and_weight_padded_to_whole_copies(layouts):
+    """An RGB stem (3 channels: no 16-byte copies in either layout) stages its input and weight with 8
+    channels, 5 of them zeros (igemm_tiles.padded_channels): the forward then copies both 16 bytes at a
+    time, tap-major, its reduction 8 x 49 deep; one launch pads both (pad_job: the caller's strides in
+    either layout), the workspace sized for the padded copies. Grouped problems are not padded."""
+    cuda = parse_target("cuda-sm_90")
+    stem = _layer(c=3, k=64, size=(224, 224), kernel=(7, 7), stride=2, layouts=layouts, n=32)
+    decided = staging(stem, cuda)
+    assert decided.kinds == ("X", "W") and "with 8 channels (5 of zeros)" in decided.reason
+    plan = lower(stem, cuda)
+    assert staged_kinds(plan) == ("W", "X") and len(plan.conversions) == 2
+    assert all("with 8 channels (5 of zeros)" in c for c in plan.conversions)
+    context = igemm_context(stem, cuda, "p", staged=("W", "X"))
+    fwd = dict(context.tiles)["FWD"]
+    assert context.fwd_channels == 8 and fwd.vector_a and fwd.vector_b and fwd.tap_major
+    assert dict(context.converts)["FWD"] == ("X", "W") and dict(context.iterators)["FWD_A"]
+    source = emit_gpu(plan).text
+    # the caller's strides of a channel and a pixel (a tap): (1, 3) channels-last, (pixels, 1) NCHW
+    x_strides, w_strides = ("1, 3", "1, 3") if layouts[0] is CL else ("50176, 1", "49, 1")
+    assert f"pad_job(x, workspace, C, ID * IH * IW, batch, {x_strides}, FCG)" in source
+    assert f"pad_job(weight, staged_w, CG, RV, K, {w_strides}, FCG)" in source
+    assert "constexpr int FCG = 8;" in source and "FCG * G * ID * IH * IW" in source
+    # f32 (tf32: 4 a copy) pads to 4; a grouped problem of 3 channels a group is not padded
+    assert igemm_context(_layer(c=3, k=64, kernel=(7, 7), dtype=DType.F32), cuda, "p",
+                         staged=("W", "X")).fwd_channels == 4
+    assert staging(_layer(c=6, k=64, groups=2, size=(56, 56)), cuda).kinds == ()

@@ -51,7 +51,7 @@ def conv_problem(n: int, c: int, k: int, size, kernel, stride=1, pad=1, dil=1, g
 GPU_LAYOUTS = {"nchw": (Layout.CONTIGUOUS,) * 3, "cl": (Layout.CHANNELS_LAST,) * 3,
                "x_cl": (Layout.CHANNELS_LAST, Layout.CONTIGUOUS, Layout.CONTIGUOUS),
                "nchw_staged": (Layout.CONTIGUOUS,) * 3, "nchw_w": (Layout.CONTIGUOUS,) * 3,
-               "nchw_x": (Layout.CONTIGUOUS,) * 3}
+               "nchw_x": (Layout.CONTIGUOUS,) * 3, "cl_staged": (Layout.CHANNELS_LAST,) * 3}
 
 
 def case_problem(case: tuple, dtype: DType, layout: str = "nchw") -> ConvProblem:
