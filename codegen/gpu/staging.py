@@ -276,6 +276,7 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
         pad = f" with {padded} channels ({padded - normal.channels} of zeros)" if padded != normal.channels else ""
         copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last{pad}"
                   for k in chosen]
-        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (one transpose launch before the "
+        how = "conversion" if pad else "transpose"   # (a padded copy from channels-last is no transpose)
+        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (one {how} launch before the "
                                f"GEMM) so that they move by 16-byte copies, the fastest option: {numbers}")
     return Staging((), f"no conversion: it would not pay for itself: {numbers}")
