@@ -77,8 +77,10 @@ from ..render import render
 from ..target import Target, TargetKind
 from .context import ENTRIES, TensorContext, bias_rows, check_entries, check_prefix, file_fields, tensor_fields
 from .family import Family
-from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, forward_normal, kernel_strides, on_f64_matrix, on_fma,
-                          on_ldmatrix, on_wgmma, padded_channels, vector_of, wgrad_copies_along_channels)
+from .igemm_tiles import (WARPS, GemmTile, IgemmTiles, choose_tiles, kernel_strides, on_f64_matrix, on_fma, on_ldmatrix,
+                          on_wgmma, vector_of, wgrad_copies_along_channels)
+from .iterators import copy_iterators
+from .padding import forward_normal, padded_channels
 from .normal import Normal, Phase
 from .staging import staging
 
@@ -123,8 +125,7 @@ class IgemmContext(TensorContext):
     out_along: tuple[tuple[str, int], ...] = ()   # ("FWD" | "DGRAD" | "WGRAD", how its epilogue stores: out_along)
     wgrad_weight_order: bool = True   # the weight gradient's columns in the weight's own order (wgrad_weight_order)
     bias_rows: tuple[int, int, int] = (0, 0, 0)   # a fused bias gradient's channels-last reads (context.bias_rows)
-    fwd_channels: int = 0  # a group's input channels as the forward reads them: the channels, or (the layout pass's
-                           # copies padded with zeros to whole 16-byte copies: igemm_tiles.padded_channels) more
+    fwd_channels: int = 0  # a group's input channels as the forward reads them (more where padded: padding.py)
 
 
 def staged_of(problem: ConvProblem, target: Target, staged: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -243,9 +244,10 @@ def _launches(entry: str, transposed: bool) -> tuple[str, ...]:
 
 def _converts(normal: Normal, staged: tuple[str, ...], target: Target, itemsize: int) -> dict[str, tuple[str, ...]]:
     """What each GEMM's launch converts: the forward its staged X and W that are not channels-last
-    already (both, whatever their layouts, where it pads their channels: padded_channels), the data gradient its staged Y that is not, and its staged W (filters innermost, which
-    no caller layout is); the weight gradient its staged X and Y that are not, where with them
-    channels-last it copies both along channels (wgrad_copies_along_channels), else nothing."""
+    already (both in any layout where it pads their channels: padding.py), the data gradient its staged
+    Y that is not, and its staged W (filters innermost, which no caller layout is); the weight gradient
+    its staged X and Y that are not, where with them channels-last it copies both along channels
+    (wgrad_copies_along_channels), else nothing."""
     cl = {k: lay is Layout.CHANNELS_LAST for k, lay in zip("XWY", normal.layouts)}
     wgrad = (all(cl[k] or k in staged for k in ("X", "Y")) and wgrad_copies_along_channels(normal, target, itemsize))
     padded = padded_channels(normal, staged, itemsize) != normal.channels   # (both copied, in any layout)
@@ -289,9 +291,7 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     converts = _converts(normal, staged, target, problem.dtype.itemsize)
     tiles = tiles_of(problem, target, staged)
     fma, f64_matrix = on_fma(problem, target), on_f64_matrix(problem, target)
-    padded = forward_normal(normal, staged, problem.dtype.itemsize)
-    # (the forward reads the staged copies' strides, their channels padded where padded_channels pads them;
-    # the data gradient the staged grad_output's and its own weight copy, wt_at; y's are the same)
+    padded = forward_normal(normal, staged, problem.dtype.itemsize)   # (the forward's copies: their strides)
     read_strides = kernel_strides(padded, staged)
     iterators = copy_iterators(normal, tiles, read_strides, converts, padded)
     return IgemmContext(
@@ -311,40 +311,6 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
         bias_rows=bias_rows(normal, problem.transposed, problem.dtype.itemsize, warp),
         fwd_channels=padded.channels // max(normal.groups, 1),
         kernels=tuple(sorted({k for e in entries for k in _launches(e, problem.transposed)})))
-
-
-# A GEMM operand's 16-byte copies take their sources from offsets set up before the main loop and
-# advanced a step at a time (templates/gpu/igemm.cu.j2, "iterators"), not from the reduction index
-# decoded at every step, where the reduction is read in the operand's memory order (tap-major over
-# channels-last activations, linearly along the weight as read) and a row's taps fit a 64-bit mask. A
-# step may straddle taps (the template's TapWalk): a group's channels (filters) need only be whole
-# 16-byte copies, which the operand's 16-byte copies already ask. The template checks the same
-# conditions (static_assert).
-MAX_ITERATOR_TAPS = 64
-
-
-def copy_iterators(normal: Normal, tiles: IgemmTiles, read_strides, converts: dict,
-                   fwd_normal: Normal | None = None) -> dict[str, bool]:
-    """Which operands' copies go by iterator: FWD_A (the input: channels-last, or along its pixels),
-    FWD_B (the weight, read linearly in the reduction's order), DGRAD_A (grad_output: channels-last, or
-    along its pixels), DGRAD_B (the weight's filters-innermost copy). `fwd_normal`: the forward's
-    channels where the layout pass pads its copies (forward_normal)."""
-    g = normal.groups or 1
-    cg = (fwd_normal or normal).channels // g
-    rd, rh, rw = normal.kernel
-    taps = rd * rh * rw
-    _, ws_c, ws_d, ws_h, ws_w = read_strides[2]
-    fwd, dgrad = tiles.fwd, tiles.dgrad
-    # an axis of one element (a 1x1 kernel's taps, one channel) has no stride to keep
-    extents = {"c": cg, "w": rw, "h": rh, "d": rd}
-    read = {"c": ws_c, "w": ws_w, "h": ws_h, "d": ws_d}
-    order = (("c", 1), ("w", cg), ("h", rw * cg), ("d", rh * rw * cg)) if fwd.tap_major else \
-        (("w", 1), ("h", rw), ("d", rh * rw), ("c", taps))
-    linear = all(extents[axis] == 1 or read[axis] == stride for axis, stride in order)
-    return {"FWD_A": fwd.a_mn or (fwd.vector_a and fwd.tap_major and taps <= MAX_ITERATOR_TAPS),
-            "FWD_B": fwd.vector_b and linear,
-            "DGRAD_A": dgrad.a_mn or (dgrad.vector_a and dgrad.tap_major and taps <= MAX_ITERATOR_TAPS),
-            "DGRAD_B": dgrad.vector_b and "W" in converts["DGRAD"] and dgrad.tap_major}
 
 
 def out_along(problem: ConvProblem, target: Target, tiles: IgemmTiles | None = None) -> dict[str, int]:

@@ -319,24 +319,6 @@ def _pixels_are_outputs(normal: Normal) -> bool:
             and all(s == 1 for s in normal.stride) and not any(normal.pad))
 
 
-def padded_channels(normal: Normal, staged: tuple[str, ...], itemsize: int) -> int:
-    """The input channels the forward GEMM reads: the caller's, or, where the layout pass stages both its
-    input and its weight (staging.py) and the channels (a single group) are not whole 16-byte copies,
-    rounded up to them: both copies hold zeros in the channels past the caller's (the products they add
-    are zeros), so that every tap's channels move by 16-byte copies -- an RGB stem's 3 channels as 8 of
-    bf16/f16, 4 of f32 or f64, where they would be gathered element by element."""
-    vector = vector_of(itemsize)
-    if "X" in staged and "W" in staged and max(normal.groups, 1) == 1 and normal.channels % vector:
-        return -(-normal.channels // vector) * vector
-    return normal.channels
-
-
-def forward_normal(normal: Normal, staged: tuple[str, ...], itemsize: int) -> Normal:
-    """`normal` as the forward GEMM reads it: its input channels padded_channels."""
-    channels = padded_channels(normal, staged, itemsize)
-    return normal if channels == normal.channels else dataclasses.replace(normal, channels=channels)
-
-
 def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(x, y, w) element strides the forward and data gradient read: the caller's layouts, channels-last
     for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at). For
@@ -383,9 +365,8 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     the weight gradient reads the caller's, or (`wgrad_staged`) those copies too. `dgrad_b`: the data
     gradient reads a copy of the weight with filters innermost (16-byte copies of B when its reduction
     is tap-major). `gemm`: the GEMM the kernel file launches ("FWD", "DGRAD", "WGRAD"), whose
-    reduction picks the step's depth (step_depth; None: the arch's). `fwd_normal`: the problem as the
-    forward reads it where the layout pass pads its copies' channels (forward_normal; `staged`'s x and
-    w strides then those copies')."""
+    reduction picks the step's depth (step_depth; None: the arch's). `fwd_normal`: the forward's problem
+    where the layout pass pads its copies' channels (padding.py; `staged`'s x and w strides theirs)."""
     fwd_normal = fwd_normal or normal
     wg_x_strides, wg_y_strides = x_strides, y_strides
     if staged is not None:
@@ -406,8 +387,7 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     aligned_k = normal.filters % vector == 0 and kg % vector == 0
 
     # forward: A = input (rows pixels, reduction (channel, tap)), B = weight (columns filters)
-    # (its channels, cgf, those of the padded copies where the layout pass pads them: fwd_normal)
-    cgf = fwd_normal.channels // g
+    cgf = fwd_normal.channels // g   # (its channels: the padded copies' where the layout pass pads them)
     fwd_tap = _channels_last(x_strides) and fwd_normal.channels % vector == 0 and cgf % vector == 0
     fwd_b = (fwd_tap and _channels_last(w_strides)) or (
         not fwd_tap and _contiguous(w_strides, (cgf,) + tuple(normal.kernel)) and (cgf * taps) % vector == 0)

@@ -73,9 +73,10 @@ import math
 from ..arch.gpu import GPU_ARCHS, Peaks
 from ..ir import ConvProblem, Layout, Op
 from ..target import Target
-from .igemm_tiles import (WARPS, choose_tiles, dgrad_weight_along_channels, forward_normal, kernel_strides,
-                          on_f64_matrix, on_fma, padded_channels, vector_of, wgrad_copies_along_channels)
+from .igemm_tiles import (WARPS, choose_tiles, dgrad_weight_along_channels, kernel_strides, on_f64_matrix, on_fma,
+                          vector_of, wgrad_copies_along_channels)
 from .normal import Normal
+from .padding import forward_normal, padded_channels
 
 GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
 COPY_INSTRUCTIONS = 80     # per 16-byte copy
@@ -276,7 +277,6 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
         pad = f" with {padded} channels ({padded - normal.channels} of zeros)" if padded != normal.channels else ""
         copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last{pad}"
                   for k in chosen]
-        how = "conversion" if pad else "transpose"   # (a padded copy from channels-last is no transpose)
-        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (one {how} launch before the "
+        return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (one {'conversion' if pad else 'transpose'} launch before the "
                                f"GEMM) so that they move by 16-byte copies, the fastest option: {numbers}")
     return Staging((), f"no conversion: it would not pay for itself: {numbers}")

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from ..cpu import layout_cost
 from ..errors import ConvgenError
-from ..gpu.igemm_tiles import padded_channels
 from ..gpu.normal import Normal
+from ..gpu.padding import padded_channels
 from ..gpu.staging import gemm_of, staging
 from ..ir import Layout
 from . import Pass
