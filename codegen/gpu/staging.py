@@ -42,7 +42,7 @@ conversion and the launches' latency are shared by the batch's images):
   cost more than the gathers.
 - a forward whose input channels (a single group) are not whole 16-byte copies -- an RGB stem's 3 --
   has no vector loads in either layout: staging both its input and its weight pads their copies'
-  channels with zeros to whole copies (igemm_tiles.padded_channels: 8 of bf16/f16, 4 of f32/f64), in
+  channels with zeros to whole copies (padding.padded_channels: 8 of bf16/f16, 4 of f32/f64), in
   either caller layout. Weighed alike: the GEMM multiplies and loads the padded channels (8/3 of the
   multiplies), the conversion reads the caller's elements and writes the padded ones. ResNet-50's stem
   (3 -> 64, 7x7 at stride 2, 224x224, bf16, sm_90): the caller's layouts 11.3 us an image, staged and

@@ -113,7 +113,7 @@ CASES = [
     ("ep_rows", (3, 16, 8, 8), 24, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
     # an RGB stem: 3 channels, 7x7 at stride 2 (49 taps, more than a tap table's: the forward's walk by
     # the tap's index); staged ("cl_staged", and "ragged" in "nchw_staged"), its copies padded to whole
-    # 16-byte copies of channels (igemm_tiles.padded_channels)
+    # 16-byte copies of channels (padding.padded_channels)
     ("stem", (2, 3, 19, 21), 16, (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), 1),
 ]
 ITERATOR_CASES = {"it_pad", "it_s2", "it_groups", "it_7x7", "it_3d", "it_c48", "it_c16", "it_c8", "dec_9x9"}   # not in NCHW: their layouts below

@@ -218,7 +218,7 @@ def test_the_cases_md_matrix_reaches_every_staging_path():
 @pytest.mark.parametrize("layouts", [(NCHW, NCHW, NCHW), (CL, CL, CL)])
 def test_a_forward_of_few_channels_stages_its_input_and_weight_padded_to_whole_copies(layouts):
     """An RGB stem (3 channels: no 16-byte copies in either layout) stages its input and weight with 8
-    channels, 5 of them zeros (igemm_tiles.padded_channels): the forward then copies both 16 bytes at a
+    channels, 5 of them zeros (padding.padded_channels): the forward then copies both 16 bytes at a
     time, tap-major, its reduction 8 x 49 deep; one launch pads both (pad_job: the caller's strides in
     either layout), the workspace sized for the padded copies. Grouped problems are not padded."""
     cuda = parse_target("cuda-sm_90")
