@@ -6,6 +6,7 @@ many channels (its products with the zeros are zeros)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .igemm_tiles import vector_of
 from .normal import Normal
@@ -19,7 +20,10 @@ def padded_channels(normal: Normal, staged: tuple[str, ...], itemsize: int) -> i
     bf16/f16, 4 of f32 or f64, where they would be gathered element by element."""
     vector = vector_of(itemsize)
     if "X" in staged and "W" in staged and max(normal.groups, 1) == 1 and normal.channels % vector:
-        return -(-normal.channels // vector) * vector
+        padded = -(-normal.channels // vector) * vector
+        # (an image of the copy, and the weight's, indexed in 32 bits as the caller's: igemm.refusal)
+        if max(math.prod(normal.in_size), normal.filters * math.prod(normal.kernel)) * padded < 2**31:
+            return padded
     return normal.channels
 
 

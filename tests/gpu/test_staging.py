@@ -11,6 +11,8 @@ import pytest
 
 from convgen.codegen.gpu.entry import emit_gpu, staged_kinds
 from convgen.codegen.gpu.igemm import igemm_context, render_igemm
+from convgen.codegen.gpu.normal import Normal
+from convgen.codegen.gpu.padding import padded_channels
 from convgen.codegen.gpu.staging import staging
 from convgen.codegen.ir import ConvProblem, DType, Layout, Op
 from convgen.codegen.pipeline import lower
@@ -242,3 +244,6 @@ def test_a_forward_of_few_channels_stages_its_input_and_weight_padded_to_whole_c
     assert igemm_context(_layer(c=3, k=64, kernel=(7, 7), dtype=DType.F32), cuda, "p",
                          staged=("W", "X")).fwd_channels == 4
     assert staging(_layer(c=6, k=64, groups=2, size=(56, 56)), cuda).kinds == ()
+    # an image whose padded copy would pass 2^31 elements (the kernel's 32-bit indexing) is not padded
+    huge = Normal.of(_layer(c=3, k=8, size=(16384, 16384), n=1))
+    assert padded_channels(huge, ("W", "X"), 2) == 3 and padded_channels(huge, ("W", "X"), 4) == 4
