@@ -322,7 +322,7 @@ def _pixels_are_outputs(normal: Normal) -> bool:
 def kernel_strides(normal: Normal, staged: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(x, y, w) element strides the forward and data gradient read: the caller's layouts, channels-last
     for `staged` kinds (the data gradient reads a staged weight through its own accessor, wt_at). For
-    the strides of padded copies, pass forward_normal's `normal`."""
+    the strides of padded copies, pass padding.forward_normal's `normal`."""
     lay = {k: Layout.CHANNELS_LAST if k in staged else v for k, v in zip("XWY", normal.layouts)}
     g = normal.groups or 1
     return (operand_strides(lay["X"], normal.channels, normal.in_size),

@@ -27,6 +27,12 @@ def padded_channels(normal: Normal, staged: tuple[str, ...], itemsize: int) -> i
     return normal.channels
 
 
+def padding_words(normal: Normal, staged: tuple[str, ...], itemsize: int) -> str:
+    """How a staged copy's channels are padded, in the layout pass's words ("" where they are not)."""
+    channels = padded_channels(normal, staged, itemsize)
+    return f" with {channels} channels ({channels - normal.channels} of zeros)" if channels != normal.channels else ""
+
+
 def forward_normal(normal: Normal, staged: tuple[str, ...], itemsize: int) -> Normal:
     """`normal` as the forward GEMM reads it: its input channels padded_channels."""
     channels = padded_channels(normal, staged, itemsize)

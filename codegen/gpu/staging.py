@@ -76,7 +76,7 @@ from ..target import Target
 from .igemm_tiles import (WARPS, choose_tiles, dgrad_weight_along_channels, kernel_strides, on_f64_matrix, on_fma,
                           vector_of, wgrad_copies_along_channels)
 from .normal import Normal
-from .padding import forward_normal, padded_channels
+from .padding import forward_normal, padded_channels, padding_words
 
 GATHER_INSTRUCTIONS = 50   # per element gathered (sm_90 SASS, see above)
 COPY_INSTRUCTIONS = 80     # per 16-byte copy
@@ -273,8 +273,7 @@ def staging(problem: ConvProblem, target: Target) -> Staging:
                + "; ".join(words for (_, words), _ in options)
                + f"; multiplies {us(multiply)}, compulsory traffic {us(memory)} (estimates, codegen/gpu/staging.py)")
     if chosen:
-        padded = padded_channels(normal, chosen, itemsize) if gemm == "FWD" else normal.channels
-        pad = f" with {padded} channels ({padded - normal.channels} of zeros)" if padded != normal.channels else ""
+        pad = padding_words(normal, chosen, itemsize)   # (the forward's alone stages X and W together)
         copies = [f"{k} with filters innermost" if k == "W" and gemm == "DGRAD" else f"{k} channels-last{pad}"
                   for k in chosen]
         return Staging(chosen, f"stage {' and '.join(copies)} in the workspace (one {'conversion' if pad else 'transpose'} launch before the "

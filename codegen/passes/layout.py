@@ -21,8 +21,8 @@ from __future__ import annotations
 from ..cpu import layout_cost
 from ..errors import ConvgenError
 from ..gpu.normal import Normal
-from ..gpu.padding import padded_channels
-from ..gpu.staging import gemm_of, staging
+from ..gpu.padding import padding_words
+from ..gpu.staging import staging
 from ..ir import Layout
 from . import Pass
 from ..plan import KOp, Plan
@@ -41,11 +41,8 @@ def run(plan: Plan) -> Plan:
         filters_last = plan.kop is KOp.DGRAD
         internal = {kind: Layout.CHANNELS_LAST if kind in staged.kinds and not (kind == "W" and filters_last) else lay
                     for kind, lay in layouts.items()}
-        # (the forward's input and weight copies padded with zero channels to whole 16-byte copies: padded_channels)
-        normal = Normal.of(plan.problem)
-        channels = (padded_channels(normal, staged.kinds, plan.problem.dtype.itemsize)
-                    if gemm_of(plan.problem) == "FWD" else normal.channels)
-        pad = f" with {channels} channels ({channels - normal.channels} of zeros)" if channels != normal.channels else ""
+        # (the forward's input and weight copies padded with zero channels to whole 16-byte copies: padding.py)
+        pad = padding_words(Normal.of(plan.problem), staged.kinds, plan.problem.dtype.itemsize)
         conversions = tuple(f"{kind}: {layouts[kind].value} -> "
                             f"{'filters innermost' if kind == 'W' and filters_last else 'channels_last' + pad} "
                             f"(a {'transpose' if layouts[kind] is not Layout.CHANNELS_LAST else 'padding'} kernel into "
