@@ -349,16 +349,28 @@ def _build_batch(batch: list) -> None:
                                          parallel=workers()))
                      for device in {job.device for job in batch}}
             paths = [next(built[job.device]) for job in batch]
-    except (ConvgenError, OSError) as err:   # the generic kernels stay: correct, only slower
-        bump("background_failures", len(batch))
-        warnings.warn(f"convgen: a background build failed, the generic kernels keep serving: {err}",
-                      RuntimeWarning, stacklevel=1)
+    except Exception as err:   # the generic kernels stay: correct, only slower
+        _failed(len(batch), "a background build failed", err)
         return
     for job, source, path in zip(batch, sources, paths):
-        job.done(source, path)
+        try:
+            job.done(source, path)
+        except Exception as err:
+            _failed(1, "a background build's kernel did not load", err)
+            continue
         bump("background_builds")
         bump("swaps")
     notify()
+
+
+def _failed(count: int, what: str, err: Exception) -> None:
+    """Count and report `count` background builds that failed with `err`: the generic kernels keep
+    serving them. An error that is neither convgen's nor the system's (a defect of convgen's own, such
+    as a template that does not render) is named as such, with its type; the builder thread goes on."""
+    bump("background_failures", count)
+    own = isinstance(err, (ConvgenError, OSError))
+    detail = str(err) if own else f"an internal error of convgen ({type(err).__name__}: {err}); please report it"
+    warnings.warn(f"convgen: {what}, the generic kernels keep serving: {detail}", RuntimeWarning, stacklevel=1)
 
 
 def notify() -> None:

@@ -265,6 +265,36 @@ def test_failed_background_build_keeps_the_generic_kernel(generic_built, monkeyp
     assert_close(_conv(x, w), ref, torch.float64, "forward")
 
 
+def test_background_build_failing_inside_convgen_is_reported_and_the_builder_goes_on(generic_built, monkeypatch):
+    # a defect of convgen's own (here: the emission raising a plain Python error) is counted and
+    # named in a warning; the builder thread survives it and builds the next problem
+    _fresh(monkeypatch, "background")
+    real = tiers.emit
+    broken = []
+
+    def emit_once_broken(plan, *args, **kwargs):
+        if not broken:
+            broken.append(plan)
+            raise KeyError("template variable (injected)")
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(tiers, "emit", emit_once_broken)
+    gen = torch.Generator().manual_seed(9)
+    x, w = randn((1, 3, 7, 6), torch.float64, gen), randn((2, 3, 2, 2), torch.float64, gen)
+    ref = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    with pytest.warns(RuntimeWarning, match="background build failed.*internal error of convgen.*KeyError.*injected"):
+        for _ in range(tiers.HOT_CALLS):
+            _conv(x, w)
+        assert tiers.wait(120)
+    assert convgen.stats()["background_failures"] == 1 and _entry(x, w).tier == "generic"
+    assert_close(_conv(x, w), ref, torch.float64, "forward")
+    x2 = randn((1, 3, 5, 9), torch.float64, gen)
+    for _ in range(tiers.HOT_CALLS):
+        _conv(x2, w)
+    assert tiers.wait(120)
+    assert _entry(x2, w).tier == "specialised", "the builder thread went on after the failure"
+
+
 def test_eager_prepare_upgrades_generic_entries_or_keeps_them(generic_built, monkeypatch):
     _fresh(monkeypatch, "background")
     gen = torch.Generator().manual_seed(6)
