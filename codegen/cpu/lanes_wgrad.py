@@ -16,7 +16,8 @@ from ..ir import DType, Layout
 from ..plan import Geometry, KOp, Plan, Tiling
 from .family import Family
 from .lanes import NAME, WHY, context, lanes_tile
-from .work import asm_tile_registers, bf16_pairs, reduction_splits, vector_lanes, windows_inside
+from .work import (ASM_FMA_PER_LOAD, FMA_PER_LOAD, asm_tile_registers, bf16_pairs, reduction_splits, vector_lanes,
+                   windows_inside)
 
 TEMPLATES = {KOp.WGRAD: "cpu/lanes_wgrad.cpp.j2"}
 
@@ -38,8 +39,20 @@ TAP_ROWS_MIN_ACC = 16
 # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad.narrow_lanes)
 NARROW_MAX_FILL = 0.75
 NARROW_FILL_LANES = 8
+# A tile of fewer rows where the rows' tiles then cost at least this share less (_row_tile).
+# (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad._row_tile)
+ROW_TILE_MIN_SAVING = 0.25
 # Chunks are staged per thread for 1-D images of at least this many pixels (see _staged).
 STAGE_MIN_PIXELS = 2048
+# bf16 pairs from a channels-last grad_output in place (_pairs_tile): vectors of the tile, and the
+# registers its step needs besides the accumulators, the pairs and the streamed input value (the
+# two pixels' words before they are interleaved).
+PAIRS_IN_PLACE_NV = 2
+PAIRS_IN_PLACE_TEMPS = 2
+# ... only for at most this many rows: the pack's cost, against the tiles', falls with the rows that
+# read each packed pixel, and the narrower tile (2 vectors, where lanes_tile takes up to 6) broadcasts
+# each input value for fewer channels.
+PAIRS_IN_PLACE_MAX_ROWS = 64
 
 
 def wgrad_row_block(rows: int, taps: int, pb: int, most: int) -> int:
@@ -163,6 +176,45 @@ def _gy_in_place(plan: Plan, nv: int, lanes: int, rb: int, rows: int, pairs: boo
             and g.cout_g % (nv * lanes) == 0 and (g.groups * g.cout_g == nv * lanes or rb >= rows))
 
 
+def _row_tile(nv: int, pb: int, rows: int, asm: bool) -> int:
+    """PB for a group's `rows` rows, at most lanes_tile's `pb`: a tile's rows past the group's end
+    repeat its last row, computed in vain (the 3 rows of a 1x1 weight gradient from an RGB image
+    took a tile of 14, 11 in vain). A tile's step costs its NV x PB FMAs or its NV + PB loads (at
+    ASM_FMA_PER_LOAD, or FMA_PER_LOAD, FMAs each), whichever is more: the PB whose tiles of all the
+    rows cost least, where they cost ROW_TILE_MIN_SAVING less than lanes_tile's.
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad._row_tile)"""
+    per_load = ASM_FMA_PER_LOAD if asm else FMA_PER_LOAD
+
+    def cost(b: int) -> float:
+        return math.ceil(rows / b) * max(nv * b, (nv + b) * per_load)
+
+    best = min(range(1, pb + 1), key=lambda b: (cost(b), -b))
+    return best if cost(best) <= (1 - ROW_TILE_MIN_SAVING) * cost(pb) else pb
+
+
+def _pairs_tile(plan: Plan, lanes: int, rows: int) -> tuple[int, int] | None:
+    """The tile (NV, PB) of bf16 pairs that read a channels-last grad_output in place (GY_PAIRS in
+    lanes_wgrad.cpp.j2), or None where it is packed: each step loads a block of 2 x lanes channels at
+    its two pixels where they lie and interleaves them in registers, the block's even channels in one
+    vector and its odd ones in the next (NV = 2; groups of whole blocks of lanes take NV = 1, a
+    vector's channels at the two pixels shuffled into pairs in order), where the pack wrote a
+    pixel-pair-major copy as large as grad_output and the tiles read it back. Rows of an even width (a
+    step's pixels never cross a row), at most PAIRS_IN_PLACE_MAX_ROWS rows; PB of the fewest rows
+    computed in vain (rows past the group's end repeat its last), then the most. The caller checks
+    that an item takes every row (grad_output then read once per block, as the pack reads it).
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad._pairs_tile)"""
+    g = plan.geometry
+    nv = PAIRS_IN_PLACE_NV if g.cout_g % (PAIRS_IN_PLACE_NV * lanes) == 0 else 1
+    if not (bf16_pairs(plan) and plan.layout_of("Y") is Layout.CHANNELS_LAST and g.y_size[-1] % 2 == 0
+            and g.cout_g % (nv * lanes) == 0 and rows <= PAIRS_IN_PLACE_MAX_ROWS):
+        return None
+    most = (plan.target.tile_registers - nv - 1 - PAIRS_IN_PLACE_TEMPS) // nv
+    if most < nv:
+        return None
+    pb = min(range(nv, most + 1), key=lambda b: (math.ceil(rows / b) * b, -b))
+    return nv, pb
+
+
 def _staged(plan: Plan, pairs: bool, per_item: int, gy_in_place: bool) -> bool:
     """Whether each chunk stages its zero-padded input window and its grad_output, pixel-major, in its
     thread's buffers, instead of a whole padded copy and pack per call (each read and wrote its
@@ -179,7 +231,15 @@ def _reason(plan: Plan, tiling: Tiling, score: float, rows: int, items: int) -> 
     t, lanes, pb, nv = plan.target, tiling.vector_lanes, tiling.kb, tiling.nv
     acc_bytes = plan.problem.dtype.accumulator.itemsize
     pairs, per_item, in_place = tiling.pairs, tiling.copy_per_item, tiling.in_place
-    gy_text = ("read in place (channels last, whole channel blocks)" if "Y" in in_place else
+    gy_text = (("read in place (channels last, whole blocks of twice the lanes' channels), a step's two pixels "
+                "interleaved in registers (each block's even channels in one vector, its odd ones in the next)"
+                if nv % 2 == 0 else
+                "read in place (channels last, whole vectors of channels), a step's two pixels shuffled into "
+                "pairs in registers")
+               + (", the bias sums from the tiles (a row of ones in each part's first row tile)"
+                  if plan.bias_from == "Y" else "")
+               if "Y" in in_place and pairs else
+               "read in place (channels last, whole channel blocks)" if "Y" in in_place else
                "staged pixel-major per chunk in its thread's buffers" if tiling.stage else
                "packed pixel-major once per call")
     x_text = ("staged per chunk: its window of the item's channels, zero-padded" if tiling.stage else
@@ -213,12 +273,21 @@ def tile(plan: Plan) -> Plan:
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad.tile: registers)
     # (with 32 registers, tiles of 5 or 6 vectors where they fill more lanes: LANES_WIDEST)
     nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm, pairs=pairs)
+    pb = _row_tile(nv, pb, g.cin_g * math.prod(g.kernel), t.fma_asm)
+    in_place = ("X",) if windows_inside(g) and p.dtype.accumulator is p.dtype else ()
+    paired = _pairs_tile(plan, lanes, _Blocks(plan, lanes, nv, pairs, in_place).rows) if pairs else None
+    if paired:
+        pairs_blocks = _Blocks(plan, lanes, paired[0], pairs, in_place)
+        if pairs_blocks.rows_for(paired[1]) >= pairs_blocks.rows:
+            nv, pb = paired   # (every lane useful: whole blocks)
+            score = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if t.fma_asm else FMA_PER_LOAD)
+        else:
+            paired = None
     tap_rows = _tap_rows(plan, nv, pb, pairs)
     # A chunk's packed grad_output (PC pixels x NV vectors) takes half the L1; an item's rows are
     # whole input channels' taps, about WGRAD_ROWS of them, so the rows of a chunk share their
     # input lines.
     pc = max(lanes, (t.l1_bytes // 2) // (nv * lanes * p.dtype.accumulator.itemsize))
-    in_place = ("X",) if windows_inside(g) and p.dtype.accumulator is p.dtype else ()
     # chunks of the reduction in one image (with pairs, a step takes two pixels)
     chunks = max(1, math.prod(g.y_size) // (2 if pairs else 1) // pc)
     blocks = _Blocks(plan, lanes, nv, pairs, in_place)
@@ -231,7 +300,7 @@ def tile(plan: Plan) -> Plan:
         rb = blocks.rows_for(pb)
     per_item, items = blocks.per_item(rb), blocks.items(rb)
     splits = reduction_splits(items, blocks.partial_bytes, chunks)
-    gy_in_place = _gy_in_place(plan, nv, lanes, rb, blocks.rows, pairs)
+    gy_in_place = bool(paired) or _gy_in_place(plan, nv, lanes, rb, blocks.rows, pairs)
     in_place += ("Y",) if gy_in_place else ()
     stage = _staged(plan, pairs, per_item, gy_in_place)
     assert not (tap_rows and stage), "tap-aligned tiles have windows of several rows; staged chunks one"

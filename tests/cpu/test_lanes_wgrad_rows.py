@@ -115,3 +115,19 @@ def test_parts_of_the_reduction_keep_a_chunk_of_one_image():
     problem = conv_problem(3, 17, 31, (37, 41), (5, 3), stride=(2, 1), pad=(2, 1), dil=(1, 2), op=Op.BWD_WEIGHT)
     plan = lower(problem, cpu_target("avx512"), algorithm="lanes")
     assert plan.tiling.splits == 4, plan.tiling
+
+
+def test_row_tile_computes_few_rows_in_vain():
+    # lanes_tile's tile of one vector takes 14 rows; a 1x1 weight gradient from an RGB image has 3
+    row_tile = lanes_wgrad._row_tile
+    assert row_tile(1, 14, 3, asm=True) == 3
+    assert row_tile(1, 14, 16, asm=True) == 8            # two tiles of 8, not of 14 (12 rows in vain)
+    for nv, pb, rows in itertools.product([1, 2, 3, 4], [3, 6, 9, 14], [1, 2, 3, 5, 16, 27, 64, 147, 576]):
+        b = row_tile(nv, pb, rows, asm=True)
+        assert 1 <= b <= pb
+        assert math.ceil(rows / b) * b <= math.ceil(rows / pb) * pb, (nv, pb, rows, b)   # never more rows in vain
+        if rows % pb == 0:
+            assert b == pb, "no row in vain: lanes_tile's tile stays"
+    plan = lower(conv_problem(n=4, c=3, k=16, size=(16, 16), kernel=1, pad=0, op=Op.BWD_WEIGHT,
+                              layout=Layout.CHANNELS_LAST), cpu_target("avx512"), algorithm="lanes")
+    assert plan.tiling.kb == 3 and plan.tiling.rb == 3, plan.tiling

@@ -560,6 +560,21 @@ constexpr bool PER_ITEM = false;
 // place: each pixel's NVV channels of a block are one run there too. Only the bias sums (in the
 // same order as below) are taken from it first.
 constexpr bool GY_IN_PLACE = false;
+// bf16 pairs from a channels-last grad_output in place (GY_PAIRS; rows of an even width, whole blocks of
+// 2V channels, or of V with NV = 1): a step's block at its two pixels is read where it lies and
+// interleaved in registers: by pair_pixels, a block of 2V's even channels in one vector of the tile
+// and its odd ones in the next (lane l of the tile's vector v then holds channel lane_channel(v, l)
+// of the block), or one vector by pair_lanes, in order. The pack wrote and read
+// back a copy as large as grad_output (16 of 35% of mb_pw_16_96's weight gradient, Zen 4). The bias
+// sums come from the tiles too: the first row tile of each part's first row block steps one more
+// row, a pair of ones (each lane's two pixels added, exactly, by the instruction), its chunk's sums
+// then added in double, in order; a pass of their own read grad_output from memory once more (as
+// long as the kernel's tiles, Zen 4).
+constexpr bool GY_PAIRS = GY_IN_PLACE && PAIRS;
+static_assert(!GY_PAIRS || (Y_SC == 1 && YWE == YW && (NV % 2 == 0 || NV == 1)), "GY_PAIRS: the plan's conditions");
+static inline int64_t lane_channel(int64_t v, int64_t l) {
+  return GY_PAIRS && NV % 2 == 0 ? v / 2 * 2 * V + 2 * l + v % 2 : v * V + l;
+}
 constexpr bool GY_RUNS = !GY_IN_PLACE && !PAIRS && (YW == 1 || Y_SW == 1) && (YH == 1 || Y_SH == YW) &&
                          (YD == 1 || Y_SD == YH * YW);
 // Channel j's bias sum among a block's NV vectors of sums in double (lo[v], hi[v]: the halves of vector v).
@@ -628,7 +643,7 @@ int64_t n, int nthreads) {
   ACC* part = SPLITS > 1 ? (ACC*)acquire(sizeof(ACC) * (size_t)(SPLITS * G * COUT_G * CT + 1)) : nullptr;
   int failed = (!GY_IN_PLACE && !gyt) || (!IN_PLACE && !local && !xp) || (SPLITS > 1 && !part);
   if (!failed) {
-    if (!GY_IN_PLACE || bs) pack_grad_output(gy, gyt, bs, n, nthreads);
+    if (!GY_IN_PLACE || (bs && !GY_PAIRS)) pack_grad_output(gy, gyt, bs, n, nthreads);
     if (!IN_PLACE && !local) pad_input(x, xp, n, nthreads);
   }
   const ACC* xs_all = IN_PLACE ? (const ACC*)x : xp;
@@ -663,11 +678,24 @@ int64_t n, int nthreads) {
         const int64_t qb = PER_ITEM && (qa / STEPS + 1) * STEPS < u1 ? (qa / STEPS + 1) * STEPS : u1;
         for (int64_t q0 = qa; q0 < qb; q0 += PC) {
           const int64_t nq = qb - q0 < PC ? qb - q0 : PC;
-          for (int64_t i = 0; i < nq; ++i) {   // (with pairs, the window of the step's first pixel)
-            const int64_t q = q0 + i, b = q / STEPS, p = q % STEPS * PIX;
-            const int64_t ow = p % YWE, oh = (p / YWE) % YH, od = p / (YWE * YH);
+          // (with pairs, the window of the step's first pixel) the steps' coordinates advanced one
+          // step at a time from the chunk's first: divided step by step, they took 16% of
+          // mb_pw_16_96's weight gradient (Zen 4, bf16)
+          int64_t b = q0 / STEPS, ow = q0 % STEPS * PIX, oh = ow / YWE % YH, od = ow / (YWE * YH);
+          ow %= YWE;
+          for (int64_t i = 0; i < nq; ++i) {
             at[i] = b * img + od * SD * RB_SD + oh * SH * RB_SH + ow * SW * RB_SW;
             if constexpr (GY_IN_PLACE) gat[i] = b * Y_SN + od * Y_SD + oh * Y_SH + ow * Y_SW;
+            if ((ow += PIX) == YWE) {
+              ow = 0;
+              if (++oh == YH) {
+                oh = 0;
+                if (++od == YD) {
+                  od = 0;
+                  ++b;
+                }
+              }
+            }
           }
           for (int64_t kk = 0; kk < KN; ++kk) {
             const int64_t kblk = kb0 + kk;
@@ -760,7 +788,7 @@ int64_t n, int nthreads) {
           for (int64_t v = 0; v < NV; ++v) {
             ACC lanes[V];
             vstore(lanes, tt[v * PB]);
-            for (int64_t l = 0; l < V; ++l) kr[(v * V + l) * RB + r] = lanes[l];
+            for (int64_t l = 0; l < V; ++l) kr[lane_channel(v, l) * RB + r] = lanes[l];
           }
           wo[r] = channel_tap_offset(r0 + r, W_SC, W_SD, W_SH, W_SW);
         }
