@@ -50,6 +50,8 @@ CASES = [
     ("dgrad_s2_in_place", Op.BWD_DATA, dict(n=2, c=48, k=64, size=(9, 12), kernel=1, pad=0, stride=2)),
     ("wgrad_1x1_lanes", Op.BWD_WEIGHT, dict(n=3, c=24, k=64, size=(7, 9), kernel=1, pad=0)),
     ("wgrad_1x1_odd_width", Op.BWD_WEIGHT, dict(n=2, c=40, k=96, size=(5, 7), kernel=1, pad=0, groups=2)),
+    # 24 filters: the pack's block of 32 is partial (its second vector 8 channels, a masked load)
+    ("wgrad_1x1_partial_block", Op.BWD_WEIGHT, dict(n=2, c=40, k=24, size=(5, 8), kernel=1, pad=0)),
     ("wgrad_3x3_pad_stride2", Op.BWD_WEIGHT, dict(n=2, c=18, k=64, size=(11, 9), kernel=3, stride=2)),
     ("wgrad_3d_pad", Op.BWD_WEIGHT, dict(n=1, c=6, k=64, size=(3, 5, 7), kernel=3)),
 ]
