@@ -564,12 +564,12 @@ constexpr bool GY_IN_PLACE = false;
 // 2V channels, or of V with NV = 1): a step's block at its two pixels is read where it lies and
 // interleaved in registers: by pair_pixels, a block of 2V's even channels in one vector of the tile
 // and its odd ones in the next (lane l of the tile's vector v then holds channel lane_channel(v, l)
-// of the block), or one vector by pair_lanes, in order. The pack wrote and read
-// back a copy as large as grad_output (16 of 35% of mb_pw_16_96's weight gradient, Zen 4). The bias
-// sums come from the tiles too: the first row tile of each part's first row block steps one more
-// row, a pair of ones (each lane's two pixels added, exactly, by the instruction), its chunk's sums
-// then added in double, in order; a pass of their own read grad_output from memory once more (as
-// long as the kernel's tiles, Zen 4).
+// of the block), or one vector by pair_lanes, in order. The pack wrote and read back a copy as large
+// as grad_output: 16 points of the 35% of mb_pw_16_96's run that its weight gradient's kernel took
+// (Zen 4, `perf`). The bias sums come from the tiles too: the first row tile of each part's first row
+// block steps one more row, a pair of ones (each lane's two pixels added, exactly, by the
+// instruction), its chunk's sums then added in double, in order; a pass of their own read
+// grad_output from memory once more (as long as the kernel's tiles, Zen 4).
 constexpr bool GY_PAIRS = GY_IN_PLACE && PAIRS;
 static_assert(!GY_PAIRS || (Y_SC == 1 && YWE == YW && (NV % 2 == 0 || NV == 1)), "GY_PAIRS: the plan's conditions");
 static inline int64_t lane_channel(int64_t v, int64_t l) {
