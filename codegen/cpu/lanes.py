@@ -454,7 +454,7 @@ def tile(plan: Plan) -> Plan:
     x_inner = fwd and not in_place and operands.x_inner(plan)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nv, cols=qb, rb=cc, in_place=in_place, channel_major=channel_major,
                     x_inner=x_inner,
-                    pairs=pairs, stream_bytes=operands.stream_bytes(plan, nv * lanes) if fwd else 0,
+                    pairs=pairs, stream_bytes=operands.stream_bytes(plan, nv * lanes),
                     copy_per_item=_copy_per_item(plan, qb, pairs, in_place, channel_major), row_split=split,
                     threads_hint=f"parallel over (group, {'output' if fwd else 'input'}-channel block, "
                                  f"{'' if fwd else 'stride phase, '}run of pixels)")

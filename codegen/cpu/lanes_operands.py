@@ -49,16 +49,18 @@ def x_inner(plan: Plan) -> bool:
 
 
 def stream_bytes(plan: Plan, nvv: int) -> int:
-    """The output bytes per call from which the lanes forward stores past the caches (0: never):
-    x86 targets, a channels-last output whose every tile store covers whole 64-byte lines (channel
-    blocks of whole vectors, a line-multiple block and pixel stride). The data gradient and channel
-    planes keep cached stores (STREAM_L2S)."""
+    """The result bytes per call from which the lanes forward and data gradient store past the caches
+    (0: never): x86 targets, a channels-last result (the output; the data gradient's grad_input) whose
+    every tile store covers whole 64-byte lines (channel blocks of whole vectors, a line-multiple block
+    and pixel stride). Channel planes keep cached stores (STREAM_L2S).
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_operands.stream_bytes)"""
     g, t, p = plan.geometry, plan.target, plan.problem
     item = p.dtype.itemsize
+    kind, channels = ("Y", g.cout_g) if plan.kop is KOp.FWD else ("X", g.cin_g)
     if (t.kind is not TargetKind.CPU or t.isa not in ("avx2", "avx512")
-            or plan.layout_of("Y") is not Layout.CHANNELS_LAST):
+            or plan.layout_of(kind) is not Layout.CHANNELS_LAST):
         return 0
-    if g.cout_g % nvv or (nvv * item) % 64 or (g.cout_g * g.groups * item) % 64:
+    if channels % nvv or (nvv * item) % 64 or (channels * g.groups * item) % 64:
         return 0
     return STREAM_L2S * t.l2_bytes
 

@@ -1,5 +1,5 @@
-"""The lanes forward's non-temporal stores of large outputs (channels last, outputs of several L2s
-per call).
+"""The lanes forward's and data gradient's non-temporal stores of large results (channels last,
+results of several L2s per call).
 
 Real outputs that large take seconds in a test, so these plans lower the threshold to one byte:
 every call then takes the large-output path, checked against ATen in float64 with the output poisoned first (an unwritten line shows as NaN).
@@ -48,15 +48,24 @@ def _targets():
         yield "avx512", cpu_target("avx512", bf16_dot=False)
 
 
+# data gradients (grad_input channels last, 64 or 128 channels): a 3x3, and a 1x1 of stride 2 whose
+# phases without taps store zeros
+DGRAD_CASES = [
+    ("dgrad_3x3", dict(n=2, c=64, k=5, size=(7, 9), kernel=(3, 3), op=Op.BWD_DATA)),
+    ("dgrad_1x1_s2", dict(n=2, c=128, k=24, size=(9, 10), kernel=(1, 1), pad=0, stride=2, op=Op.BWD_DATA)),
+]
+
+
 def _streaming(problem: ConvProblem, target):
     plan = lower(problem, target, algorithm="lanes")
-    assert plan.tiling.stream_bytes > 0, "the plan should stream this channels-last output"
+    assert plan.tiling.stream_bytes > 0, "the plan should stream this channels-last result"
     return dataclasses.replace(plan, tiling=dataclasses.replace(plan.tiling, stream_bytes=1))
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    keys = [(_problem(**kw, dtype=dt), target) for _, kw in CASES for dt in DTYPES for _, target in _targets()]
+    keys = [(_problem(**kw, dtype=dt), target) for _, kw in CASES + DGRAD_CASES for dt in DTYPES
+            for _, target in _targets()]
     plans = [_streaming(*key) for key in keys]
     return dict(zip(keys, zip(plans, dispatch.load_plans(plans))))
 
@@ -91,6 +100,37 @@ def test_streamed_output_matches_aten(kernels, which, name, kw, dtype, aligned):
                                      list(problem.output_padding), problem.groups)
     assert not torch.isnan(out).any(), "elements left unwritten (NaN poison survived)"
     assert rel_err(out, ref) <= tolerance(tdt, 1), f"rel err {rel_err(out, ref):.2e}"
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned_grad_input"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+@pytest.mark.parametrize("name, kw", DGRAD_CASES, ids=[c[0] for c in DGRAD_CASES])
+@pytest.mark.parametrize("which", ["host", "avx512"])
+def test_streamed_grad_input_matches_aten(kernels, which, name, kw, dtype, aligned):
+    targets = dict(_targets())
+    if which not in targets:
+        pytest.skip("this CPU does not run AVX-512 code: the host target's streaming kernels run instead")
+    problem = _problem(**kw, dtype=dtype)
+    plan, kernel = kernels[(problem, targets[which])]
+    text = emit(plan).text
+    assert "vstream_t(dst + o0" in text and "_mm_sfence()" in text
+    tdt = TORCH_DTYPES[dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype.value}".encode()))
+    w = in_channels_last(torch.randn(problem.weight_shape, generator=gen, dtype=torch.float64).to(tdt))
+    gy = in_channels_last(torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt))
+    shape = problem.input_shape
+    # a grad_input whose base is 64-byte aligned (streamed) or one element off (cached stores)
+    flat = torch.full((torch.Size(shape).numel() + 64,), float("nan"), dtype=tdt)
+    start = (-flat.data_ptr() % 64) // flat.element_size() + (0 if aligned else 1)
+    out = flat.as_strided(shape, in_channels_last(torch.empty(shape, dtype=tdt)).stride(), start)
+    assert (out.data_ptr() % 64 == 0) == aligned
+    kernel({"grad_output": gy, "weight": w, "grad_input": out}, problem.n, 2)
+    ref = torch.ops.aten.convolution_backward(
+        gy.double(), torch.empty(shape, dtype=torch.float64), w.double(), None, list(problem.stride),
+        [lo for lo, _ in problem.padding], list(problem.dilation), False, list(problem.output_padding),
+        problem.groups, [True, False, False])[0]
+    assert not torch.isnan(out).any(), "elements left unwritten (NaN poison survived)"
+    assert rel_err(out, ref) <= tolerance(tdt, problem.k), f"rel err {rel_err(out, ref):.2e}"
 
 
 @pytest.mark.parametrize("kw, why", [
