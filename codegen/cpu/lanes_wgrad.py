@@ -273,12 +273,12 @@ def tile(plan: Plan) -> Plan:
     # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", lanes_wgrad.tile: registers)
     # (with 32 registers, tiles of 5 or 6 vectors where they fill more lanes: LANES_WIDEST)
     nv, pb, score = lanes_tile(g.cout_g, lanes, t.tile_registers, asm=t.fma_asm, pairs=pairs)
-    pb = _row_tile(nv, pb, g.cin_g * math.prod(g.kernel), t.fma_asm)
+    rows = g.cin_g * math.prod(g.kernel)   # (input channel, tap) rows of a group (_Blocks.rows)
+    pb = _row_tile(nv, pb, rows, t.fma_asm)
     in_place = ("X",) if windows_inside(g) and p.dtype.accumulator is p.dtype else ()
-    paired = _pairs_tile(plan, lanes, _Blocks(plan, lanes, nv, pairs, in_place).rows) if pairs else None
+    paired = _pairs_tile(plan, lanes, rows) if pairs else None
     if paired:
-        pairs_blocks = _Blocks(plan, lanes, paired[0], pairs, in_place)
-        if pairs_blocks.rows_for(paired[1]) >= pairs_blocks.rows:
+        if _Blocks(plan, lanes, paired[0], pairs, in_place).rows_for(paired[1]) >= rows:
             nv, pb = paired   # (every lane useful: whole blocks)
             score = nv * pb / (nv + pb) / (ASM_FMA_PER_LOAD if t.fma_asm else FMA_PER_LOAD)
         else:

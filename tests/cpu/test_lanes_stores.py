@@ -70,11 +70,9 @@ def kernels():
     return dict(zip(keys, zip(plans, dispatch.load_plans(plans))))
 
 
-@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned_output"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
-@pytest.mark.parametrize("name, kw", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("which", ["host", "avx512"])
-def test_streamed_output_matches_aten(kernels, which, name, kw, dtype, aligned):
+def _streaming_kernel(kernels, which, name, kw, dtype):
+    """(problem, kernel, torch dtype, generator) of a case's streaming kernel on target `which`,
+    its source checked to stream."""
     targets = dict(_targets())
     if which not in targets:
         pytest.skip("this CPU does not run AVX-512 code: the host target's streaming kernels run instead")
@@ -82,18 +80,30 @@ def test_streamed_output_matches_aten(kernels, which, name, kw, dtype, aligned):
     plan, kernel = kernels[(problem, targets[which])]
     text = emit(plan).text
     assert "vstream_t(dst + o0" in text and "_mm_sfence()" in text
-    tdt = TORCH_DTYPES[dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype.value}".encode()))
+    return problem, kernel, TORCH_DTYPES[dtype], gen
+
+
+def _poisoned_result(shape, tdt, aligned: bool) -> torch.Tensor:
+    """A channels-last result of NaNs whose base is 64-byte aligned (streamed) or one element off
+    (cached stores)."""
+    flat = torch.full((torch.Size(shape).numel() + 64,), float("nan"), dtype=tdt)
+    start = (-flat.data_ptr() % 64) // flat.element_size() + (0 if aligned else 1)
+    out = flat.as_strided(shape, in_channels_last(torch.empty(shape, dtype=tdt)).stride(), start)
+    assert (out.data_ptr() % 64 == 0) == aligned
+    return out
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned_output"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+@pytest.mark.parametrize("name, kw", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("which", ["host", "avx512"])
+def test_streamed_output_matches_aten(kernels, which, name, kw, dtype, aligned):
+    problem, kernel, tdt, gen = _streaming_kernel(kernels, which, name, kw, dtype)
     x = in_channels_last(torch.randn(problem.input_shape, generator=gen, dtype=torch.float64).to(tdt))
     w = in_channels_last(torch.randn(problem.weight_shape, generator=gen, dtype=torch.float64).to(tdt))
     b = torch.randn(problem.k, generator=gen, dtype=torch.float64).to(tdt)
-    shape = problem.output_shape
-    # an output whose base is 64-byte aligned (streamed) or one element off (cached stores)
-    flat = torch.full((torch.Size(shape).numel() + 64,), float("nan"), dtype=tdt)
-    start = (-flat.data_ptr() % 64) // flat.element_size() + (0 if aligned else 1)
-    strides = in_channels_last(torch.empty(shape, dtype=tdt)).stride()
-    out = flat.as_strided(shape, strides, start)
-    assert (out.data_ptr() % 64 == 0) == aligned
+    out = _poisoned_result(problem.output_shape, tdt, aligned)
     kernel({"input": x, "weight": w, "bias": b, "output": out}, problem.n, 2)
     ref = torch.ops.aten.convolution(x.double(), w.double(), b.double(), list(problem.stride),
                                      [lo for lo, _ in problem.padding], list(problem.dilation), False,
@@ -107,23 +117,11 @@ def test_streamed_output_matches_aten(kernels, which, name, kw, dtype, aligned):
 @pytest.mark.parametrize("name, kw", DGRAD_CASES, ids=[c[0] for c in DGRAD_CASES])
 @pytest.mark.parametrize("which", ["host", "avx512"])
 def test_streamed_grad_input_matches_aten(kernels, which, name, kw, dtype, aligned):
-    targets = dict(_targets())
-    if which not in targets:
-        pytest.skip("this CPU does not run AVX-512 code: the host target's streaming kernels run instead")
-    problem = _problem(**kw, dtype=dtype)
-    plan, kernel = kernels[(problem, targets[which])]
-    text = emit(plan).text
-    assert "vstream_t(dst + o0" in text and "_mm_sfence()" in text
-    tdt = TORCH_DTYPES[dtype]
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype.value}".encode()))
+    problem, kernel, tdt, gen = _streaming_kernel(kernels, which, name, kw, dtype)
     w = in_channels_last(torch.randn(problem.weight_shape, generator=gen, dtype=torch.float64).to(tdt))
     gy = in_channels_last(torch.randn(problem.output_shape, generator=gen, dtype=torch.float64).to(tdt))
     shape = problem.input_shape
-    # a grad_input whose base is 64-byte aligned (streamed) or one element off (cached stores)
-    flat = torch.full((torch.Size(shape).numel() + 64,), float("nan"), dtype=tdt)
-    start = (-flat.data_ptr() % 64) // flat.element_size() + (0 if aligned else 1)
-    out = flat.as_strided(shape, in_channels_last(torch.empty(shape, dtype=tdt)).stride(), start)
-    assert (out.data_ptr() % 64 == 0) == aligned
+    out = _poisoned_result(shape, tdt, aligned)
     kernel({"grad_output": gy, "weight": w, "grad_input": out}, problem.n, 2)
     ref = torch.ops.aten.convolution_backward(
         gy.double(), torch.empty(shape, dtype=torch.float64), w.double(), None, list(problem.stride),
