@@ -104,13 +104,16 @@ def compile_command(src: str, out: str, vendor: str, *, sanitize: bool = False,
 
 @functools.lru_cache(maxsize=1)
 def headers_digest() -> str:
-    """sha256 over the simulator's headers (sim/*.h): part of a simulator
-    build's cache key, since they are compiled into every such artifact."""
+    """sha256 over the simulator's headers (every sim/*.h, by name and text) and its hooks.map: part
+    of a simulator build's cache key, since they are compiled into every such artifact (those cuda.h
+    includes only under CONVGEN_SIM, wgmma.h and mbarrier.h, too: the kernel text inlines cuda.h, not
+    them)."""
     import hashlib
 
     h = hashlib.sha256()
-    for name in ("simt.h", "fiber.h", "checks.h", "async_copy.h", "mma.h", "hooks.map"):
-        h.update((gpu_templates_dir() / "sim" / name).read_bytes())
+    sim = gpu_templates_dir() / "sim"
+    for path in [*sorted(sim.glob("*.h")), sim / "hooks.map"]:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 

@@ -104,6 +104,53 @@ template <int N> __device__ __forceinline__ void convgen_copy_wait() {
 template <int N> __device__ __forceinline__ void convgen_copy_land(convgen_copy_stage<N>&) {}
 #define CONVGEN_ASYNC_COPY 1   // copies overlap the matrix instructions without registers
 
+// --- shared-memory barriers: mbarrier (sm_80+; the waits' try_wait on sm_90) ----------------------------
+// A 64-bit object in shared memory, 8-byte aligned, named by its shared-window address
+// (convgen_mbarrier_at(pointer): taken once, outside a loop, a barrier array's next entry 8 bytes
+// further). convgen_mbarrier_init(bar, count) by one thread, then a __syncthreads before any other
+// thread uses it: each phase completes after `count` arrivals (convgen_mbarrier_arrive: one each;
+// convgen_copy_arrive: one when every cp.async the thread issued before it has landed -- the copies
+// need no commit or wait of their own). convgen_mbarrier_wait(bar, parity) returns once the phase of
+// that parity (0, 1, 0, ...: phase i has parity i % 2) has completed; what the arrivals of that phase
+// wrote to shared memory (their copies included) is then visible to the waiting thread, without a
+// __syncthreads (PTX ISA, "mbarrier").
+#if defined(CONVGEN_SIM)
+#include "sim/mbarrier.h"
+__device__ __forceinline__ unsigned convgen_mbarrier_at(const unsigned long long* bar) {
+    return static_cast<unsigned>(reinterpret_cast<const unsigned char*>(bar) - ::convgen_sim::dynamic_shared());
+}
+__device__ __forceinline__ void* convgen_sim_mbarrier(unsigned bar) { return ::convgen_sim::dynamic_shared() + bar; }
+__device__ __forceinline__ void convgen_mbarrier_init(unsigned bar, unsigned count) {
+    ::convgen_sim::mbarrier_init(convgen_sim_mbarrier(bar), count);
+}
+__device__ __forceinline__ void convgen_mbarrier_arrive(unsigned bar) { ::convgen_sim::mbarrier_arrive(convgen_sim_mbarrier(bar)); }
+__device__ __forceinline__ void convgen_copy_arrive(unsigned bar) { ::convgen_sim::copy_arrive(convgen_sim_mbarrier(bar)); }
+#define convgen_mbarrier_wait(bar, parity) ::convgen_sim::mbarrier_wait(convgen_sim_mbarrier(bar), parity, CONVGEN_SIM_SITE)
+#else
+__device__ __forceinline__ unsigned convgen_mbarrier_at(const unsigned long long* bar) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(bar));
+}
+__device__ __forceinline__ void convgen_mbarrier_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void convgen_mbarrier_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void convgen_copy_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void convgen_mbarrier_wait(unsigned bar, unsigned parity) {
+    // (labels inside braces are local to the block: every inlined copy has its own)
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred done;\n again:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra again;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+#else
+    asm volatile("{\n .reg .pred done;\n again:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra again;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+#endif
+}
+#endif
+
 // Two adjacent elements in one shared store (the epilogue's accumulator pairs: STS, STS.64, STS.128),
 // `at` aligned to both; in the simulator one access too, as the bank profile counts it.
 template <class E> __device__ __forceinline__ void convgen_store_pair(E* at, E a, E b) {

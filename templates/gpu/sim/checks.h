@@ -84,15 +84,17 @@ inline std::vector<LaunchProfile>& profiles() { static thread_local std::vector<
 CONVGEN_SIM_RT void access(uintptr_t a, size_t bytes, bool store, const void* pc);
 
 // One access recorded in the shadow: where (an instruction of this library, as an offset from the
-// checks' own code: 4 bytes, not 8), by whom, and the count of its warp's collectives then.
+// checks' own code: 4 bytes, not 8), by whom, the count of its warp's collectives then, and (once
+// the block uses mbarriers) the thread's own clock then.
 struct Access {
     int32_t pc = 0;
     uint32_t epoch = 0;
+    uint32_t clock = 0;
     uint16_t thread = NOBODY;
     Access() = default;
-    Access(const void* where, uint32_t e, unsigned t)
+    Access(const void* where, uint32_t e, unsigned t, uint32_t k)
         : pc(static_cast<int32_t>(reinterpret_cast<intptr_t>(where) - reinterpret_cast<intptr_t>(&access))),
-          epoch(e), thread(static_cast<uint16_t>(t)) {}
+          epoch(e), clock(k), thread(static_cast<uint16_t>(t)) {}
     const void* where() const { return reinterpret_cast<const char*>(&access) + pc; }
 };
 // Per byte of shared memory: the last write and up to two reads of the current interval (the first,
@@ -123,6 +125,13 @@ struct BlockChecks {
     struct { bool set; size_t offset, bytes; unsigned thread; const void* pc; } unwritten{};
     std::vector<uint32_t> warp_epoch;     // warp collectives completed, per warp of the block
     std::vector<std::pair<uintptr_t, uintptr_t>> known;    // loaded objects' segments and TLS seen so far
+    // Happens-before through mbarriers (sim/mbarrier.h), from the block's first mbarrier.init: per
+    // thread, a vector clock (threads x threads: row t, what thread t has seen of each thread's clock;
+    // t's own entry counts its arrivals, from 1). An access of thread a at its clock k is ordered
+    // before thread t's when t's row holds k or more for a.
+    bool ordered_by_mbarriers = false;
+    unsigned clock_threads = 0;
+    std::vector<uint32_t> clocks;
     Counters counters;
     // per thread: an instruction's count of shared [1] and of global [0] accesses
     std::vector<std::unordered_map<const void*, uint32_t>> executions[2];
@@ -145,6 +154,11 @@ CONVGEN_SIM_RT void copy_issue(void* shared, const void* global, unsigned bytes,
 CONVGEN_SIM_RT void copy_landed(void* shared, unsigned bytes, const void* pc);
 CONVGEN_SIM_RT void workspace_added(void* p, unsigned long long bytes);
 CONVGEN_SIM_RT void workspace_removed(void* p);
+CONVGEN_SIM_RT void mbarrier_initialised(Mbarrier& m, const void* pc);
+CONVGEN_SIM_RT void mbarrier_ordered_after_init(const Mbarrier& m, const char* what, const void* pc);
+CONVGEN_SIM_RT void mbarrier_release(Mbarrier& m, unsigned thread);
+CONVGEN_SIM_RT void mbarrier_arrived(unsigned thread);
+CONVGEN_SIM_RT void mbarrier_acquire(const Mbarrier& m, unsigned thread);
 
 CONVGEN_SIM_UNCHECKED inline unsigned char* dynamic_shared() { return worker().checks->shared; }
 
@@ -214,6 +228,7 @@ CONVGEN_SIM_RT void block_begin(Worker& w, Launch& l) {
     c.unwritten.set = false;
     unsigned threads = static_cast<unsigned>(w.fibers.size());
     c.warp_epoch.assign((threads + CONVGEN_SIM_WARP - 1) / CONVGEN_SIM_WARP, 0);
+    c.ordered_by_mbarriers = false;
     c.counters = Counters{};
     c.counters.blocks = 1;
     if (l.settings.profile) {
@@ -411,12 +426,23 @@ CONVGEN_SIM_RT void global_access(Worker& w, Fiber& f, uintptr_t a, size_t bytes
     }
 }
 
+// Thread t's own clock, once the block uses mbarriers (else 0: accesses ordered by barriers alone).
+CONVGEN_SIM_UNCHECKED inline uint32_t own_clock(const BlockChecks& c, unsigned t) {
+    return c.ordered_by_mbarriers ? c.clocks[static_cast<size_t>(t) * c.clock_threads + t] : 0;
+}
+
+// Is access x ordered before thread t's next one by mbarrier arrivals and waits?
+CONVGEN_SIM_UNCHECKED inline bool seen_by(const BlockChecks& c, unsigned t, const Access& x) {
+    return c.ordered_by_mbarriers && x.clock &&
+           c.clocks[static_cast<size_t>(t) * c.clock_threads + x.thread] >= x.clock;
+}
+
 CONVGEN_SIM_RT void race(const char* kind, const std::string& where, const Access& mine, bool my_store,
                          const Access& theirs, bool their_store, const BlockChecks& c) {
     check_failed(std::string("shared-memory race (") + kind + ") on " + where + ": this thread " +
                  (my_store ? "writes" : "reads") + " at " + pc_text(mine.where()) + " and " + thread_of(theirs.thread) + " " +
                  (their_store ? "wrote" : "read") + " at " + pc_text(theirs.where()) + " " + interval_text(c) +
-                 ", with no barrier between them" +
+                 ", with no barrier between them" + (c.ordered_by_mbarriers ? " nor an mbarrier arrival and wait" : "") +
                  (theirs.thread / CONVGEN_SIM_WARP == mine.thread / CONVGEN_SIM_WARP ? " (same warp: nor a warp collective)" : ""));
 }
 
@@ -434,9 +460,9 @@ CONVGEN_SIM_RT void shared_access(Worker& w, Fiber& f, size_t offset, size_t byt
     const unsigned t = f.linear, warp = t / CONVGEN_SIM_WARP;
     const uint32_t epoch = c.warp_epoch[warp];
     const uint32_t now = c.interval;
-    const Access mine(pc, epoch, t);
+    const Access mine(pc, epoch, t, own_clock(c, t));
     auto unordered = [&](const Access& x) {
-        return x.thread != t && (x.thread / CONVGEN_SIM_WARP != warp || x.epoch == epoch);
+        return x.thread != t && (x.thread / CONVGEN_SIM_WARP != warp || x.epoch == epoch) && !seen_by(c, t, x);
     };
     for (size_t i = 0; i < bytes; ++i) {
         ShadowByte& s = c.shadow[offset + i];
@@ -453,6 +479,12 @@ CONVGEN_SIM_RT void shared_access(Worker& w, Fiber& f, size_t offset, size_t byt
                 s.read_interval = now;
                 s.read = mine;
                 s.other_read.thread = NOBODY;
+            } else if (c.ordered_by_mbarriers && (s.read.thread == t || seen_by(c, t, s.read))) {
+                // (a pipeline on mbarriers runs in one barrier interval: the reads kept are the latest
+                // ones no later read is ordered after, which a later write must be ordered after)
+                s.read = mine;
+                if (s.other_read.thread != NOBODY && (s.other_read.thread == t || seen_by(c, t, s.other_read)))
+                    s.other_read.thread = NOBODY;
             } else if (s.other_read.thread == NOBODY && s.read.thread / CONVGEN_SIM_WARP != warp) {
                 s.other_read = mine;
             }
@@ -555,7 +587,7 @@ CONVGEN_SIM_RT void copy_landed(void* shared, unsigned bytes, const void* pc) {
     BlockChecks& c = *w.checks;
     const unsigned t = w.current->linear;
     size_t offset = static_cast<unsigned char*>(shared) - c.shared;
-    const Access landed(pc, c.warp_epoch[t / CONVGEN_SIM_WARP], t);
+    const Access landed(pc, c.warp_epoch[t / CONVGEN_SIM_WARP], t, own_clock(c, t));
     for (size_t i = 0; i < bytes; ++i) {
         ShadowByte& s = c.shadow[offset + i];
         s.copy.thread = NOBODY;
@@ -626,6 +658,62 @@ extern "C" CONVGEN_SIM_UNCHECKED void __asan_storeN_noabort(void* p, long n) {
 }
 extern "C" CONVGEN_SIM_UNCHECKED void __asan_handle_no_return() {}
 #endif
+// --- mbarriers (sim/mbarrier.h) and the happens-before they give --------------------------------
+CONVGEN_SIM_RT void mbarrier_initialised(Mbarrier& m, const void* pc) {
+    Worker& w = worker();
+    BlockChecks& c = *w.checks;
+    const unsigned t = w.current->linear;
+    if (!c.ordered_by_mbarriers) {
+        const unsigned n = static_cast<unsigned>(w.fibers.size());
+        c.ordered_by_mbarriers = true;
+        c.clock_threads = n;
+        c.clocks.assign(static_cast<size_t>(n) * n, 0);
+        for (unsigned i = 0; i < n; ++i) c.clocks[static_cast<size_t>(i) * n + i] = 1;
+    }
+    m.init_thread = t;
+    m.init_interval = c.interval;
+    m.init_clock = own_clock(c, t);
+    m.init_pc = pc;
+}
+
+// An mbarrier operation of the running thread must come after the barrier's initialisation: the
+// same thread, a __syncthreads since, or an mbarrier arrival and wait ordering them.
+CONVGEN_SIM_RT void mbarrier_ordered_after_init(const Mbarrier& m, const char* what, const void* pc) {
+    Worker& w = worker();
+    const BlockChecks& c = *w.checks;
+    const unsigned t = w.current->linear;
+    if (t == m.init_thread || c.interval != m.init_interval ||
+        c.clocks[static_cast<size_t>(t) * c.clock_threads + m.init_thread] >= m.init_clock)
+        return;
+    fail(std::string(what) + " at " + pc_text(pc) + " on the mbarrier at " +
+         shared_text(static_cast<const unsigned char*>(m.address) - c.shared, 8) + ", which " + thread_of(m.init_thread) +
+         " initialised at " + pc_text(m.init_pc) + " with nothing ordering that before this (a __syncthreads after "
+         "mbarrier.init)");
+}
+
+// An arrival of `thread`: what it has seen joins the phase's clocks (its own clock advances after).
+CONVGEN_SIM_RT void mbarrier_release(Mbarrier& m, unsigned thread) {
+    const BlockChecks& c = *worker().checks;
+    const unsigned n = c.clock_threads;
+    if (m.arrived.size() != n) m.arrived.assign(n, 0);
+    const uint32_t* row = &c.clocks[static_cast<size_t>(thread) * n];
+    for (unsigned i = 0; i < n; ++i) m.arrived[i] = std::max(m.arrived[i], row[i]);
+}
+
+CONVGEN_SIM_RT void mbarrier_arrived(unsigned thread) {
+    BlockChecks& c = *worker().checks;
+    ++c.clocks[static_cast<size_t>(thread) * c.clock_threads + thread];
+}
+
+// A wait of `thread` that the completion of the phase released: it has seen what the arrivals had.
+CONVGEN_SIM_RT void mbarrier_acquire(const Mbarrier& m, unsigned thread) {
+    BlockChecks& c = *worker().checks;
+    const unsigned n = c.clock_threads;
+    if (m.completed.size() != n) return;
+    uint32_t* row = &c.clocks[static_cast<size_t>(thread) * n];
+    for (unsigned i = 0; i < n; ++i) row[i] = std::max(row[i], m.completed[i]);
+}
+
 #endif  // CONVGEN_SIM_DEFINE_RUNTIME
 
 }  // namespace convgen_sim

@@ -8,7 +8,7 @@
 
 namespace convgen_sim {
 
-enum class State { Ready, AtBarrier, AtCollective, Done };
+enum class State { Ready, AtBarrier, AtCollective, AtMbarrier, Done };
 enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, SyncWarp, Ballot, Any, All, Matrix, MatrixLoad };
 
 // An asynchronous copy issued and not yet completed (sim/async_copy.h): it lands at a wait.
@@ -18,6 +18,23 @@ struct AsyncCopy {
     unsigned bytes, source_bytes;        // source_bytes < bytes: the rest is zeros
     unsigned long long group;            // the commit group it belongs to
     const void* pc;                      // the instruction that issued it (checks.h)
+};
+
+// A shared-memory barrier object (mbarrier, sm_80+; sim/mbarrier.h), by its address in shared
+// memory: the current phase, its arrivals still to come out of `expected`, its transaction bytes
+// still to come (expect_tx), the copies whose completion it tracks (cp.async.mbarrier.arrive: they
+// land when the phase completes), and for the racecheck (checks.h) the vector clocks of the
+// arrivals of this phase and of the last completed one.
+struct Mbarrier {
+    const void* address = nullptr;
+    unsigned expected = 0, pending = 0;
+    long long tx = 0;
+    unsigned long long phase = 0;
+    std::vector<AsyncCopy> copies;
+    std::vector<uint32_t> arrived, completed;
+    unsigned init_thread = 0;            // who initialised it, in which barrier interval (checks.h)
+    uint32_t init_interval = 0, init_clock = 0;
+    const void* init_pc = nullptr;
 };
 
 // A warpgroup MMA issued and not yet done (sim/wgmma.h): it runs at the wait that covers its group.
@@ -49,6 +66,8 @@ struct Fiber {
     long long arg = 0;                  // source lane / delta / lane mask / matrix emulation
     int width = CONVGEN_SIM_WARP;
     unsigned long long value = 0, result = 0;
+    const void* mbarrier = nullptr;     // AtMbarrier: the barrier's address and the parity of the phase awaited
+    unsigned parity = 0;
 #ifdef CONVGEN_SIM_ASAN
     void* fake_stack = nullptr;
 #endif
@@ -89,6 +108,7 @@ struct Worker {
     Launch* launch = nullptr;
     std::vector<Fiber> fibers;
     BlockChecks* checks = nullptr;      // shared memory (dynamic and static) and its shadow: checks.h
+    std::vector<Mbarrier> mbarriers;    // the block's initialised shared-memory barriers (sim/mbarrier.h)
     uint3 block_idx{0, 0, 0};
     unsigned long long block_linear = 0;
 #ifdef CONVGEN_SIM_ASAN

@@ -121,6 +121,7 @@ CONVGEN_SIM_RT unsigned long long collective(const char* site, Coll kind, bool h
                                              unsigned long long value, long long arg, int width);
 CONVGEN_SIM_RT bool resolve_collectives();
 CONVGEN_SIM_RT std::string describe_waits();
+CONVGEN_SIM_RT std::string mbarrier_phase(const Fiber& f);
 CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block);
 CONVGEN_SIM_RT void run_queue(void* p);
 CONVGEN_SIM_RT int launch(Launch& l);
@@ -288,6 +289,18 @@ CONVGEN_SIM_RT bool resolve_collectives() {
 }
 
 // --- a block ---------------------------------------------------------------------------------
+// The phase a thread parked at an mbarrier wait awaits, and where its barrier stands.
+CONVGEN_SIM_RT std::string mbarrier_phase(const Fiber& f) {
+    Worker& w = worker();
+    for (const Mbarrier& m : w.mbarriers)
+        if (m.address == f.mbarrier)
+            return "the phase of parity " + std::to_string(f.parity) + " of the mbarrier at shared memory byte " +
+                   std::to_string(static_cast<const unsigned char*>(m.address) - w.checks->shared) + " (phase " +
+                   std::to_string(m.phase) + ": " + std::to_string(m.pending) + " of " + std::to_string(m.expected) +
+                   " arrivals to come)";
+    return "an mbarrier";
+}
+
 // Where the block's threads are, grouped by place: "threads (0,0,0) (1,0,0) ... (16 in all) at ...".
 CONVGEN_SIM_RT std::string describe_waits() {
     Worker& w = worker();
@@ -296,6 +309,7 @@ CONVGEN_SIM_RT std::string describe_waits() {
         std::string where = f.state == State::Done ? std::string("exited")
             : f.state == State::AtBarrier ? "at __syncthreads (" + std::string(f.site) + ")"
             : f.state == State::AtCollective ? "at " + std::string(coll_name(f.coll)) + " (" + f.site + ")"
+            : f.state == State::AtMbarrier ? "at an mbarrier wait (" + std::string(f.site) + ") for " + mbarrier_phase(f)
             : std::string("running");
         auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == where; });
         if (it == groups.end()) groups.push_back({where, {&f}});
@@ -327,6 +341,7 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
         w.fibers.resize(n);
     }
     block_begin(w, l);   // shared memory poisoned: NaN floats, -1 ints
+    w.mbarriers.clear();
     if (l.failed.load()) return;
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = w.fibers[i];
@@ -335,6 +350,7 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
         f.copy_groups = 0;
         f.mmas.clear();
         f.mma_groups = 0;
+        f.mbarrier = nullptr;
         f.tid = {i % l.block.x, i / l.block.x % l.block.y, i / (l.block.x * l.block.y)};
         start_fiber(f);
     }
@@ -352,11 +368,12 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
         if (ran) continue;
         if (resolve_collectives()) continue;
         if (l.failed.load()) return;
-        unsigned done = 0, at_barrier = 0;
+        unsigned done = 0, at_barrier = 0, at_mbarrier = 0;
         const char* site = nullptr;
         bool same_site = true;
         for (const Fiber& f : w.fibers) {
             if (f.state == State::Done) ++done;
+            else if (f.state == State::AtMbarrier) ++at_mbarrier;
             else if (f.state == State::AtBarrier) {
                 ++at_barrier;
                 if (site && site != f.site && std::strcmp(site, f.site) != 0) same_site = false;
@@ -372,7 +389,9 @@ CONVGEN_SIM_RT void run_block(Launch& l, unsigned long long linear_block) {
         std::string why = done && at_barrier + done == n && same_site
             ? "threads exited before a __syncthreads that the others wait at (an early return before a barrier):"
             : at_barrier + done == n ? "threads wait at different __syncthreads call sites (a barrier in divergent code):"
-                                     : "deadlock: no thread can proceed (a warp collective waits for lanes that are at a barrier or exited):";
+            : at_mbarrier ? "deadlock: threads wait on mbarrier phases that no thread left running will complete (the "
+                            "arrivals they need never come, or come from threads that wait themselves):"
+                          : "deadlock: no thread can proceed (a warp collective waits for lanes that are at a barrier or exited):";
         record_error(why + describe_waits());
         return;
     }
