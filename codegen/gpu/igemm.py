@@ -28,10 +28,13 @@ come from `ldmatrix.x4` (one per A fragment, one per pair of B fragments) out of
 whose 16-byte chunks are XOR-swizzled (the template's tile_at); on HIP each lane reads its fragment
 as 16 bytes (ds_read_b128: a pack of two MFMAs for 16-bit operands, four f32 ones, two f64, hip.h),
 from the same swizzled rows for 16-bit operands; the other paths pad their rows. On
-sm_90a the 16-bit GEMMs multiply on warpgroup MMA instead (`wgmma.mma_async` m64nNk16, HGMMA): the
-block's four warps are one warpgroup and the tensor cores read both operands from the same stages
-through shared-memory descriptors (the stages' swizzle is wgmma's 128/64/32-byte one; tiles of
-reduction rows take its MN-major layout); the simulator emulates the instruction (sim/wgmma.h). Tiles, stages, the reduction
+sm_90a the 16-bit GEMMs multiply on warpgroup MMA instead (`wgmma.mma_async` m64nNk16, HGMMA), warp-
+specialised: the GEMM kernels' blocks are two warpgroups, a producer that issues every stage's copies
+and gathers and a consumer whose tensor cores read both operands from the stages through shared-memory
+descriptors (the stages' swizzle is wgmma's 128/64/32-byte one; tiles of reduction rows take its
+MN-major layout); each stage's full and empty mbarriers hand it between them (no block barrier in the
+main loop; the consumer keeps one step's MMAs in flight while it waits for the next stage). The
+simulator emulates the instruction (sim/wgmma.h) and the mbarriers (sim/mbarrier.h). Tiles, stages, the reduction
 order and which operands move by 16-byte copies are igemm_tiles.py's decisions, per GEMM, from the
 arch's tile configuration (codegen/arch/gpu.py).
 
@@ -280,9 +283,12 @@ def igemm_context(problem: ConvProblem, target: Target, prefix: str, *, threads:
     check_prefix(prefix)
     check_entries(entries)
     warp = target.gpu.warp_size
-    if threads is not None and threads != WARPS * warp:
-        raise ConvSpecError(f"threads={threads}: the implicit-GEMM kernel's block is {WARPS} warps of {warp} "
-                            f"({WARPS * warp} threads) on {target.name()}")
+    # (the GEMM kernels' blocks on warpgroup MMA are two warpgroups; their file's other kernels, one)
+    allowed = (WARPS * warp, 2 * WARPS * warp) if on_wgmma(target, problem.dtype.itemsize) else (WARPS * warp,)
+    if threads is not None and threads not in allowed:
+        raise ConvSpecError(f"threads={threads}: the implicit-GEMM kernel's block is "
+                            f"{' or '.join(str(t // warp) for t in allowed)} warps of {warp} "
+                            f"({' or '.join(map(str, allowed))} threads) on {target.name()}")
     normal = Normal.of(problem)
     staged = staged_of(problem, target, staged)
     unknown = [k for k in staged if k not in ("X", "W", "Y")]
@@ -440,11 +446,14 @@ def _tiling(plan: Plan) -> tuple[GpuTiling, str]:
     bias = plan.kop is KOp.WGRAD and plan.problem.bias
     epilogue = _epilogue(plan, tiles, fma) if gemm is not None else None
     share = f"a block's {gemm.m}x{gemm.n} tile" if gemm else "the bias gradient"
-    threads = WARPS * gpu.warp_size
-    tiling = GpuTiling(threads_per_block=threads, warps_per_block=WARPS,
+    # (sm_90a's GEMM kernels: a second warpgroup, the producer; the bias gradient's kernel keeps one)
+    groups = 2 if gemm is not None and on_wgmma(plan.target, plan.problem.dtype.itemsize) else 1
+    threads = groups * WARPS * gpu.warp_size
+    tiling = GpuTiling(threads_per_block=threads, warps_per_block=groups * WARPS,
                        per_thread=(f"{rows}x{columns} results of {share}" if fma else
                                    f"a 1/{threads} share of {share}"), threads_hint=f"a block per {what}")
-    return tiling, (f"{threads} threads per block ({WARPS} {unit} of {gpu.warp_size}); a block per "
+    return tiling, (f"{threads} threads per block ({groups * WARPS} {unit} of {gpu.warp_size}"
+                    + ("; two warpgroups, the producer and the consumer" if groups == 2 else "") + "); a block per "
                     f"{what}" + (f"; {tile}" if tile else "") + (f"; {extra}" if extra else "")
                     + (f"; {epilogue}" if epilogue else "") + (f"; {bias_reason(plan.problem)}" if bias else ""))
 

@@ -21,7 +21,7 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   matrix instructions).
 - Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
   while the tensor cores work on the current one; up to the arch's max_stages while two blocks
-  still fit an SM's shared memory, fewer when the reduction has fewer steps: sm_80's 128x128 bf16
+  still fit an SM's shared memory (sm_90a's warp-specialised blocks: one, its two warpgroups), fewer when the reduction has fewer steps: sm_80's 128x128 bf16
   tiles take 5 (16 KiB a stage), sm_90's 6, 64-wide ones 6; tf32's 128x128 tiles 2 on sm_80, 3 on
   sm_90. Not yet timed on a device: with 4 warps a block and two blocks an SM, the copies in flight
   are what hides global memory. On HIP (gfx90a, gfx940) copies are staged through registers into
@@ -231,12 +231,13 @@ def _fitted(target: Target, shape: BlockTiles, m: int, n: int, itemsize: int) ->
     return m, n
 
 
-def _stages(target: Target, per_stage: int, steps: int) -> int:
-    """Pipeline stages of one GEMM whose stage is `per_stage` bytes (see the module)."""
+def _stages(target: Target, per_stage: int, steps: int, blocks: int = 2) -> int:
+    """Pipeline stages of one GEMM whose stage is `per_stage` bytes, `blocks` of them an SM (see the
+    module)."""
     gpu = target.gpu
     if target.kind is not TargetKind.CUDA or not gpu.async_copy:
         return 2
-    fit = (min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // 2) - STATIC_SHARED) // per_stage
+    fit = (min(gpu.shared_bytes_per_block, gpu.shared_bytes_per_sm // blocks) - STATIC_SHARED) // per_stage
     return max(2, min(gpu.igemm.max_stages, fit, steps))
 
 
@@ -252,7 +253,9 @@ def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction:
     steps = max(1, -(-reduction // shape.depth))
     swizzled = swizzled_rows(target, itemsize)
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
-    return GemmTile(m, n, _stages(target, per_stage, steps), tap_major, vector_a, vector_b, itemsize, shape.depth,
+    # (warp-specialised warpgroup MMA: one block of two warpgroups an SM, its producer the stages' only user)
+    blocks = 1 if on_wgmma(target, itemsize) else 2
+    return GemmTile(m, n, _stages(target, per_stage, steps, blocks), tap_major, vector_a, vector_b, itemsize, shape.depth,
                     swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE,
                     a_mn and swizzled and m >= MN_MAJOR_SIDE, b_mn and swizzled and n >= MN_MAJOR_SIDE)
 
@@ -459,10 +462,13 @@ def _multiply(target: Target, shape: BlockTiles, itemsize: int, fma: bool, f64_m
                 f"{side} a side: a wave's {quarter} x {quarter} quarter is {quarter * quarter // lanes} f64 "
                 f"accumulators ({2 * quarter * quarter // lanes} registers) a lane; {packs}")
     if on_wgmma(target, itemsize):
-        return ("on sm_90a's warpgroup MMA (wgmma.mma_async m64nNk16, HGMMA): the block's 4 warps are one warpgroup, "
-                "each instruction a 64-row half of the tile by all of B, both operands read by the tensor cores from "
-                "the shared stages through descriptors (the stages' XOR swizzle is wgmma's 128/64/32-byte one; "
-                "tiles of reduction rows in its MN-major layout), a wait per k-step before the stage is refilled")
+        return ("on sm_90a's warpgroup MMA (wgmma.mma_async m64nNk16, HGMMA), warp-specialised: the block is two "
+                "warpgroups of 4 warps, a producer that fills the stages and a consumer whose every instruction "
+                "multiplies a 64-row half of the tile by all of B, both operands read by the tensor cores from the "
+                "shared stages through descriptors (the stages' XOR swizzle is wgmma's 128/64/32-byte one; tiles of "
+                "reduction rows in its MN-major layout); a stage's full and empty mbarriers hand it from one to the "
+                "other, no block barrier in the main loop, and one step's MMAs stay in flight while the consumer "
+                "waits for the next stage")
     if on_ldmatrix(target, itemsize):
         return ("on the matrix instructions, each fragment one ldmatrix.x4 from unpadded shared rows whose 16-byte "
                 "chunks are XOR-swizzled (no bank conflicts)")
@@ -475,7 +481,11 @@ def _reasons(target: Target, shape: BlockTiles, fwd: GemmTile, dgrad: GemmTile, 
              fma: bool, f64_matrix: bool) -> tuple[str, str]:
     """The tiles and the pipeline, in the tiling pass's words."""
     gpu, cuda = target.gpu, target.kind is TargetKind.CUDA
-    if cuda and gpu.async_copy:
+    if cuda and gpu.async_copy and on_wgmma(target, itemsize):
+        how = (f"up to {gpu.igemm.max_stages} stages of cp.async copies in flight, filled by the producer warpgroup "
+               f"as the consumer frees them, within one block's {gpu.shared_bytes_per_block // 1024} KiB of shared "
+               f"memory (one block an SM), no more stages than reduction steps")
+    elif cuda and gpu.async_copy:
         how = (f"up to {gpu.igemm.max_stages} stages of cp.async copies in flight while two blocks fit an SM's "
                f"{gpu.shared_bytes_per_sm // 1024} KiB of shared memory, no more stages than reduction steps")
     else:
@@ -486,4 +496,6 @@ def _reasons(target: Target, shape: BlockTiles, fwd: GemmTile, dgrad: GemmTile, 
             f"{_multiply(target, shape, itemsize, fma, f64_matrix)}): "
             f"forward {fwd.describe(cuda)}; data gradient {dgrad.describe(cuda)}; weight gradient "
             f"{wgrad.describe(cuda)}",
-            f"pipeline: {how}; data visible to the warps only after the copies' wait and a barrier")
+            f"pipeline: {how}; " + ("a stage's data visible to the consumer after its full mbarrier's phase completes "
+                                     "(every producer thread's copies landed)" if cuda and on_wgmma(target, itemsize) else
+                                     "data visible to the warps only after the copies' wait and a barrier"))

@@ -184,6 +184,9 @@ def loop_line(arch: GpuArch, units: str, mix, gathers: bool = False) -> str:
         text += (f", and {mix.nested} instructions in loops nested in it: "
                  + ("an operand's element gathers, run every k-step and not counted here" if gathers else
                     "the element gathers of operands not 16-byte aligned, not run here"))
+    if mix.waits:
+        text += (f"; the mbarrier waits' retries ({mix.waits} instructions in loops nested in it) run only while "
+                 f"a stage is not ready")
     bound = loop_bound(arch, units, mix)
     if bound is None:
         return text

@@ -220,6 +220,11 @@ def _natural_loops(code: list[str], labels: dict[str, int], amd: bool = False) -
     return list(loops.values())
 
 
+def _is_wait(op: str) -> bool:
+    """An mbarrier's phase check (mbarrier.try_wait / test_wait: SYNCS.PHASECHK), which a wait retries."""
+    return op.startswith("SYNCS.PHASECHK")
+
+
 def _main_and_nested(code: list[str], labels: dict[str, int], amd: bool = False) -> tuple[list[int], list[int]]:
     """The main loop's instruction positions outside the loops nested in it, and those inside."""
     loops = _natural_loops(code, labels, amd)
@@ -271,10 +276,25 @@ def main_loop(function: str) -> list[str]:
 def main_loop_parts(function: str, amd: bool = False) -> tuple[list[str], list[str]]:
     """The main loop's instructions outside the loops nested in it, and those inside them (element
     gathers: of an operand moved element by element, every k-step; of unaligned operands, only in
-    the gathering loop). `amd`: the function is hipcc's assembly, not nvdisasm's SASS."""
+    the gathering loop; an mbarrier wait's retries: wait_loops). `amd`: the function is hipcc's
+    assembly, not nvdisasm's SASS."""
     code, labels = (amd_instructions if amd else instructions)(function)
     outer, inner = _main_and_nested(code, labels, amd)
     return [code[i] for i in outer], [code[i] for i in inner]
+
+
+def wait_loops(function: str) -> list[str]:
+    """The instructions of the loops nested in the main loop that retry an mbarrier's phase check (a
+    warp-specialised kernel's wait for its stage: run again only while the stage is not ready, not a
+    k-step's work)."""
+    code, labels = instructions(function)
+    _, inner = _main_and_nested(code, labels)
+    inner_set = set(inner)
+    waits: set[int] = set()
+    for body in _natural_loops(code, labels):
+        if body <= inner_set and any(_is_wait(_opcode(code[i])) for i in body):
+            waits |= body
+    return [code[i] for i in sorted(waits)]
 
 
 def multiply_adds(instruction: str) -> int:
@@ -303,7 +323,8 @@ class LoopMix:
     multiply_adds: int   # what those do, a warp (a wave)
     ldsm: int            # ldmatrix fragment loads (HIP: ds_read_b128)
     ldgsts: int          # cp.async copies (HIP: global_load_dwordx4, the copies' global half)
-    nested: int          # instructions in loops nested in it
+    nested: int          # instructions in loops nested in it (element gathers; not the waits')
+    waits: int = 0       # instructions in nested loops that retry an mbarrier wait (wait_loops)
 
     @property
     def other(self) -> int:
@@ -322,9 +343,10 @@ def loop_mix(function: str, amd: bool = False) -> LoopMix | None:
     tensor = [x for x in loop if is_tensor(x)]
     if not tensor:
         return None
+    waits = 0 if amd else len(wait_loops(function))
     return LoopMix(len(loop), len(tensor), sum(multiply_adds(x) for x in tensor),
                    sum(1 for x in loop if _is_fragment_load(_opcode(x))),
-                   sum(1 for x in loop if _is_copy(_opcode(x))), len(nested))
+                   sum(1 for x in loop if _is_copy(_opcode(x))), len(nested) - waits, waits)
 
 
 def read_cubin(cubin: Path) -> dict[str, LoopMix]:

@@ -235,6 +235,11 @@ def test_what_the_kernel_does_not_take_is_refused_by_name():
         igemm_context(base, cuda, "not an identifier")
     with pytest.raises(ConvSpecError, match="threads=256"):
         igemm_context(base, cuda, "p", threads=256)
+    # sm_90a's GEMM kernels are two warpgroups (the producer, the consumer), its bias kernel one
+    for threads in (128, 256):
+        igemm_context(base, parse_target("cuda-sm_90a"), "p", threads=threads)
+    with pytest.raises(ConvSpecError, match="threads=384: the implicit-GEMM kernel's block is 4 or 8 warps"):
+        igemm_context(base, parse_target("cuda-sm_90a"), "p", threads=384)
     with pytest.raises(ConvSpecError, match="entries"):
         igemm_context(base, cuda, "p", entries=("bwd_everything",))
 
@@ -652,6 +657,15 @@ def test_the_kernels_build_with_nvcc_without_spills_and_use_tensor_cores(tmp_pat
                 assert any(x.startswith("HGMMA.64x") for x in loop), (prefix, symbol)
                 assert not [x for x in loop if x.startswith(("HMMA", "LDSM"))], (prefix, symbol)
                 assert not _scalar_shared_loads(loop), (prefix, symbol)
+                # warp-specialised: the consumer's loop waits on its stage's mbarrier, never at a block
+                # barrier, and copies nothing; the producer's copies arrive on the stage's mbarrier. (Where
+                # the reduction is one step, ptxas unrolls it: main_loop's span from the function's start
+                # holds the barriers' initialisation and its __syncthreads before the first wait.)
+                waits = [i for i, x in enumerate(loop) if x.startswith("SYNCS.PHASECHK")]
+                assert waits, (prefix, symbol)
+                assert not [x for x in loop[waits[0]:] if re.match(r"(@!?U?P\d\s+)?(BAR\.SYNC|LDGSTS)\b", x)], \
+                    (prefix, symbol)
+                assert bool(re.search(r"\bARRIVES\.LDGSTSBAR", body)) == uses, (prefix, symbol)
                 continue
             assert any(x.startswith("HMMA.16816") for x in loop), (prefix, symbol)
             # (.MT88: transposed, from tiles of reduction rows: the channels-last weight gradient's, the

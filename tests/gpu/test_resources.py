@@ -148,6 +148,51 @@ def test_the_main_loop_is_the_longest_tensor_loop_without_its_nested_loops():
     assert machine_code.loop_mix(bodies["_ZN3cgk4copyEv"]) is None
 
 
+# A warp-specialised consumer's loop as ptxas lays it out: the mbarrier wait's first phase check in
+# the loop, its retries out of line (.L_x_4, back to the check: a loop nested in the main loop), the
+# warpgroup MMAs, the release of the previous stage; an element gather loop nested too.
+WS_SASS = """
+        .text._ZN3cgk3fwdEv:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   SHF.L.U32 R9, R3, 0x1f, RZ ;
+.L_x_5:
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R14+URZ], R9 ;
+        /*0030*/              @!P0 BRA `(.L_x_4) ;
+.L_x_6:
+        /*0040*/                   WARPGROUP.ARRIVE ;
+        /*0050*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0060*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR8], R88, gsb0 ;
+        /*0070*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0080*/               @P2 BRA `(.L_x_3) ;
+.L_x_2:
+        /*0090*/                   LDS.U16 R6, [R3] ;
+        /*00a0*/               @P2 BRA `(.L_x_2) ;
+.L_x_3:
+        /*00b0*/                   SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R7+URZ], RZ ;
+        /*00c0*/               @P3 BRA `(.L_x_1) ;
+        /*00d0*/                   EXIT ;
+.L_x_4:
+        /*00e0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R14+URZ], R9 ;
+        /*00f0*/              @!P0 BRA `(.L_x_4) ;
+        /*0100*/                   BRA `(.L_x_6) ;
+"""
+
+
+def test_an_mbarrier_waits_retries_are_told_from_the_loops_nested_in_the_main_loop():
+    body = machine_code.functions(WS_SASS)["_ZN3cgk3fwdEv"]
+    assert [x.split()[0] for x in machine_code.wait_loops(body)] == ["SYNCS.PHASECHK.TRANS64.TRYWAIT", "@!P0"]
+    mix = machine_code.loop_mix(body)
+    # the loop: the shift, the first check and its branch, the fence, 2 HGMMA, the MMA wait, the branch
+    # around the gathers, the arrival, the back edge, and the retries' jump back into it; nested: the
+    # gathers (2), the retries (2)
+    assert (mix.total, mix.tensor, mix.nested, mix.waits) == (11, 2, 2, 2)
+    assert mix.multiply_adds == 2 * 64 * 128 * 16 // 4
+    line = loop_line(GPU_ARCHS["sm_90a"], "matrix16", mix)
+    assert "the mbarrier waits' retries (2 instructions in loops nested in it) run only while a stage is not ready" in line
+    assert "and 2 instructions in loops nested in it: the element gathers" in line
+
+
 # hipcc's device assembly, shaped as its main loops are: the loop rotated (its header, .LBB0_3, after
 # a block of its body, which the header's conditional branch jumps back to), an element loop nested in
 # it, and an exit block after.

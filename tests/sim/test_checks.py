@@ -68,7 +68,7 @@ MUTATIONS = [
     # stage slow warps still read (HIP lands its registers after the math, where nothing changes)
     Mutation("barrier below the next load", Op.FWD, ("cuda",),
              ((BARRIER, ""), (COMMIT, r"\g<0>\n        __syncthreads();")), "write after read|in flight"),
-    Mutation("main-loop barrier deleted", Op.FWD, ("cuda", "hip", "cuda-sm_90a"), ((BARRIER, ""),), "race|in flight"),
+    Mutation("main-loop barrier deleted", Op.FWD, ("cuda", "hip"), ((BARRIER, ""),), "race|in flight"),
     Mutation("next stage loaded into the current one", Op.BWD_DATA, ("cuda", "hip"),
              ((r"load\(write_stage, ", "load(read_stage, "),), "race|in flight"),
     Mutation("wait one group short", Op.FWD, ("cuda",),
@@ -101,11 +101,20 @@ MUTATIONS = [
              ((r"a_lane\[s\] = \(int\)sizeof\(Bits\) \* tile_at\(warp_m \+ lane % 16, s \* MMA_K \+ lane / 16 \* 8\);",
                "a_lane[s] = (int)sizeof(Bits) * ((warp_m + lane % 16) * LDS + s * MMA_K + lane / 16 * 8);"),),
              "wrong result"),
-    # sm_90a's warpgroup MMA (its copies are sm_90's: the mutations above cover them): its wait one group
-    # short (the MMAs of a step read their stage while the next step's copies land in it); each 16-deep
-    # slice read from the step's first (the descriptors' advance lost)
+    # sm_90a's warp-specialised warpgroup MMA (its copies are sm_90's: the mutations above cover them):
+    # the consumer multiplying a stage without waiting for it to be full; the producer refilling one
+    # without waiting for it to be empty (the reductions are longer than the 6 stages: every stage is
+    # refilled); the consumer's MMA wait one group short, which frees a stage the MMAs of the step
+    # before still read (the producer's next copies land in it first); each 16-deep slice read from
+    # the step's first (the descriptors' advance lost)
+    Mutation("consumer's full wait deleted", Op.FWD, ("cuda-sm_90a",),
+             ((r"convgen_mbarrier_wait\(full \+ 8 \* stage, phase & 1\);", ""),), "in flight|race|uninitialised"),
+    Mutation("producer's empty wait deleted", Op.BWD_DATA, ("cuda-sm_90a",),
+             ((r"if \(step >= STAGES\) convgen_mbarrier_wait\(empty \+ 8 \* stage, \(phase - 1\) & 1\);", ""),),
+             "in flight|race"),
     Mutation("wgmma wait one group short", Op.BWD_DATA, ("cuda-sm_90a",),
-             ((r"convgen_wgmma_wait<0>\(\);   // done with the stage[^\n]*", "convgen_wgmma_wait<1>();"),), "in flight|race"),
+             ((r"convgen_wgmma_wait<1>\(\);   // the previous step's MMAs are done[^\n]*", "convgen_wgmma_wait<2>();"),),
+             "in flight|race"),
     Mutation("wgmma slices not advanced", Op.FWD, ("cuda-sm_90a",),
              ((r"a_step \+ s \* A_SLICE", "a_step"),), "wrong result"),
     # the other families' barriers, and the bias gradient's block reduction (conv_common.cu.j2)
