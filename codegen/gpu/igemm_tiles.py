@@ -19,13 +19,12 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   step_depth); the weight gradient's 64 on ldmatrix, 128 where its filters and columns are one 64 x 64
   tile (its warps' quarters are 32 x 32: a step twice as deep weighs its fixed costs against twice the
   matrix instructions).
-- Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight
-  while the tensor cores work on the current one; up to the arch's max_stages while two blocks
-  still fit an SM's shared memory (sm_90a's warp-specialised blocks: one, its two warpgroups), fewer when the reduction has fewer steps: sm_80's 128x128 bf16
-  tiles take 5 (16 KiB a stage), sm_90's 6, 64-wide ones 6; tf32's 128x128 tiles 2 on sm_80, 3 on
-  sm_90. Not yet timed on a device: with 4 warps a block and two blocks an SM, the copies in flight
-  are what hides global memory. On HIP (gfx90a, gfx940) copies are staged through registers into
-  two LDS buffers.
+- Stages: on CUDA (sm_80+, cp.async) the copies of the next STAGES-1 reduction steps are in flight while
+  the tensor cores work on the current one; up to the arch's max_stages while two blocks still fit an
+  SM's shared memory (sm_90a's warp-specialised blocks: one), fewer where the reduction has fewer steps:
+  sm_80's 128x128 bf16 tiles take 5 (16 KiB a stage), sm_90's 6, 64-wide ones 6; tf32's 128x128 tiles 2
+  on sm_80, 3 on sm_90 (not timed on a device: the copies in flight are what hides global memory). On
+  HIP (gfx90a, gfx940) copies are staged through registers into two LDS buffers.
 - Async operands: an operand travels by 16-byte copies (8 bf16/f16 elements, 4 f32 ones for tf32)
   when that many consecutive reduction indices are consecutive, 16-byte aligned elements in memory:
   channels-last activations (the caller's, or the copies the layout pass stages: `staged`,
@@ -253,8 +252,7 @@ def _tile(target: Target, shape: BlockTiles, rows: int, columns: int, reduction:
     steps = max(1, -(-reduction // shape.depth))
     swizzled = swizzled_rows(target, itemsize)
     per_stage = (m + n) * _row(shape.depth, itemsize, swizzled) * itemsize
-    # (warp-specialised warpgroup MMA: one block of two warpgroups an SM, its producer the stages' only user)
-    blocks = 1 if on_wgmma(target, itemsize) else 2
+    blocks = 1 if on_wgmma(target, itemsize) else 2   # (warp-specialised warpgroup MMA: one block an SM)
     return GemmTile(m, n, _stages(target, per_stage, steps, blocks), tap_major, vector_a, vector_b, itemsize, shape.depth,
                     swizzled, mn_major and swizzled and min(m, n) >= MN_MAJOR_SIDE,
                     a_mn and swizzled and m >= MN_MAJOR_SIDE, b_mn and swizzled and n >= MN_MAJOR_SIDE)
@@ -481,7 +479,8 @@ def _reasons(target: Target, shape: BlockTiles, fwd: GemmTile, dgrad: GemmTile, 
              fma: bool, f64_matrix: bool) -> tuple[str, str]:
     """The tiles and the pipeline, in the tiling pass's words."""
     gpu, cuda = target.gpu, target.kind is TargetKind.CUDA
-    if cuda and gpu.async_copy and on_wgmma(target, itemsize):
+    specialised = cuda and on_wgmma(target, itemsize)   # (sm_90a: a producer and a consumer warpgroup)
+    if specialised and gpu.async_copy:
         how = (f"up to {gpu.igemm.max_stages} stages of cp.async copies in flight, filled by the producer warpgroup "
                f"as the consumer frees them, within one block's {gpu.shared_bytes_per_block // 1024} KiB of shared "
                f"memory (one block an SM), no more stages than reduction steps")
@@ -496,6 +495,6 @@ def _reasons(target: Target, shape: BlockTiles, fwd: GemmTile, dgrad: GemmTile, 
             f"{_multiply(target, shape, itemsize, fma, f64_matrix)}): "
             f"forward {fwd.describe(cuda)}; data gradient {dgrad.describe(cuda)}; weight gradient "
             f"{wgrad.describe(cuda)}",
-            f"pipeline: {how}; " + ("a stage's data visible to the consumer after its full mbarrier's phase completes "
-                                     "(every producer thread's copies landed)" if cuda and on_wgmma(target, itemsize) else
+            f"pipeline: {how}; " + ("a stage's data visible to the consumer once its full mbarrier's phase completes "
+                                     "(every producer thread's copies landed)" if specialised else
                                      "data visible to the warps only after the copies' wait and a barrier"))
