@@ -283,18 +283,22 @@ def main_loop_parts(function: str, amd: bool = False) -> tuple[list[str], list[s
     return [code[i] for i in outer], [code[i] for i in inner]
 
 
+def _waits(code: list[str], labels: dict[str, int], inner: list[int]) -> list[int]:
+    """The positions among `inner` (the main loop's nested loops) of the loops that retry an
+    mbarrier's phase check."""
+    nested, waits = set(inner), set()
+    for body in _natural_loops(code, labels):
+        if body <= nested and any(_is_wait(_opcode(code[i])) for i in body):
+            waits |= body
+    return sorted(waits)
+
+
 def wait_loops(function: str) -> list[str]:
     """The instructions of the loops nested in the main loop that retry an mbarrier's phase check (a
     warp-specialised kernel's wait for its stage: run again only while the stage is not ready, not a
     k-step's work)."""
     code, labels = instructions(function)
-    _, inner = _main_and_nested(code, labels)
-    inner_set = set(inner)
-    waits: set[int] = set()
-    for body in _natural_loops(code, labels):
-        if body <= inner_set and any(_is_wait(_opcode(code[i])) for i in body):
-            waits |= body
-    return [code[i] for i in sorted(waits)]
+    return [code[i] for i in _waits(code, labels, _main_and_nested(code, labels)[1])]
 
 
 def multiply_adds(instruction: str) -> int:
@@ -339,14 +343,16 @@ class LoopMix:
 def loop_mix(function: str, amd: bool = False) -> LoopMix | None:
     """The mix of a function's main loop; None where it issues no tensor instruction. `amd`: hipcc's
     assembly."""
-    loop, nested = main_loop_parts(function, amd)
+    code, labels = (amd_instructions if amd else instructions)(function)
+    outer, inner = _main_and_nested(code, labels, amd)
+    loop = [code[i] for i in outer]
     tensor = [x for x in loop if is_tensor(x)]
     if not tensor:
         return None
-    waits = 0 if amd else len(wait_loops(function))
+    waits = 0 if amd else len(_waits(code, labels, inner))
     return LoopMix(len(loop), len(tensor), sum(multiply_adds(x) for x in tensor),
                    sum(1 for x in loop if _is_fragment_load(_opcode(x))),
-                   sum(1 for x in loop if _is_copy(_opcode(x))), len(nested) - waits, waits)
+                   sum(1 for x in loop if _is_copy(_opcode(x))), len(inner) - waits, waits)
 
 
 def read_cubin(cubin: Path) -> dict[str, LoopMix]:

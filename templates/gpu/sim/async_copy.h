@@ -24,16 +24,22 @@ __attribute__((noinline)) CONVGEN_SIM_UNCHECKED inline void async_copy(void* sha
 
 CONVGEN_SIM_UNCHECKED inline void async_commit() { ++worker().current->copy_groups; }
 
+// A copy's bytes reach shared memory (at the wait that covers it, or when the phase of the mbarrier
+// that tracks it completes: sim/mbarrier.h).
+CONVGEN_SIM_UNCHECKED inline void land(const AsyncCopy& c) {
+    if (c.source_bytes) std::memcpy(c.shared, c.global, c.source_bytes);   // none: the source is never touched
+    std::memset(static_cast<char*>(c.shared) + c.source_bytes, 0, c.bytes - c.source_bytes);
+    copy_landed(c.shared, c.bytes, c.pc);
+}
+
 CONVGEN_SIM_UNCHECKED inline void async_wait(unsigned newest_pending) {
     Inside inside;
     Fiber& f = *worker().current;
     unsigned long long done_below = f.copy_groups > newest_pending ? f.copy_groups - newest_pending : 0;
     std::vector<AsyncCopy> still;
     for (const AsyncCopy& c : f.copies) {
-        if (c.group >= done_below) { still.push_back(c); continue; }
-        if (c.source_bytes) std::memcpy(c.shared, c.global, c.source_bytes);   // none: the source is never touched
-        std::memset(static_cast<char*>(c.shared) + c.source_bytes, 0, c.bytes - c.source_bytes);
-        copy_landed(c.shared, c.bytes, c.pc);
+        if (c.group >= done_below) still.push_back(c);
+        else land(c);
     }
     f.copies.swap(still);
 }

@@ -431,10 +431,14 @@ CONVGEN_SIM_UNCHECKED inline uint32_t own_clock(const BlockChecks& c, unsigned t
     return c.ordered_by_mbarriers ? c.clocks[static_cast<size_t>(t) * c.clock_threads + t] : 0;
 }
 
+// Has thread t seen thread `other` at its clock `clock` (mbarrier arrivals and waits between)?
+CONVGEN_SIM_UNCHECKED inline bool sees(const BlockChecks& c, unsigned t, unsigned other, uint32_t clock) {
+    return c.ordered_by_mbarriers && clock && c.clocks[static_cast<size_t>(t) * c.clock_threads + other] >= clock;
+}
+
 // Is access x ordered before thread t's next one by mbarrier arrivals and waits?
 CONVGEN_SIM_UNCHECKED inline bool seen_by(const BlockChecks& c, unsigned t, const Access& x) {
-    return c.ordered_by_mbarriers && x.clock &&
-           c.clocks[static_cast<size_t>(t) * c.clock_threads + x.thread] >= x.clock;
+    return sees(c, t, x.thread, x.clock);
 }
 
 CONVGEN_SIM_RT void race(const char* kind, const std::string& where, const Access& mine, bool my_store,
@@ -682,9 +686,7 @@ CONVGEN_SIM_RT void mbarrier_ordered_after_init(const Mbarrier& m, const char* w
     Worker& w = worker();
     const BlockChecks& c = *w.checks;
     const unsigned t = w.current->linear;
-    if (t == m.init_thread || c.interval != m.init_interval ||
-        c.clocks[static_cast<size_t>(t) * c.clock_threads + m.init_thread] >= m.init_clock)
-        return;
+    if (t == m.init_thread || c.interval != m.init_interval || sees(c, t, m.init_thread, m.init_clock)) return;
     fail(std::string(what) + " at " + pc_text(pc) + " on the mbarrier at " +
          shared_text(static_cast<const unsigned char*>(m.address) - c.shared, 8) + ", which " + thread_of(m.init_thread) +
          " initialised at " + pc_text(m.init_pc) + " with nothing ordering that before this (a __syncthreads after "

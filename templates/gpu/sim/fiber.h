@@ -21,14 +21,12 @@ struct AsyncCopy {
 };
 
 // A shared-memory barrier object (mbarrier, sm_80+; sim/mbarrier.h), by its address in shared
-// memory: the current phase, its arrivals still to come out of `expected`, its transaction bytes
-// still to come (expect_tx), the copies whose completion it tracks (cp.async.mbarrier.arrive: they
-// land when the phase completes), and for the racecheck (checks.h) the vector clocks of the
+// memory: the current phase, its arrivals still to come out of `expected`, the copies whose
+// completion it tracks (cp.async.mbarrier.arrive: they land when the phase completes), and for the racecheck (checks.h) the vector clocks of the
 // arrivals of this phase and of the last completed one.
 struct Mbarrier {
     const void* address = nullptr;
     unsigned expected = 0, pending = 0;
-    long long tx = 0;
     unsigned long long phase = 0;
     std::vector<AsyncCopy> copies;
     std::vector<uint32_t> arrived, completed;

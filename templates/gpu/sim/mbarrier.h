@@ -36,15 +36,21 @@ CONVGEN_SIM_UNCHECKED inline std::string mbarrier_text(const void* bar) {
     return "the mbarrier at " + shared_text(static_cast<const unsigned char*>(bar) - worker().checks->shared, 8);
 }
 
+// `bar` for operation `what`: in the block's shared memory, 8-byte aligned.
+CONVGEN_SIM_UNCHECKED inline void mbarrier_placed(const void* bar, const char* what, const void* pc) {
+    const BlockChecks& c = *worker().checks;
+    uintptr_t offset = reinterpret_cast<uintptr_t>(bar) - reinterpret_cast<uintptr_t>(c.shared);
+    if (offset >= c.used || reinterpret_cast<uintptr_t>(bar) % 8)
+        fail(std::string(what) + " at " + pc_text(pc) + ": the address 0x" + hex(reinterpret_cast<uintptr_t>(bar)).substr(2) +
+             (offset >= c.used ? " is not in the block's shared memory" : " is not 8-byte aligned") +
+             " (an mbarrier is a 64-bit object in shared memory)");
+}
+
 // The state of `bar` for operation `what`, checked: in shared memory, aligned, initialised, and its
 // initialisation ordered before this thread's use.
 CONVGEN_SIM_UNCHECKED inline Mbarrier& mbarrier_of(const void* bar, const char* what, const void* pc) {
+    mbarrier_placed(bar, what, pc);
     Worker& w = worker();
-    uintptr_t offset = reinterpret_cast<uintptr_t>(bar) - reinterpret_cast<uintptr_t>(w.checks->shared);
-    if (offset >= w.checks->used || reinterpret_cast<uintptr_t>(bar) % 8)
-        fail(std::string(what) + " at " + pc_text(pc) + ": the address 0x" + hex(reinterpret_cast<uintptr_t>(bar)).substr(2) +
-             (offset >= w.checks->used ? " is not in the block's shared memory" : " is not 8-byte aligned") +
-             " (an mbarrier is a 64-bit object in shared memory)");
     for (Mbarrier& m : w.mbarriers)
         if (m.address == bar) {
             mbarrier_ordered_after_init(m, what, pc);
@@ -56,12 +62,8 @@ CONVGEN_SIM_UNCHECKED inline Mbarrier& mbarrier_of(const void* bar, const char* 
 __attribute__((noinline)) CONVGEN_SIM_UNCHECKED inline void mbarrier_init(void* bar, unsigned count) {
     Inside inside;
     const void* pc = __builtin_return_address(0);
+    mbarrier_placed(bar, "mbarrier.init", pc);
     Worker& w = worker();
-    uintptr_t offset = reinterpret_cast<uintptr_t>(bar) - reinterpret_cast<uintptr_t>(w.checks->shared);
-    if (offset >= w.checks->used || reinterpret_cast<uintptr_t>(bar) % 8)
-        fail("mbarrier.init at " + pc_text(pc) + ": the address 0x" + hex(reinterpret_cast<uintptr_t>(bar)).substr(2) +
-             (offset >= w.checks->used ? " is not in the block's shared memory" : " is not 8-byte aligned") +
-             " (an mbarrier is a 64-bit object in shared memory)");
     if (count < 1 || count > MBARRIER_MAX_COUNT)
         fail("mbarrier.init at " + pc_text(pc) + " of " + mbarrier_text(bar) + ": expected count " +
              std::to_string(count) + "; it must be 1 to " + std::to_string(MBARRIER_MAX_COUNT));
@@ -93,11 +95,7 @@ CONVGEN_SIM_UNCHECKED inline void mbarrier_arrival(Mbarrier& m) {
     Fiber& f = *w.current;
     mbarrier_release(m, f.linear);
     if (--m.pending == 0) {
-        for (const AsyncCopy& c : m.copies) {
-            if (c.source_bytes) std::memcpy(c.shared, c.global, c.source_bytes);
-            std::memset(static_cast<char*>(c.shared) + c.source_bytes, 0, c.bytes - c.source_bytes);
-            copy_landed(c.shared, c.bytes, c.pc);
-        }
+        for (const AsyncCopy& c : m.copies) land(c);
         m.copies.clear();
         m.completed.swap(m.arrived);
         m.arrived.clear();
