@@ -59,10 +59,10 @@ def register_tile(channels: int, columns: int, lanes: int, registers: int,
     return best
 
 
-def _pairs(plan: Plan) -> bool:
+def in_pairs(plan: Plan) -> bool:
     """bf16 on vdpbf16ps: the reduced channels (the forward's input channels, the data gradient's
     output channels) in pairs, one 32-bit word per pair, half the steps; with one channel a group
-    there is no pair. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", blocked._pairs)"""
+    there is no pair. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", blocked.in_pairs)"""
     g, t = plan.geometry, plan.target
     return plan.problem.dtype is DType.BF16 and t.bf16_dot and (g.cin_g if plan.kop is KOp.FWD else g.cout_g) > 1
 
@@ -102,7 +102,7 @@ def tile(plan: Plan) -> Plan:
     t = plan.target
     lanes = vector_lanes(plan)
     budget = t.l2_bytes // 2
-    pairs = _pairs(plan)
+    pairs = in_pairs(plan)
     channels, columns, height, halo, span_of, per_row, limit, what = _row_buffer(plan, pairs)
     # rows per item: as many as keep the buffer within `limit` at full width, up to BLOCKED_ROWS,
     # with at least four row blocks per plane for the threads to share

@@ -121,7 +121,7 @@ def tile(plan: Plan) -> Plan:
     what = "output" if plan.kop is KOp.FWD else "input-gradient"
     stream = _stream(plan)
     edges = _edge_tiles(plan, pb)
-    pairs = _pairs(plan)
+    pairs = in_pairs(plan)
     tiling = Tiling(vector_lanes=lanes, kb=pb, nv=nb, ksb=cch, stream_bytes=stream, edge_tiles=edges, pairs=pairs,
                     threads_hint=f"parallel over (batch, {what} row, chunk of {cch} channel vectors)")
     slide = ("; one channel per group: the tile slides along the row, each column it reads loaded once for "
@@ -137,14 +137,14 @@ def tile(plan: Plan) -> Plan:
                                  f"read and written in place{streamed}; {tiling.threads_hint}", tiling=tiling)
 
 
-def _pairs(plan: Plan) -> bool:
+def in_pairs(plan: Plan) -> bool:
     """Whether the forward or data gradient of small groups (an even M) reduces bf16 in pairs of the
     group's channels on vdpbf16ps (bf16_pairs' targets): each step one shuffle of 32-bit words (two
     stored channels) and one vdpbf16ps, where unpaired each channel took a widening load, a shuffle
     and an FMA. Zen 4, channels last, kernel alone, 2 threads, ms, unpaired / pairs: regnet_g8 (8
     groups of 8 at 56x56) forward 1.86 / 0.64, data gradient 1.83 / 0.70; rnx_g32_256 (32 groups of
     8 at 28x28) 1.94 / 0.74, 1.93 / 0.75.
-    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", grouplanes._pairs)"""
+    (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", grouplanes.in_pairs)"""
     g = plan.geometry
     return bf16_pairs(plan) and g.cin_g > 1 and g.cin_g % 2 == 0 and plan.kop in (KOp.FWD, KOp.DGRAD)
 

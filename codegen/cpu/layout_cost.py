@@ -19,6 +19,9 @@ must not depend on it), and kernel and conversions are both spread over the same
   kernels (blocked, the depthwise planes, flat): the output row's pixels (flat: its (column,
   channel) values) over whole vectors; the packed GEMMs (pointwise, gemm, amx): full; direct
   (scalar taps): one lane.
+- bf16 in pairs: the kernels that reduce bf16 two products a lane on vdpbf16ps (lanes, gemm, and
+  blocked and grouplanes where their `in_pairs` say so) run at PAIRS_SPEEDUP times the rate of those that widen it to
+  f32 FMAs (pointwise, the depthwise and pixel families).
 - conversion: each activation held by the caller in another layout, read and written once as a whole
   before (or after) the kernel, at the copy bandwidth of tensors larger than the caches
   (COPY_BYTES_PER_S; weights are not converted: the kernels pack or read them in any layout). A whole-
@@ -42,7 +45,8 @@ import math
 
 from ..ir import Layout
 from ..plan import KOp, Plan
-from .work import vector_lanes
+from . import blocked, grouplanes
+from .work import bf16_pairs, vector_lanes
 
 CLOCK_HZ = 3.0e9             # assumed core clock (the estimates compare; they do not predict ms)
 FMA_PER_CYCLE = 2            # vector FMAs a core issues a cycle (Zen 3/4, Golden Cove)
@@ -54,6 +58,8 @@ AMX_MACS_PER_S = 450.0e9     # bf16 multiply-adds a core sustains on the amx ker
                              # alone: 3x3 64 -> 64 at 56x56 and 256 -> 256 at 14x14, 510 GMAC/s; stride 2, 300-400)
 STRIDED_STORE_S = 2.2e-9     # a core's time per element of a planar grad_input the amx data gradient writes with a
                              # stride along W (its phases' pixels apart: one masked store an element)
+PAIRS_SPEEDUP = 1.75         # bf16 in pairs on vdpbf16ps against widened to f32 FMAs: ViT's 16x16 patch embedding
+                             # on lanes in channels last, bf16 6.2 against f32 10.9 ms (Zen 4, 2 threads, batch 8)
 CONVERT_GAIN = 0.67          # convert only where kernel + conversions are estimated at most this share
                              # of the kernel in the caller's layout: measured against estimated shares
                              # (Xeon, f32, kernel alone): 0.50 / 0.63, 0.68 / 0.68, 0.40 / 0.33, 0.89 / 0.55,
@@ -62,6 +68,7 @@ CONVERT_GAIN = 0.67          # convert only where kernel + conversions are estim
 CHANNEL_LANES = ("lanes", "grouplanes")
 PIXEL_LANES = ("blocked", "depthwise", "planes", "direct")
 PACKED = ("pointwise", "gemm", "amx")
+PAIRED = {"lanes": None, "gemm": None, "blocked": blocked.in_pairs, "grouplanes": grouplanes.in_pairs}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +128,13 @@ def fill(plan: Plan, algorithm: str) -> float:
     return 1.0
 
 
+def in_pairs(plan: Plan, algorithm: str) -> bool:
+    """Whether `algorithm` reduces `plan`'s bf16 in pairs on vdpbf16ps (two products a lane a step)."""
+    if not bf16_pairs(plan) or algorithm not in PAIRED:
+        return False
+    return PAIRED[algorithm] is None or PAIRED[algorithm](plan)
+
+
 def _strided_in_place(plan: Plan, algorithm: str, layout: Layout) -> bool:
     """Whether `algorithm` reading activations in `layout` vectorises along their non-contiguous axis."""
     if algorithm in CHANNEL_LANES:
@@ -135,7 +149,8 @@ def kernel_seconds(plan: Plan, algorithm: str) -> float:
     g = plan.geometry
     macs = g.cout * math.prod(g.y_size) * g.cin_g * math.prod(g.kernel)
     rate = (AMX_MACS_PER_S if algorithm == "amx" else
-            FMA_PER_CYCLE * vector_lanes(plan) * CLOCK_HZ * FMA_EFFICIENCY * fill(plan, algorithm))
+            FMA_PER_CYCLE * vector_lanes(plan) * CLOCK_HZ * FMA_EFFICIENCY * fill(plan, algorithm)
+            * (PAIRS_SPEEDUP if in_pairs(plan, algorithm) else 1.0))
     traffic = sum(_bytes(plan, kind) for kind in ("X", "W", "Y"))
     packing = sum(2 * _bytes(plan, kind) / PACK_BYTES_PER_S for kind in ("X", "Y")
                   if _strided_in_place(plan, algorithm, plan.layout_of(kind)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Layout
+from ..ir import DType, Layout
 from ..plan import Geometry, KOp, Plan, Tiling
 from ..target import Target
 from . import lanes
@@ -107,8 +107,9 @@ def _expanding_channels_last(plan: Plan) -> bool:
 def _over_patches(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, str]:
     """Forward patches (PATCH_POINTWISE_TAPS, PATCH_LANES_MIN_IN, PATCH_MIN_REDUCED, PATCH_CL_LANES_MAX_TAPS); on AVX-512
     pointwise's tile of 14 channels x 2 vectors of pixels lost the patch embeddings measured to lanes
-    in channels last, and in NCHW to blocked or lanes by their scores (`choice`) but where output
-    rows are shorter than a vector (ViT's 16x16 patches: 14 columns), which keep the rules below.
+    in channels last, and in NCHW to blocked or lanes by their scores (`choice`); where output rows are
+    shorter than a vector (ViT's 16x16 patches: 14 columns) lanes stays, but for bf16 on AMX hosts
+    (their pointwise measured ahead), and blocked keeps the rules below.
     (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", PATCH_POINTWISE_TAPS)"""
     g = plan.geometry
     written_cl = plan.layout_of("Y") is Layout.CHANNELS_LAST
@@ -117,6 +118,9 @@ def _over_patches(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str,
             return lanes.NAME, f"{lanes.WHY}; not pointwise: non-overlapping patches into channels last on AVX-512"
         if g.y_size[2] >= vector_lanes(plan):
             return choice, f"{why}; not pointwise: non-overlapping patches on AVX-512"
+        if choice == lanes.NAME and not (plan.problem.dtype is DType.BF16 and plan.target.amx_bf16):
+            return choice, (f"{why}; not pointwise: non-overlapping patches on AVX-512, output rows of "
+                            f"{g.y_size[2]} pixels")
     elif written_cl and math.prod(g.kernel) <= PATCH_CL_LANES_MAX_TAPS:
         return lanes.NAME, (f"{lanes.WHY}; not pointwise: non-overlapping patches of {math.prod(g.kernel)} taps "
                             f"into channels last")

@@ -163,3 +163,33 @@ def test_channels_last_1x1_below_avx512(name, spec, op, taken):
     c, k, size, stride = spec
     problem = conv_problem(8, c, k, size, 1, stride, 0, op=op, layout=Layout.CHANNELS_LAST)
     assert lower(problem, AVX2).algorithm == taken, lower(problem, AVX2).reasons
+
+
+# Forward patches on AVX-512 in NCHW whose output rows are shorter than a vector (codegen/cpu/pointwise.py,
+# _over_patches): lanes stays where the heuristic chose it (bf16 in pairs on vdpbf16ps: ViT-B/16 on Zen 4,
+# 5.98 ms against pointwise's 9.91), but for bf16 on AMX hosts, whose pointwise measured ahead (Xeon, 5.19
+# against 5.88); a channel plane of 3 -> 768 at 224 in 16x16 patches: 14 columns.
+ZEN4 = cpu_target("avx512", 32 * 1024, 1 << 20, bf16_dot=True)
+AMX = cpu_target("avx512", 48 * 1024, 2 << 20, bf16_dot=True, amx_bf16=True)
+
+
+@pytest.mark.parametrize("kernel,size", [(16, (224, 224)), (32, (224, 224)), (14, (196, 168))])
+def test_short_rows_of_nchw_patches_keep_lanes_on_avx512(kernel, size):
+    problem = conv_problem(8, 3, 768, size, kernel, kernel, 0, dtype=DType.BF16, bias=True)
+    assert problem.output_shape[-1] < 16
+    plan = lower(problem, ZEN4)
+    assert plan.algorithm == "lanes" and plan.tiling.pairs and not plan.conversions, plan.reasons
+    if kernel == 16:
+        assert lower(problem, AMX).algorithm == "pointwise"
+
+
+def test_lanes_on_short_rows_of_nchw_bf16_patches_matches_aten():
+    """The kernel the rule takes, bf16 in pairs (emulated in C where this CPU has no vdpbf16ps), against
+    ATen in float64: 4x4 patches of 5 channels (an odd pair) at 10 columns."""
+    from support.reference import check_forward_or_data_gradient
+    problem = conv_problem(2, 5, 40, (12, 40), 4, 4, 0, dtype=DType.BF16, bias=True)
+    target = ZEN4 if host_cpu().bf16_dot else cpu_target("generic", bf16_dot=True)
+    plan = lower(problem, target, algorithm="lanes")
+    assert plan.tiling.pairs, plan.reasons
+    (kernel,) = load_keyed([("k", plan)]).values()
+    check_forward_or_data_gradient(kernel[1], problem, torch.Generator().manual_seed(6))

@@ -210,3 +210,14 @@ def test_pruned_options_change_no_choice(target):
                         assert option.convert_s > layout_cost.CONVERT_GAIN * plan.layout_options[0].total_s
                         assert "its kernel not weighed" in option.describe()
     assert pruned_seen > 0
+
+
+def test_model_rates_bf16_pairs_above_widened_bf16():
+    """The kernels that reduce bf16 in pairs on vdpbf16ps (lanes here) are estimated PAIRS_SPEEDUP times
+    as fast as the same multiply-adds widened to f32 FMAs (pointwise), and without vdpbf16ps at f32's rate."""
+    problem = conv_problem(8, 64, 256, (56, 56), 3, pad=1, dtype=DType.BF16, layout=CL)
+    for target, speedup in ((cpu_target("avx512", bf16_dot=True), layout_cost.PAIRS_SPEEDUP),
+                            (cpu_target("avx512"), 1.0)):
+        plan = lower(problem, target)
+        lanes, pointwise = (layout_cost.kernel_seconds(plan, a) for a in ("lanes", "pointwise"))
+        assert lanes * speedup == pytest.approx(pointwise), target
