@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Layout
+from ..ir import DType, Layout
 from ..plan import Geometry, KOp, Plan, Tiling
 from .family import Family
 from .work import SPARE_REGISTERS, vector_lanes
@@ -43,6 +43,10 @@ PLANES_ASM_VECTORS = 64
 # for every output row it serves (a flat run loads for every FMA, most loads split across cache
 # lines). The AVX2 shape keeps the flat runs: a tile's accumulators and 9 weights outgrow its 16
 # registers. (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", PLANES_COLUMN_ROWS)
+# Where an output row fits in half a vector (7x7 and 8x8 planes, at most 8 columns) the column tiles
+# take half vectors (8 lanes: ymm, still with AVX-512's 32 registers and masked tails): a 16-lane
+# vector over a 7-wide row computed 9 dropped columns for 7 kept. (figures: BENCHMARKS.md, "Figures
+# behind codegen's CPU rules", PLANES_COLUMN_ROWS: half vectors)
 PLANES_COLUMN_ROWS = 8
 
 # --- weight gradient: over whole planes or rows
@@ -178,12 +182,15 @@ def _planes(plan: Plan, lanes: int) -> Plan:
     u = max(1, min(PLANES_VECTORS, vectors))
     taps = g.kernel[1] * g.kernel[2]
     if plan.target.isa == "avx512" and g.kernel[1] > 1 and out_h > 1:
+        half = plan.problem.dtype in (DType.F32, DType.BF16) and out_w <= lanes // 2   # with masked tails
+        lanes = lanes // 2 if half else lanes
         rows = min(PLANES_COLUMN_ROWS, out_h)
         pitch = math.ceil(pitch / lanes) * lanes
         tiling = Tiling(vector_lanes=lanes, kb=1, rb=rows, planes=True,
                         threads_hint="parallel over (image, channel) planes")
+        halves = f", half vectors of {lanes} lanes (output rows of {out_w})" if half else ""
         return plan.decide("tiling", f"each plane copied into a zero-padded buffer of row pitch {pitch} (whole "
-                                     f"vectors): tiles of {rows} output rows x one vector of columns, "
+                                     f"vectors{halves}): tiles of {rows} output rows x one vector of columns, "
                                      f"{math.ceil(out_w / lanes)} across a row, each input row loaded once per tap "
                                      f"column for every output row it serves; {tiling.threads_hint}", tiling=tiling)
     asm = plan.target.fma_asm and out_h > 1 and taps > 9 and vectors >= PLANES_ASM_VECTORS
