@@ -50,7 +50,8 @@ PATCH_MIN_REDUCED = 32
 PATCH_CL_LANES_MAX_TAPS = 64
 # On AVX-512 (tiles of 14 channels x 2 vectors of 16 pixels), NCHW: fewer reduced channels than
 # this go to blocked or lanes by their scores, and images of at most PLANE_POINTWISE_WASTES pixels
-# (7x7), which leave the pixel vectors a quarter empty, to lanes where its channel blocks are whole.
+# (7x7), which leave the pixel vectors a quarter empty, to lanes where its channel blocks are whole;
+# at unit stride, and strided forwards too (a stride-2 shortcut 1x1, measured on Zen 4).
 # (figures: BENCHMARKS.md, "Figures behind codegen's CPU rules", POINTWISE_WIDE_MIN_REDUCED)
 POINTWISE_WIDE_MIN_REDUCED = 256
 PLANE_POINTWISE_WASTES = 64
@@ -163,7 +164,7 @@ def _isa_bounds(plan: Plan, choice: str, why: str, reduced: int) -> tuple[str, s
                                 f"{f' in each of {g.groups} groups' if g.groups > 1 else ''}")
         if not avx512 and reduced <= CL_LANES_MAX_REDUCED_AVX2:
             return lanes.NAME, f"{lanes.WHY}; not pointwise: channels last, {reduced} channels reduced"
-    if avx512 and g.stride == (1, 1, 1) and nchw:
+    if avx512 and (g.stride == (1, 1, 1) or plan.kop is KOp.FWD) and nchw:
         plane = math.prod(g.y_size if plan.kop is KOp.FWD else g.x_size)
         if plane <= PLANE_POINTWISE_WASTES and lanes_channels % WIDE_LANES_BLOCK == 0:
             return lanes.NAME, f"{lanes.WHY}; not pointwise: {plane} pixels per image fill few 16-pixel vectors"
