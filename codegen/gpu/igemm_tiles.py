@@ -32,9 +32,10 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   ordered tap-major (tap, channel) instead of (channel, tap); a contiguous weight with a (channel,
   tap) reduction of a multiple of it; a contiguous grad_output along its pixels (weight gradient,
   output pixels a multiple of it), and so the weight gradient's input too where its pixels are the
-  output's (1x1 at unit stride, no padding); on ldmatrix, the weight gradient's channels-last grad_output and
-  input along their filters and channels (whole vectors of both, in all and per group), into shared
-  tiles whose rows are the reduction's (mn_major), with (tap, channel) columns; on ldmatrix too, the
+  output's (1x1 at unit stride, no padding); on swizzled rows, the weight gradient's channels-last
+  grad_output and input along their filters and channels (whole vectors of both, in all and per group):
+  into shared tiles whose rows are the reduction's (mn_major; ldmatrix.trans), on HIP landed from the
+  registers transposed into the K-major rows, with (tap, channel) columns; on ldmatrix too, the
   data gradient's weight along its channels (b_mn: the caller's weight, a filter's channels contiguous
   at every tap and whole vectors of them -- channels-last, or any 1x1 -- its rows (tap, filter)
   tap-major as grad_output's, or one tap; dgrad_weight_along_channels), which then needs no staging. The launch entry
@@ -45,11 +46,9 @@ the arch's data (codegen/arch/gpu.py `IgemmTiling`); the choice per problem is m
   `ldmatrix` (16-bit operands on CUDA, `on_ldmatrix`) rows are the step's depth long, unpadded, their
   16-byte chunks XOR-swizzled by the row (the PTX ISA's 32/64/128-byte swizzle: 64 bytes for a step
   of 32), and each fragment comes from one `ldmatrix.x4`: the 8 rows of each of its phases, and the
-  8 lanes of a 16-byte copy's phase, fall in 8 different 16-byte groups of banks. Otherwise (tf32,
-  f32, f64, HIP) rows are the step's depth + one 16-byte vector of padding long and fragments are
-  loaded element by element.
-- Element size: 2 bytes (bf16/f16 bits), 4 (f32, as tf32 or on FMAs) or 8 (f64): a row's bytes,
-  hence a stage's and the stages that fit, scale with it.
+  8 lanes of a 16-byte copy's phase, fall in 8 different 16-byte groups of banks (HIP's 16-bit rows
+  too: swizzled_rows). Otherwise rows are one 16-byte vector longer, padded.
+- Element size: 2 bytes (bf16/f16 bits), 4 (f32, as tf32 or on FMAs) or 8 (f64): a stage's bytes scale.
 """
 
 from __future__ import annotations
@@ -123,10 +122,10 @@ def _row(depth: int, itemsize: int, swizzled: bool) -> int:
 
 def wgrad_copies_along_channels(normal: Normal, target: Target, itemsize: int) -> bool:
     """Whether the weight gradient can copy both operands along filters and channels (mn_major) once
-    they are channels-last: 16-bit operands on ldmatrix, channels and filters (in all and per group)
-    whole 16-byte copies."""
+    they are channels-last: 16-bit operands on swizzled rows (ldmatrix.trans; HIP's copies land
+    transposed), channels and filters (in all and per group) whole 16-byte copies."""
     vector, g = vector_of(itemsize), max(normal.groups, 1)
-    return (on_ldmatrix(target, itemsize) and normal.channels % vector == 0 and (normal.channels // g) % vector == 0
+    return (swizzled_rows(target, itemsize) and normal.channels % vector == 0 and (normal.channels // g) % vector == 0
             and normal.filters % vector == 0 and (normal.filters // g) % vector == 0)
 
 
@@ -170,12 +169,13 @@ class GemmTile:
         operands = [name for name, on in (("A", self.vector_a), ("B", self.vector_b)) if on]
         copies = (f"{' and '.join(operands)} by 16-byte {how} copies" if operands
                   else "operands gathered element by element")
-        read = "read MN-major by wgmma" if wgmma else "fragments by ldmatrix.trans"
+        read = ("reduction rows in shared memory, " + ("read MN-major by wgmma" if wgmma else "fragments by ldmatrix.trans")
+                if async_copy else "each chunk's 8 elements landed from registers into 8 K-major rows")
         if self.mn_major:
-            copies += f" along filters and channels (reduction rows in shared memory, {read})"
+            copies += f" along filters and channels ({read})"
         elif self.a_mn or self.b_mn:
             along = [what for what, on in (("A along its pixels", self.a_mn), ("B along its channels", self.b_mn)) if on]
-            copies += f", {' and '.join(along)} (reduction rows in shared memory, {read})"
+            copies += f", {' and '.join(along)} ({read})"
         return (f"{self.m}x{self.n}x{self.depth}, {self.stages} stages ({self.shared_bytes // 1024} KiB shared), "
                 f"{copies}{', reduction tap-major' if self.tap_major else ''}")
 
@@ -429,7 +429,7 @@ def choose_tiles(normal: Normal, x_strides, y_strides, w_strides, target: Target
     wg_a = _contiguous(wg_y_strides, (normal.filters,) + tuple(normal.out_size)) and ov % vector == 0
     wg_b = (wg_a and _pixels_are_outputs(normal)
             and _contiguous(wg_x_strides, (normal.channels,) + tuple(normal.in_size)))
-    wg_mn = (on_ldmatrix(target, itemsize) and _channels_last(wg_x_strides) and _channels_last(wg_y_strides)
+    wg_mn = (swizzled_rows(target, itemsize) and _channels_last(wg_x_strides) and _channels_last(wg_y_strides)
              and aligned_c and aligned_k)
     wgrad = _tile(target, shape, kg, cg * taps, ov, itemsize, wg_mn, wg_a or wg_mn, wg_b or wg_mn, mn_major=wg_mn,
                   pixels=False)

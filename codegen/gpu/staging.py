@@ -15,7 +15,8 @@ element by element. The layout pass may instead convert it: a
 transpose kernel (32 x 32 tiles through shared memory, both sides coalesced) writes the copy into
 the entry's workspace and the GEMM reads that. Outputs stay in the caller's layout (the epilogue
 writes through strides). The weight gradient copies along channels (both operands channels-last,
-igemm_tiles.py's mn_major) only on ldmatrix (16-bit operands on CUDA) with channels and filters in
+igemm_tiles.py's mn_major) only on 16-bit operands (ldmatrix.trans on CUDA; on HIP each copy landed
+transposed from the registers) with channels and filters in
 whole 16-byte copies: there its NCHW input and grad_output are staged together or not at all (one
 alone leaves the input gathered element by element), after the split-K partials in its workspace;
 elsewhere it reads the caller's layouts (NCHW grad_output along pixels, 16 bytes at a time; the
@@ -167,7 +168,7 @@ def _stageable(problem: ConvProblem, normal: Normal, target: Target, gemm: str) 
     if gemm == "WGRAD":
         if not wgrad_copies_along_channels(normal, target, problem.dtype.itemsize):
             return Staging((), "the weight gradient reads its operands in the caller's layouts: it copies them along "
-                               "channels only with ldmatrix (16-bit operands on CUDA) and channels and filters in whole "
+                               "channels only for 16-bit operands (bf16, f16) with channels and filters in whole "
                                f"16-byte copies of {vector} (in all and per group); no conversion")
         kinds = tuple(k for k, lay in (("X", x_layout), ("Y", y_layout)) if lay is not Layout.CHANNELS_LAST)
         if not kinds:

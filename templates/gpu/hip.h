@@ -83,6 +83,46 @@ template <int N> __device__ __forceinline__ void convgen_copy_land(convgen_copy_
 #pragma unroll
     for (int i = 0; i < N; ++i) *(CONVGEN_LDS_U128*)stage.shared[i] = stage.value[i];
 }
+// Copies along the GEMM's rows or columns (an Op's A_MN / B_MN: a 16-byte chunk is 8 consecutive rows
+// (columns) at one reduction index) into the K-major tiles the fragment reads take: land writes the
+// chunk's 8 elements (16-bit) one a row, element e ROW_BYTES * e + off[e / SR] bytes from the chunk's
+// first (off: where the swizzle moves the thread's reduction index in rows e, SR rows alike; set once
+// by the kernel), so that e's part is each write's immediate offset.
+#if defined(CONVGEN_SIM)
+typedef char* convgen_lds_bytes;
+typedef unsigned short* convgen_lds_u16;
+#else   // 32-bit LDS addresses: the element writes add an offset to one, not to a 64-bit generic pointer
+typedef __attribute__((address_space(3))) char* convgen_lds_bytes;
+typedef __attribute__((address_space(3))) unsigned short* convgen_lds_u16;
+#endif
+template <int N, int ROW_BYTES, int SR> struct convgen_copy_stage_t {
+    convgen_u128 value[N];
+    convgen_lds_bytes shared[N];
+    int off[8 / SR];
+};
+template <int N, int ROW_BYTES, int SR>
+__device__ __forceinline__ void convgen_copy16(convgen_copy_stage_t<N, ROW_BYTES, SR>& stage, int i, void* shared,
+                                               const void* global, unsigned valid) {
+#if defined(CONVGEN_SIM)
+    if (valid) ::convgen_sim::require_aligned(global, 16, "global_load_dwordx4 (convgen_copy16's source)");
+#endif
+    stage.value[i] = valid ? *(CONVGEN_GLOBAL_U128*)global : convgen_u128{};
+    stage.shared[i] = (convgen_lds_bytes)shared;
+}
+template <int N, int ROW_BYTES, int SR>
+__device__ __forceinline__ void convgen_copy_land(convgen_copy_stage_t<N, ROW_BYTES, SR>& stage) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+#if defined(CONVGEN_SIM)
+            const unsigned word = stage.value[i].w[e / 2];
+#else
+            const unsigned word = stage.value[i][e / 2];
+#endif   // ds_write_b16 (the odd elements' high halves: ds_write_b16_d16_hi)
+            *(convgen_lds_u16)(stage.shared[i] + stage.off[e / SR] + e * ROW_BYTES) = (unsigned short)(word >> (e % 2 * 16));
+        }
+}
 __device__ __forceinline__ void convgen_copy_commit() {}
 template <int N> __device__ __forceinline__ void convgen_copy_wait() {}
 #define CONVGEN_ASYNC_COPY 0   // staged through registers: two shared buffers

@@ -412,18 +412,15 @@ def test_the_vector_cases_take_the_16_byte_copies():
                                       ("px_1x1", "nchw"), ("mn_64", "cl"))}
         # staged (codegen/gpu/staging.py): the forward and data gradient copy 16 bytes, tap-major, from
         # the NCHW tensors' channels-last copies and (data gradient) the weight's filters-innermost one;
-        # the weight gradient (ldmatrix: CUDA) from both activations' copies along channels, else it
-        # keeps grad_output's pixels
+        # the weight gradient from both activations' copies along channels (CUDA: ldmatrix.trans; HIP:
+        # landed transposed into K-major rows)
         staged = dict(igemm_context(case_problem(BY_NAME["vec_nchw"], DType.BF16), target, "p", staged=("X", "W", "Y")).tiles)
         assert staged["FWD"].vector_a and staged["FWD"].vector_b and staged["FWD"].tap_major
         assert staged["DGRAD"].vector_a and staged["DGRAD"].vector_b and staged["DGRAD"].tap_major
         # (the caller's channels-last weight along its channels, by ldmatrix.trans: CUDA; gathered on HIP)
         assert tiles["vec_cl"]["DGRAD"].vector_b == tiles["vec_cl"]["DGRAD"].b_mn == (vendor == "cuda")
         cuda = vendor == "cuda"
-        if cuda:
-            assert staged["WGRAD"].mn_major and staged["WGRAD"].vector_a and staged["WGRAD"].vector_b
-        else:
-            assert staged["WGRAD"] == tiles["vec_nchw"]["WGRAD"]
+        assert staged["WGRAD"].mn_major and staged["WGRAD"].vector_a and staged["WGRAD"].vector_b
         assert tiles["vec_cl"]["FWD"].vector_a and tiles["vec_cl"]["FWD"].vector_b and tiles["vec_cl"]["FWD"].tap_major
         assert tiles["vec_cl"]["DGRAD"].vector_a and tiles["vec_cl"]["DGRAD"].tap_major
         assert tiles["vec_nchw"]["FWD"].vector_b and not tiles["vec_nchw"]["FWD"].vector_a
@@ -433,7 +430,7 @@ def test_the_vector_cases_take_the_16_byte_copies():
         # the forward's NCHW input along its pixels (ldmatrix: CUDA), into tiles of reduction rows
         assert tiles["px_1x1"]["FWD"].a_mn == cuda and tiles["px_1x1"]["FWD"].vector_a == cuda
         assert not tiles["px_1x1"]["FWD"].tap_major and not tiles["vec_nchw"]["FWD"].a_mn
-        assert tiles["mn_64"]["WGRAD"].mn_major == cuda and (tiles["mn_64"]["WGRAD"].m, tiles["mn_64"]["WGRAD"].n) == (64, 128)
+        assert tiles["mn_64"]["WGRAD"].mn_major and (tiles["mn_64"]["WGRAD"].m, tiles["mn_64"]["WGRAD"].n) == (64, 128)
         assert tiles["vec_groups"]["FWD"].vector_a and tiles["vec_groups"]["DGRAD"].vector_a
         assert tiles["vec_xcl"]["FWD"].vector_a and not tiles["vec_xcl"]["FWD"].vector_b
         assert tiles["vec_cl"]["FWD"].stages == (5 if cuda else 2)   # 16 x 9 = 144: five steps of 32, five stages
@@ -717,7 +714,10 @@ def test_the_kernels_build_with_hipcc_for_gfx90a_and_gfx940_and_use_matrix_cores
                 # the weight gradient's fused bias loads channels-last rows 16 bytes a lane: context.bias_rows)
                 bias_loads = gemm == "WGRAD" and context.bias_rows[0] > 1
                 assert vector or bias_loads or not re.search(r"\bglobal_load_dwordx4\b", body), (arch, prefix, symbol)
-                assert vector == bool(re.search(r"\bds_write_b128\b", body)), (arch, prefix, symbol)
+                # (a weight gradient's copies along filters and channels land each chunk's 8 elements
+                # in 8 K-major rows: ds_write_b16, the odd ones' high halves ds_write_b16_d16_hi)
+                stores_of = r"\bds_write_b16_d16_hi\b" if tiles[gemm].mn_major else r"\bds_write_b128\b"
+                assert vector == bool(re.search(stores_of, body)), (arch, prefix, symbol)
                 # the epilogue's 16-byte stores where the output is contiguous along the tile's columns or rows
                 # (a weight gradient's fused bias with channels-last rows keeps a lane's sums of consecutive
                 # channels, f64 partials, which hipcc stores two a dwordx4: the stem's 16 filters)

@@ -57,10 +57,11 @@ def test_the_bias_gradient_reads_the_caller_layout():
     assert plan.conversions == () and staged_kinds(plan) == ()
 
 
-@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90"])
-def test_an_nchw_weight_gradient_on_ldmatrix_stages_both_activations_channels_last(target):
+@pytest.mark.parametrize("target", ["cuda-sm_80", "cuda-sm_90", "hip-gfx90a"])
+def test_an_nchw_16_bit_weight_gradient_stages_both_activations_channels_last(target):
     """The weight gradient copies along channels (mn_major) only with both activations channels-last:
-    NCHW input and grad_output are both staged, or neither; its reason gives both options' figures."""
+    NCHW input and grad_output are both staged, or neither; its reason gives both options' figures.
+    (HIP too: its copies land transposed into K-major rows.)"""
     cuda = parse_target(target)
     plan = lower(_layer(op=Op.BWD_WEIGHT), cuda)
     assert staged_kinds(plan) == ("X", "Y") and dict(plan.layouts) == {"X": CL, "Y": CL, "W": NCHW}
@@ -74,11 +75,10 @@ def test_an_nchw_weight_gradient_on_ldmatrix_stages_both_activations_channels_la
     assert staging(_layer(op=Op.BWD_WEIGHT, layouts=(CL, NCHW, NCHW)), cuda).kinds == ("Y",)
     # both channels-last: nothing to convert; the tile copies along channels as it is
     assert staging(_layer(op=Op.BWD_WEIGHT, layouts=(CL, CL, CL)), cuda).kinds == ()
-    # without ldmatrix (HIP, f32 on tf32), or channels not whole 16-byte copies: the caller's layouts
-    for problem, on in ((_layer(op=Op.BWD_WEIGHT), "hip-gfx90a"), (_layer(op=Op.BWD_WEIGHT, dtype=DType.F32), target),
-                        (_layer(op=Op.BWD_WEIGHT, c=12), target)):
-        why = staging(problem, parse_target(on))
-        assert why.kinds == () and "ldmatrix" in why.reason, why
+    # 4-byte operands (f32 on tf32), or channels not whole 16-byte copies: the caller's layouts
+    for problem in (_layer(op=Op.BWD_WEIGHT, dtype=DType.F32), _layer(op=Op.BWD_WEIGHT, c=12)):
+        why = staging(problem, cuda)
+        assert why.kinds == () and "16-bit operands" in why.reason, why
 
 
 def test_the_staged_weight_gradient_entry_converts_after_its_partials():
