@@ -350,14 +350,27 @@ static inline void vstore_t(T* out, vec v) { vstore_t(out, v, narrowing()); }
 // consecutive values at p, by one masked access on AVX-512 for f32 and bf16 (PART_MASKED: masked-off
 // lanes are neither read nor written nor faulted, so the run may end anywhere, and the values after
 // it, padding or another item's, are left alone); value by value elsewhere, the other lanes zero.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+constexpr bool PART_MASKED = true;
+#else
 constexpr bool PART_MASKED = false;
+#endif
 static inline vec vload_part(const ACC* p, int64_t cnt) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  const unsigned char m = (unsigned char)((1u << cnt) - 1u);
+  return __builtin_ia32_loadups256_mask(p, vec{}, m);
+#endif
 
   ACC lanes[V] = {};
   for (int64_t l = 0; l < cnt; ++l) lanes[l] = p[l];
   return vload(lanes);
 }
 static inline void vstore_part(ACC* p, vec v, int64_t cnt) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  const unsigned char m = (unsigned char)((1u << cnt) - 1u);
+  __builtin_ia32_storeups256_mask(p, v, m);
+  return;
+#endif
 
   ACC lanes[V];
   vstore(lanes, v);
