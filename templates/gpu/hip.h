@@ -100,6 +100,13 @@ template <int N, int ROW_BYTES, int SR> struct convgen_copy_stage_t {
     convgen_lds_bytes shared[N];
     int off[8 / SR];
 };
+// The thread's offset of rows j * SR .. j * SR + SR - 1 (set once, before the main loop); nothing for
+// the copies that land as they are.
+template <int N, int ROW_BYTES, int SR>
+__device__ __forceinline__ void convgen_copy_offset(convgen_copy_stage_t<N, ROW_BYTES, SR>& stage, int j, int off) {
+    stage.off[j] = off;
+}
+template <int N> __device__ __forceinline__ void convgen_copy_offset(convgen_copy_stage<N>&, int, int) {}
 template <int N, int ROW_BYTES, int SR>
 __device__ __forceinline__ void convgen_copy16(convgen_copy_stage_t<N, ROW_BYTES, SR>& stage, int i, void* shared,
                                                const void* global, unsigned valid) {

@@ -57,14 +57,15 @@ def test_the_fma_path_stores_elements():
 
 
 def test_weight_gradient_partials_are_in_the_gemms_order_and_summed_into_the_weights():
-    # CUDA's channels-last weight gradient has tap-major columns: the weight's own order (KRSC)
-    for layout in (Layout.CHANNELS_LAST, Layout.CONTIGUOUS):
-        alongs, problem = _along(14, layout=layout)
-        context = igemm_context(problem, SM90, "p")
+    # the 16-bit channels-last weight gradient (CUDA's and HIP's: copies along channels) has tap-major
+    # columns: the weight's own order (KRSC)
+    for layout, target in ((Layout.CHANNELS_LAST, SM90), (Layout.CONTIGUOUS, SM90), (Layout.CHANNELS_LAST, HIP)):
+        alongs, problem = _along(14, layout=layout, target=target)
+        context = igemm_context(problem, target, "p")
         assert alongs["WGRAD"] == 1 and context.wgrad_weight_order
-    # HIP gathers the channels-last weight gradient with (channel, tap) columns: not the weight's order,
-    # so bwd_weight_sum places the sums; the partials still go out 16 bytes at a time
-    alongs, problem = _along(14, target=HIP)
+    # HIP's f32 weight gradient gathers its input by (channel, tap) columns: not the weight's order, so
+    # bwd_weight_sum places the sums; the partials still go out 16 bytes at a time
+    alongs, problem = _along(14, target=HIP, dtype=DType.F32)
     context = igemm_context(problem, HIP, "p")
     assert alongs["WGRAD"] == 1 and not context.wgrad_weight_order
     assert not wgrad_weight_order(Normal.of(problem), tiles_of(problem, HIP))

@@ -77,9 +77,15 @@ MUTATIONS = [
              ((COMMIT, "if (more) convgen_copy_commit();"),), "in flight"),
     # 56 filters in a 64-row tile: rows 56..63 of the last image's grad_output run past its end (the
     # buffer the report names as nearest is wherever the heap put the tensors: grad_output, or once
-    # in a full run grad_bias, 350 bytes past its end)
-    Mutation("weight gradient's row predicate removed", Op.BWD_WEIGHT, ("cuda", "hip"),
+    # in a full run grad_bias, 350 bytes past its end). HIP stages this layer's activations channels-
+    # last and copies them along filters and channels (no gathers): there its copies' predicate is
+    # ignored instead (the invalid copies read wherever their iterator points, past the reduction's end)
+    Mutation("weight gradient's row predicate removed", Op.BWD_WEIGHT, ("cuda",),
              ((r"m0 \+ row < op\.M\) && ", "true) && "),), "outside every buffer the entry was given|past the end of grad_output"),
+    Mutation("transposed copies' predicate ignored", Op.BWD_WEIGHT, ("hip",),
+             ((r"stage\.value\[i\] = valid \? \*\(CONVGEN_GLOBAL_U128\*\)global : convgen_u128\{\};(\n    stage\.shared\[i\] = \(convgen_lds_bytes\))",
+               r"stage.value[i] = *(CONVGEN_GLOBAL_U128*)global;\1"),),
+             "outside every buffer the entry was given|past the end|wrong result|uninitialised"),
     Mutation("zero fill of ragged rows removed", Op.FWD, ("cuda", "hip"),
              ((r"a_tile\[tile_at\(row, k\)\] = inside \? (op\.a\(.*?, k0 \+ k\)) : Bits\(0\);",
                r"if (inside) a_tile[tile_at(row, k)] = \1;"),), "uninitialised"),
