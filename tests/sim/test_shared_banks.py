@@ -47,7 +47,8 @@ pytestmark = pytest.mark.skipif(sim_build.fp16_include_dir() is None,
 TARGET = parse_target("cuda-sm_90")
 DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f16": (DType.F16, torch.float16)}
 # HIP (gfx90a): every dtype's fragments are 16-byte reads (hip.h's packs), 16-bit rows swizzled, 4- and
-# 8-byte rows padded by 16 bytes; the channels-last cases' GEMMs (the weight gradient gathers on HIP)
+# 8-byte rows padded by 16 bytes; the channels-last cases' GEMMs (the 16-bit weight gradient's copies
+# along filters and channels land transposed, a phase of lanes over 32 reduction rows)
 HIP = parse_target("hip-gfx90a")
 HIP_DTYPES = {"bf16": (DType.BF16, torch.bfloat16), "f32": (DType.F32, torch.float32), "f64": (DType.F64, torch.float64)}
 HIP_CASES = ("cl_s1", "cl_s2")
